@@ -1,0 +1,1 @@
+"""Readable PyTorch references: the specification every backend must match token for token."""

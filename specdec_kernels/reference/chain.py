@@ -1,0 +1,153 @@
+"""Readable, batched PyTorch reference for lossless chain verification (DESIGN.md §2-§4).
+
+Row layout: request b owns target rows ``cu[b] + b ... cu[b + 1] + b``; its ``k_b = cu[b+1] - cu[b]``
+draft rows come first, then one bonus row. Row j of request b decides the token at absolute position
+``position[b] + j``.
+
+Per row (every row is computed; the kernels compute only what the first rejection needs, and because the
+randomness is stateless the tokens are identical):
+
+- greedy request (temperature 0): ``y = argmax(logits)`` (ties to the lowest index); a draft row accepts
+  iff ``draft == y``.
+- random request, deterministic drafts (no ``draft_probs``): ``y ~ p`` by Gumbel-max on the truncated
+  scaled logits with recovery noise (stream 1); accept iff ``draft == y``. The bonus row samples with
+  stream 2.
+- random request, stochastic drafts: accept draft x iff ``coin * q(x) < p(x)`` (coin on stream 0), i.e.
+  with probability min(1, p(x)/q(x)); the recovery token samples norm(max(0, p - q)) with stream 1, or p
+  itself if that residual is numerically empty.
+
+Placeholders (-1) and any id outside [0, V) are always rejected. A request's output is its accepted
+drafts followed by the recovery token of the first rejected row, or by the bonus token if none was
+rejected.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from . import philox
+from .sampling import greedy_logits, softmax, target_logits
+
+
+class ChainResult(NamedTuple):
+    output_token_ids: torch.Tensor  # [B, K_max + 1] int32, -1 padded
+    num_accepted: torch.Tensor  # [B] int32, accepted drafts (bonus excluded)
+
+
+class RowLayout(NamedTuple):
+    request: torch.Tensor  # [R] int64 request of each row
+    local: torch.Tensor  # [R] int64 index of the row within its request (k_b for the bonus row)
+    is_bonus: torch.Tensor  # [R] bool
+    draft_index: torch.Tensor  # [R] int64 index into draft_token_ids (clamped; meaningless for bonus rows)
+
+
+def row_layout(cu_num_draft_tokens: torch.Tensor, num_rows: int) -> RowLayout:
+    """Map each of the T + B target rows to (request, local index, is_bonus) without host syncs."""
+    cu = cu_num_draft_tokens.to(torch.int64)
+    num_reqs = cu.numel() - 1
+    device = cu.device
+    rows_per_req = cu[1:] - cu[:-1] + 1
+    request = torch.repeat_interleave(
+        torch.arange(num_reqs, device=device), rows_per_req, output_size=num_rows
+    )
+    row = torch.arange(num_rows, device=device)
+    first_row = cu[:-1] + torch.arange(num_reqs, device=device)
+    local = row - first_row[request]
+    is_bonus = local == rows_per_req[request] - 1
+    draft_index = torch.minimum(cu[:-1][request] + local, (cu[-1] - 1).clamp(min=0))
+    return RowLayout(request, local, is_bonus, draft_index)
+
+
+def gumbel_argmax(log_weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Sample one index per row from softmax(log_weights) by Gumbel-max: argmax(log w - log(-log u))."""
+    return torch.argmax(log_weights - torch.log(-torch.log(uniforms)), dim=-1)
+
+
+def verify_chain(
+    target_logits_: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    cu_num_draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor | None,
+    top_p: torch.Tensor | None,
+    seed: torch.Tensor,
+    position: torch.Tensor,
+    max_draft_len: int,
+) -> ChainResult:
+    """Reference chain verification on validated, normalised inputs (see ``specdec_kernels.verify_chain``).
+
+    Shapes: logits [T + B, V]; draft ids [T]; cu [B + 1]; draft_probs [T, V] or None; temperature,
+    top_k, top_p, seed, position [B] (top_k / top_p may be None). Returns int32 tokens [B, max_draft_len + 1]
+    and int32 accepted counts [B].
+    """
+    num_rows, vocab_size = target_logits_.shape
+    num_reqs = cu_num_draft_tokens.numel() - 1
+    device = target_logits_.device
+    layout = row_layout(cu_num_draft_tokens, num_rows)
+    req = layout.request
+
+    is_greedy = (temperature[req] == 0)[:, None]
+    # Greedy rows use temperature 1 for the (ignored) random path so that nothing divides by zero.
+    row_temp = torch.where(temperature[req] == 0, torch.ones_like(temperature[req]), temperature[req])
+    z = target_logits(
+        target_logits_, row_temp,
+        None if top_k is None else top_k[req],
+        None if top_p is None else top_p[req],
+    )
+    greedy_tokens = torch.argmax(greedy_logits(target_logits_), dim=-1)
+
+    row_seed = seed[req]
+    row_pos = position[req] + layout.local
+    stream = torch.where(layout.is_bonus, philox.STREAM_BONUS, philox.STREAM_RECOVERY)
+    v = torch.arange(vocab_size, device=device)
+    offset = (row_pos[:, None] << 32) | (stream[:, None] << 30) | v[None, :]
+    noise = philox.rand(row_seed[:, None], offset)
+
+    has_draft = ~layout.is_bonus
+    if num_rows > num_reqs:
+        draft = torch.where(has_draft, draft_token_ids.to(torch.int64)[layout.draft_index], -1)
+    else:
+        draft = torch.full((num_rows,), -1, dtype=torch.int64, device=device)
+    draft_valid = has_draft & (draft >= 0) & (draft < vocab_size)
+    safe_draft = torch.where(draft_valid, draft, 0)
+
+    sampled = gumbel_argmax(z, noise)  # y ~ p for every row
+    if draft_probs is None:
+        random_accept = draft_valid & (sampled == draft)
+        recovered = sampled
+    else:
+        p = softmax(z)
+        q = torch.zeros_like(p)
+        if num_rows > num_reqs:
+            q = torch.where(has_draft[:, None], draft_probs.float()[layout.draft_index], q)
+        p_x = p.gather(-1, safe_draft[:, None]).squeeze(-1)
+        q_x = q.gather(-1, safe_draft[:, None]).squeeze(-1)
+        coin = philox.coins(row_seed, row_pos)
+        random_accept = draft_valid & (coin * q_x < p_x)
+        residual = torch.clamp(p - q, min=0.0)
+        residual_empty = (residual.max(dim=-1).values <= 0)[:, None]
+        log_residual = torch.where(residual_empty, z, torch.log(residual))
+        recovered = torch.where(layout.is_bonus, sampled, gumbel_argmax(log_residual, noise))
+
+    accept = torch.where(is_greedy[:, 0], draft_valid & (greedy_tokens == draft), random_accept)
+    token = torch.where(is_greedy[:, 0], greedy_tokens, recovered)
+
+    # Accepted prefix length per request: first rejected row (bonus rows count as rejected).
+    rejected_local = torch.where(accept, torch.full_like(layout.local, num_rows + 1), layout.local)
+    first_reject = torch.full((num_reqs,), num_rows + 1, dtype=torch.int64, device=device)
+    first_reject = first_reject.scatter_reduce(0, req, rejected_local, reduce="amin")
+    num_accepted = first_reject  # bonus row always "rejects", so this is <= k_b
+
+    width = max_draft_len + 1
+    out = torch.full((num_reqs, width), -1, dtype=torch.int64, device=device)
+    emit = layout.local <= num_accepted[req]
+    value = torch.where(layout.local < num_accepted[req], draft, token)
+    col = layout.local.clamp(max=width - 1)
+    flat = torch.where(emit, req * width + col, num_reqs * width)
+    out_flat = torch.cat([out.view(-1), out.new_full((1,), -1)])
+    out_flat = out_flat.scatter(0, flat, torch.where(emit, value, -1))
+    out = out_flat[:-1].view(num_reqs, width)
+    return ChainResult(out.to(torch.int32), num_accepted.to(torch.int32))

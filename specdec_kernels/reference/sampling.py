@@ -1,0 +1,109 @@
+"""Temperature, top-k and top-p as transforms of a target distribution (the spec every backend follows).
+
+All transforms act on *scaled logits* ``z = sanitize(logits.float() / temperature)`` per row:
+
+- ``sanitize``: NaN becomes -inf (never sampled) and +inf becomes the largest finite float32, so that
+  ``z - max(z)`` is never NaN. A row that is entirely -inf samples token 0.
+- top-k keeps token v iff fewer than k tokens have a strictly larger z: ties at the k-th value are all
+  kept, so the kept set can exceed k. ``top_k <= 0`` or ``top_k >= V`` disables it.
+- top-p (applied after top-k, on the top-k-renormalised distribution) keeps token v iff the probability
+  mass of tokens with strictly larger z is below ``top_p``. Tied tokens are kept or dropped together, the
+  most likely token is always kept, and ``top_p = 1`` disables it.
+
+Both rules depend only on the multiset of values, never on the order of indices, so every backend can
+implement them with a threshold search instead of a full sort. Dropped tokens get z = -inf.
+"""
+
+from __future__ import annotations
+
+import torch
+
+FLOAT32_MAX = torch.finfo(torch.float32).max
+NEG_INF = float("-inf")
+
+
+def sanitize(z: torch.Tensor) -> torch.Tensor:
+    """NaN -> -inf, +inf -> float32 max (float32 in, float32 out)."""
+    z = torch.where(torch.isnan(z), torch.full_like(z, NEG_INF), z)
+    return torch.clamp(z, max=FLOAT32_MAX)
+
+
+def scale_logits(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
+    """[R, V] scaled, sanitized float32 logits ``z = logits / temperature`` (temperature [R] > 0)."""
+    return sanitize(logits.float() / temperature.float()[:, None])
+
+
+def greedy_logits(logits: torch.Tensor) -> torch.Tensor:
+    """[R, V] sanitized float32 logits for greedy rows (argmax with ties to the lowest index)."""
+    return sanitize(logits.float())
+
+
+def top_k_mask(z: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
+    """[R, V] bool: token kept by top-k. ``top_k`` [R] int; <= 0 or >= V disables it for that row."""
+    vocab_size = z.shape[-1]
+    sorted_desc = torch.sort(z, dim=-1, descending=True).values
+    k = top_k.to(torch.int64)
+    enabled = (k > 0) & (k < vocab_size)
+    kth = sorted_desc.gather(-1, (k.clamp(1, vocab_size) - 1)[:, None])
+    return (z >= kth) | ~enabled[:, None]
+
+
+def top_p_mask(z: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """[R, V] bool: token kept by top-p over the distribution softmax(z) (z already top-k masked).
+
+    Keeps v iff mass(z_u > z_v) < top_p * mass(all); computed on unnormalised exp(z - max z).
+    """
+    sorted_desc = torch.sort(z, dim=-1, descending=True).values
+    weights = torch.exp(sorted_desc - sorted_desc[:, :1])
+    cum = torch.cumsum(weights, dim=-1)
+    total = cum[:, -1:]
+    exclusive = cum - weights
+    # For tied values use the exclusive sum at the first element of the tie group (mass strictly above).
+    neg = (-sorted_desc).contiguous()
+    group_start = torch.searchsorted(neg, neg, right=False)
+    mass_above = exclusive.gather(-1, group_start)
+    keep_sorted = mass_above < top_p.float()[:, None] * total
+    threshold = torch.where(keep_sorted, sorted_desc, torch.full_like(sorted_desc, float("inf")))
+    threshold = threshold.min(dim=-1, keepdim=True).values
+    disabled = (top_p >= 1.0)[:, None]
+    return (z >= threshold) | disabled
+
+
+def truncate(z: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None) -> torch.Tensor:
+    """Apply top-k then top-p to scaled logits; dropped tokens become -inf."""
+    if top_k is not None:
+        z = torch.where(top_k_mask(z, top_k), z, torch.full_like(z, NEG_INF))
+    if top_p is not None:
+        z = torch.where(top_p_mask(z, top_p), z, torch.full_like(z, NEG_INF))
+    return z
+
+
+def target_logits(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor | None = None,
+    top_p: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """[R, V] float32 scaled and truncated logits whose softmax is the target distribution."""
+    return truncate(scale_logits(logits, temperature), top_k, top_p)
+
+
+def softmax(z: torch.Tensor) -> torch.Tensor:
+    """Softmax of float32 scaled logits; an all -inf row gives a one-hot on token 0."""
+    m = z.max(dim=-1, keepdim=True).values
+    finite = torch.isfinite(m)
+    e = torch.exp(z - torch.where(finite, m, torch.zeros_like(m)))
+    total = e.sum(dim=-1, keepdim=True)
+    onehot0 = torch.zeros_like(z)
+    onehot0[:, 0] = 1.0
+    return torch.where(finite, e / total, onehot0)
+
+
+def target_probs(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor | None = None,
+    top_p: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """[R, V] float32 target distribution after temperature, top-k and top-p (temperature > 0)."""
+    return softmax(target_logits(logits, temperature, top_k, top_p))
