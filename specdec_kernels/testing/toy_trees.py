@@ -86,3 +86,64 @@ def expected_accepted_length(tree: DraftTree, transition: torch.Tensor) -> torch
 def all_sequences(vocab_size: int, length: int) -> torch.Tensor:
     """[V ** length, length] every sequence in row-major order."""
     return torch.tensor(list(itertools.product(range(vocab_size), repeat=length)))
+
+
+def generate_with_trees(
+    target_table: torch.Tensor,
+    draft_table: torch.Tensor,
+    paths: list[tuple[int, ...]],
+    tree_sampling: str | None,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    first_token: int,
+    length: int,
+    num_seqs: int,
+    seed: int,
+    verify_sampling: str | None = None,
+    validate: bool = True,
+    backend: str = "reference",
+    advance_position: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Speculative generation of ``num_seqs`` sequences of ``length`` tokens with tree drafting.
+
+    Every round builds one static tree (``paths``) per sequence from its last token with the Markov
+    drafter (top-k tokens when ``tree_sampling`` is None, else siblings drawn "iid" or
+    "without_replacement"), verifies it with ``verify_tree`` against the Markov target and appends the
+    emitted tokens. ``verify_sampling`` overrides the sibling_sampling told to the verifier (to plant a
+    mismatch); ``advance_position=False`` plants reused randomness. Returns ([num_seqs, length] tokens,
+    [rounds] mean accepted length per round).
+    """
+    from ..api import verify_tree
+    from ..drafters.tree_builder import TreeTopology, build_static_tree
+
+    gen = torch.Generator().manual_seed(seed)
+    drafter = MarkovDrafter(draft_table)
+    topology = TreeTopology.from_paths(paths)
+    seqs = torch.full((num_seqs, length), -1, dtype=torch.int64)
+    filled = torch.zeros(num_seqs, dtype=torch.int64)
+    last = torch.full((num_seqs, 1), first_token, dtype=torch.int64)
+    req_seed = torch.randint(0, 2**62, (num_seqs,), generator=gen)
+    temp = torch.full((num_seqs,), float(temperature))
+    tk = torch.full((num_seqs,), top_k, dtype=torch.int32) if top_k else None
+    tp = torch.full((num_seqs,), float(top_p)) if top_p < 1 else None
+    accepted = []
+    while bool((filled < length).any()):
+        tree = build_static_tree(drafter, last, topology, tree_sampling, gen)
+        logits = target_table[tree.node_token_ids]
+        pos = filled if advance_position else torch.zeros_like(filled)
+        res = verify_tree(
+            logits, tree.node_token_ids, tree.parent, tree.cu_num_nodes, tree.draft_probs, temp, tk, tp,
+            req_seed, pos, sibling_sampling=verify_sampling or tree.sibling_sampling or "iid",
+            backend=backend, validate=validate,
+        )
+        out = res.output_token_ids.to(torch.int64)
+        count = res.num_accepted.to(torch.int64) + 1
+        accepted.append(res.num_accepted.double().mean())
+        cols = filled[:, None] + torch.arange(out.shape[1])
+        ok = (torch.arange(out.shape[1])[None, :] < count[:, None]) & (cols < length)
+        rows = torch.arange(num_seqs)[:, None].expand_as(cols)
+        seqs[rows[ok], cols[ok]] = out[ok]
+        last = out.gather(1, (count - 1)[:, None])
+        filled = filled + count
+    return seqs, torch.stack(accepted)
