@@ -97,7 +97,7 @@ def test_batch_invariance_and_determinism():
               position=torch.tensor([3, 4, 5]), backend="reference")
     full = sk.verify_tree(**args, **kw)
     again = sk.verify_tree(**args, **kw)
-    assert all(torch.equal(a, b) for a, b in zip(full, again))
+    assert all(torch.equal(a, b) for a, b in zip(full, again, strict=True))
     # Request 1 alone gives the same result.
     lo, hi = 4, 10
     single = sk.verify_tree(
