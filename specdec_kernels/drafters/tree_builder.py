@@ -284,8 +284,9 @@ def tree_attention_mask(parent: torch.Tensor, prefix_len: int) -> torch.Tensor:
     device = parent.device
     anc = torch.eye(n, dtype=torch.bool, device=device).expand(num_reqs, n, n).clone()
     has_parent = parent >= 0
-    rows = torch.arange(n, device=device)
-    anc[:, rows, parent.clamp(min=0)] |= has_parent
+    rows = torch.arange(n, device=device)[None, :].expand(num_reqs, -1)
+    reqs = torch.arange(num_reqs, device=device)[:, None].expand(-1, n)
+    anc[reqs, rows, parent.clamp(min=0)] |= has_parent
     # Transitive closure by repeated squaring: log2(n) boolean matrix products.
     for _ in range(max(n - 1, 1).bit_length()):
         anc = anc | (anc.float() @ anc.float() > 0)
