@@ -29,7 +29,7 @@ STAT_BACKENDS = [b for b in available_backends(DEVICE) if b in STAT_READY_BACKEN
 INTERPRETED_TRITON = HAS_TRITON and not torch.cuda.is_available()
 
 
-@pytest.fixture(params=STAT_BACKENDS)
+@pytest.fixture(scope="session", params=STAT_BACKENDS)
 def backend(request) -> str:
     """Backend under test in the statistical exactness suite."""
     return request.param
