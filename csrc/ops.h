@@ -1,0 +1,11 @@
+// Schemas of the specdec:: torch ops (one place for bindings.cpp and the device implementations).
+#pragma once
+
+namespace specdec {
+
+inline constexpr const char* kVerifyChainSchema =
+    "verify_chain(Tensor target_logits, Tensor draft_token_ids, Tensor cu_num_draft_tokens, "
+    "Tensor? draft_probs, Tensor temperature, Tensor? top_k, Tensor? top_p, Tensor seed, Tensor position, "
+    "int max_draft_len) -> (Tensor, Tensor)";
+
+}  // namespace specdec
