@@ -8,4 +8,9 @@ inline constexpr const char* kVerifyChainSchema =
     "Tensor? draft_probs, Tensor temperature, Tensor? top_k, Tensor? top_p, Tensor seed, Tensor position, "
     "int max_draft_len) -> (Tensor, Tensor)";
 
+inline constexpr const char* kVerifyTreeSchema =
+    "verify_tree(Tensor target_logits, Tensor node_token_ids, Tensor parent, Tensor cu_num_nodes, "
+    "Tensor? draft_probs, Tensor temperature, Tensor? top_k, Tensor? top_p, Tensor seed, Tensor position, "
+    "str sibling_sampling, int max_depth) -> (Tensor, Tensor, Tensor)";
+
 }  // namespace specdec

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "specdec/chain.h"
+#include "specdec/tree.h"
 #include "specdec/types.h"
 
 namespace specdec::cpu {
@@ -19,5 +20,8 @@ const RowKernels& row_kernels();
 
 // Chain verification of a whole batch with OpenMP; out_tokens must be pre-filled with -1.
 void verify_chain(const ChainArgs& a);
+
+// Tree verification of a whole batch with OpenMP; outputs must be pre-filled with -1.
+void verify_tree(const TreeArgs& a);
 
 }  // namespace specdec::cpu

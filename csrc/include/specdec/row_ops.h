@@ -53,25 +53,56 @@ inline void load_chunk(const void* row, int64_t base, int n, float* out) {
   for (int i = 0; i < n; ++i) out[i] = Elem<D>::load(p, i);
 }
 
-inline void load_any(DType d, const void* row, int64_t base, int n, float* out) {
-  switch (d) {
-    case DType::kFloat32: return load_chunk<DType::kFloat32>(row, base, n, out);
-    case DType::kBFloat16: return load_chunk<DType::kBFloat16>(row, base, n, out);
-    case DType::kFloat16: return load_chunk<DType::kFloat16>(row, base, n, out);
+// Lane-wise running argmax: lane l holds the best (value, first index) among the elements it saw.
+// Indices increase with every update, so strict > keeps the first index of each lane's maximum.
+struct LaneArgMax {
+  simd::f32v value;
+  simd::i32v index;
+
+  LaneArgMax() {
+    value = simd::f32v{} - kInf;
+    index = simd::i32v{};
   }
+  void update(simd::f32v x, int32_t base) {
+    const simd::i32v take = x > value;
+    value = take ? x : value;
+    index = take ? simd::iota_i32() + base : index;
+  }
+  float max() const {
+    float m = -kInf;
+    for (int l = 0; l < simd::W; ++l) m = value[l] > m ? value[l] : m;
+    return m;
+  }
+  ArgMax result() const {
+    const float m = max();
+    int64_t idx = INT64_MAX;
+    for (int l = 0; l < simd::W; ++l) {
+      if (value[l] == m && index[l] < idx) idx = index[l];
+    }
+    if (m == -kInf) idx = 0;  // nothing beat -inf: the reference's argmax of an all -inf row is 0
+    return {m, idx};
+  }
+};
+
+inline simd::f32v sanitize_v(simd::f32v z) {
+  z = z != z ? -kInf : z;
+  return z > kFloat32Max ? kFloat32Max : z;
 }
 
 // Greedy: argmax of the sanitized logits over [v0, v1).
 template <DType D>
 ArgMax greedy_argmax_t(const void* row, int64_t v0, int64_t v1) {
-  ArgMax best = kArgMaxInit;
-  alignas(64) float s[kChunk];
-  for (int64_t base = v0; base < v1; base += kChunk) {
-    const int n = static_cast<int>(v1 - base < kChunk ? v1 - base : kChunk);
-    load_chunk<D>(row, base, n, s);
-    for (int i = 0; i < n; ++i) s[i] = sanitize(s[i]);
-    const ArgMax c = chunk_argmax(s, n, base);
-    if (c.value > best.value) best = c;
+  LaneArgMax acc;
+  alignas(64) float s[simd::W];
+  int64_t v = v0;
+  for (; v + simd::W <= v1; v += simd::W) {
+    load_chunk<D>(row, v, simd::W, s);
+    acc.update(sanitize_v(simd::load(s)), static_cast<int32_t>(v));
+  }
+  ArgMax best = acc.result();
+  for (; v < v1; ++v) {
+    const float x = sanitize(Elem<D>::load(static_cast<const typename Elem<D>::type*>(row), v));
+    if (x > best.value) best = {x, v};
   }
   return best;
 }
@@ -79,14 +110,18 @@ ArgMax greedy_argmax_t(const void* row, int64_t v0, int64_t v1) {
 // z = sanitize(logit / temperature) into z[v0, v1); returns the max (first index).
 template <DType D>
 ArgMax scale_row_t(const void* row, float temperature, float* z, int64_t v0, int64_t v1) {
-  ArgMax best = kArgMaxInit;
-  for (int64_t base = v0; base < v1; base += kChunk) {
-    const int n = static_cast<int>(v1 - base < kChunk ? v1 - base : kChunk);
-    float* zc = z + base;
-    load_chunk<D>(row, base, n, zc);
-    for (int i = 0; i < n; ++i) zc[i] = sanitize(zc[i] / temperature);
-    const ArgMax c = chunk_argmax(zc, n, base);
-    if (c.value > best.value) best = c;
+  LaneArgMax acc;
+  int64_t v = v0;
+  for (; v + simd::W <= v1; v += simd::W) {
+    load_chunk<D>(row, v, simd::W, z + v);
+    const simd::f32v x = sanitize_v(simd::load(z + v) / temperature);
+    simd::store(z + v, x);
+    acc.update(x, static_cast<int32_t>(v));
+  }
+  ArgMax best = acc.result();
+  for (; v < v1; ++v) {
+    z[v] = sanitize(Elem<D>::load(static_cast<const typename Elem<D>::type*>(row), v) / temperature);
+    if (z[v] > best.value) best = {z[v], v};
   }
   return best;
 }
@@ -101,22 +136,36 @@ inline void gumbel_terms(const PhiloxKey& key, uint32_t hi, int stream, int64_t 
   }
 }
 
-// argmax_v z_v - log(-log u_v) over [v0, v1), starting from `best` (a real candidate or the initial
-// value) and skipping chunks whose largest logit cannot beat it.
+// Copies z[base, base + n) into a full chunk padded with -inf.
+inline const float* padded_chunk(const float* z, int64_t base, int n, float* buf) {
+  if (n == kChunk) return z + base;
+  for (int i = 0; i < n; ++i) buf[i] = z[base + i];
+  for (int i = n; i < kChunk; ++i) buf[i] = -kInf;
+  return buf;
+}
+
+// argmax_v z_v - log(-log u_v) over [v0, v1), starting from `start` (a real candidate anywhere in the
+// row, or the initial value) and skipping chunks whose largest logit cannot beat the running best.
 inline ArgMax gumbel_argmax_impl(const float* z, const PhiloxKey& key, int64_t position, int stream, int64_t v0,
-                                 int64_t v1, ArgMax best) {
+                                 int64_t v1, ArgMax start) {
   const uint32_t hi = philox_offset_hi(position);
   alignas(64) float g[kChunk];
+  alignas(64) float pad[kChunk];
+  LaneArgMax acc;
+  float bound = start.value;  // a value some candidate reaches: chunks that cannot reach it are skipped
   for (int64_t base = v0; base < v1; base += kChunk) {
     const int n = static_cast<int>(v1 - base < kChunk ? v1 - base : kChunk);
-    const float* zc = z + base;
-    const float cm = chunk_max(zc, n);
-    if (cm == -kInf || cm + kGumbelBound < best.value) continue;
+    const float* zc = padded_chunk(z, base, n, pad);
+    const float cm = chunk_max(zc, kChunk);
+    if (cm == -kInf || cm + kGumbelBound < bound) continue;
     gumbel_terms(key, hi, stream, base, g);
-    for (int i = 0; i < n; ++i) g[i] = zc[i] - g[i];
-    best = better(best, chunk_argmax(g, n, base));
+    for (int i = 0; i < kChunk; i += simd::W) {
+      acc.update(simd::load(zc + i) - simd::load(g + i), static_cast<int32_t>(base + i));
+    }
+    const float m = acc.max();
+    bound = m > bound ? m : bound;
   }
-  return best;
+  return better(start, acc.result());
 }
 
 // Sum of exp(z - m) over [v0, v1), accumulated in double.
@@ -140,6 +189,7 @@ ResidualResult residual_argmax_t(const float* z, float m, float total, const voi
                                  int64_t position, int64_t v0, int64_t v1) {
   const uint32_t hi = philox_offset_hi(position);
   ResidualResult res{kArgMaxInit, false};
+  LaneArgMax acc;
   alignas(64) float r[kChunk];
   alignas(64) float g[kChunk];
   const bool finite = m != -kInf;
@@ -165,11 +215,32 @@ ResidualResult residual_argmax_t(const float* z, float m, float total, const voi
     for (int i = n; i < kChunk; ++i) r[i] = 0.0f;
     gumbel_terms(key, hi, kStreamRecovery, base, g);
     for (int i = 0; i < kChunk; i += simd::W) {
-      simd::store(g + i, simd::log_f32(simd::load(r + i)) - simd::load(g + i));
+      acc.update(simd::log_f32(simd::load(r + i)) - simd::load(g + i), static_cast<int32_t>(base + i));
     }
-    res.best = better(res.best, chunk_argmax(g, n, base));
   }
+  res.best = acc.result();
   return res;
+}
+
+// argmax_v log(w_v) - log(-log u_v) for nonnegative weights w (log 0 = -inf): Gumbel-max sampling
+// from norm(w), with the float32 log of the reference.
+inline ArgMax log_gumbel_argmax_impl(const float* w, const PhiloxKey& key, int64_t position, int stream, int64_t v0,
+                                     int64_t v1) {
+  const uint32_t hi = philox_offset_hi(position);
+  alignas(64) float g[kChunk];
+  alignas(64) float r[kChunk];
+  LaneArgMax acc;
+  for (int64_t base = v0; base < v1; base += kChunk) {
+    const int n = static_cast<int>(v1 - base < kChunk ? v1 - base : kChunk);
+    for (int i = 0; i < n; ++i) r[i] = w[base + i];
+    for (int i = n; i < kChunk; ++i) r[i] = 0.0f;
+    if (!(chunk_max(r, kChunk) > 0.0f)) continue;
+    gumbel_terms(key, hi, stream, base, g);
+    for (int i = 0; i < kChunk; i += simd::W) {
+      acc.update(simd::log_f32(simd::load(r + i)) - simd::load(g + i), static_cast<int32_t>(base + i));
+    }
+  }
+  return acc.result();
 }
 
 // The table entries (dtype switches outside the loops).
@@ -205,6 +276,7 @@ inline RowKernels make_row_kernels() {
   k.gumbel_argmax = gumbel_argmax_impl;
   k.sum_exp = sum_exp_impl;
   k.residual_argmax = residual_argmax_any;
+  k.log_gumbel_argmax = log_gumbel_argmax_impl;
   return k;
 }
 

@@ -45,6 +45,12 @@ inline u32v iota() {
   return v;
 }
 
+inline i32v iota_i32() {
+  i32v v;
+  for (int l = 0; l < W; ++l) v[l] = l;
+  return v;
+}
+
 // (hi, lo) words of a * c for every lane.
 inline void mulhilo(uint32_t a, u32v c, u32v& hi, u32v& lo) {
 #if defined(__AVX512F__)

@@ -34,6 +34,8 @@ struct RowKernels {
   double (*sum_exp)(const float* z, float m, int64_t v0, int64_t v1);
   ResidualResult (*residual_argmax)(const float* z, float m, float total, const void* q, DType q_dtype,
                                     const PhiloxKey& key, int64_t position, int64_t v0, int64_t v1);
+  ArgMax (*log_gumbel_argmax)(const float* w, const PhiloxKey& key, int64_t position, int stream, int64_t v0,
+                              int64_t v1);
 };
 
 }  // namespace specdec
