@@ -14,8 +14,11 @@ Providers (each skipped with a reason in the CSV ``status`` column when it canno
 - ``flashinfer``: ``softmax`` + ``flashinfer.sampling.chain_speculative_sampling`` (CUDA only; one-hot
   draft probabilities stand in for deterministic drafts, uniform k per request).
 
-Drafts: deterministic drafts are the target row's argmax; stochastic drafts are sampled from
-q = softmax(target logits + N(0, 1)), so acceptance is high but not certain, as with a good drafter.
+Inputs: logits ~ N(0, 2^2) with one boosted token per row, sized so that the target gives it
+probability ``p_top`` (default 0.7) at the benchmark temperature 0.8, like a confident language model.
+Deterministic drafts are the target row's argmax; stochastic drafts are sampled from
+q = softmax(target logits + N(0, 1)). Acceptance is therefore high but not certain (the CSV records the
+mean accepted length), which matters to early-exit kernels.
 
 Examples::
 
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import math
 import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -49,7 +53,7 @@ from .roofline import achieved_fraction, chain_all_rows_bytes, chain_min_bytes
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 PROVIDERS = ("reference", "triton", "cpu", "cuda", "vllm_v1", "vllm_v2", "flashinfer")
-CASE_COLUMNS = ("batch", "k", "vocab", "dtype", "sampling", "drafts", "top_k", "top_p")
+CASE_COLUMNS = ("batch", "k", "vocab", "dtype", "sampling", "drafts", "top_k", "top_p", "p_top")
 RESULT_COLUMNS = (
     "mean_accepted", "min_bytes", "all_rows_bytes", "copy_gbs", "achieved_gbs", "roofline_fraction",
 )
@@ -67,6 +71,12 @@ class ChainCase:
     drafts: str
     top_k: int = 0
     top_p: float = 1.0
+    p_top: float = 0.7
+
+
+# Temperature of every random request, and the spread of the synthetic logits.
+BENCH_TEMPERATURE = 0.8
+LOGIT_STD = 2.0
 
 
 @dataclass
@@ -97,7 +107,13 @@ def make_inputs(case: ChainCase, device: torch.device, seed: int = 0) -> ChainIn
     """Deterministic random inputs for ``case``, generated on ``device`` (fast for GPU-sized cases)."""
     gen = torch.Generator(device=device).manual_seed(seed)
     b, k, v = case.batch, case.k, case.vocab
-    logits = torch.randn(b * (k + 1), v, generator=gen, device=device) * 2.0
+    logits = torch.randn(b * (k + 1), v, generator=gen, device=device) * LOGIT_STD
+    if v > 1 and 0.0 < case.p_top < 1.0:
+        # exp(boost / T) = p / (1 - p) * E[sum of the other tokens' exp(z / T)], z ~ N(0, std^2).
+        t = BENCH_TEMPERATURE
+        boost = t * (math.log(case.p_top / (1 - case.p_top)) + math.log(v - 1) + (LOGIT_STD / t) ** 2 / 2)
+        top = torch.randint(0, v, (b * (k + 1), 1), generator=gen, device=device)
+        logits.scatter_add_(1, top, torch.full_like(top, boost, dtype=logits.dtype))
     draft_rows = (torch.arange(b, device=device)[:, None] * (k + 1) + torch.arange(k, device=device)[None, :])
     draft_rows = draft_rows.reshape(-1)
     draft_probs = None
@@ -113,7 +129,7 @@ def make_inputs(case: ChainCase, device: torch.device, seed: int = 0) -> ChainIn
         draft_token_ids=drafts.to(torch.int64),
         cu_num_draft_tokens=torch.arange(b + 1, device=device) * k,
         draft_probs=draft_probs,
-        temperature=torch.full((b,), 0.0 if case.sampling == "greedy" else 0.8, device=device),
+        temperature=torch.full((b,), 0.0 if case.sampling == "greedy" else BENCH_TEMPERATURE, device=device),
         top_k=torch.full((b,), case.top_k, dtype=torch.int32, device=device) if case.top_k else None,
         top_p=torch.full((b,), case.top_p, device=device) if case.top_p < 1.0 else None,
         seed=torch.randint(0, 2**62, (b,), generator=gen, device=device),
@@ -288,7 +304,8 @@ def cases_from_args(args: argparse.Namespace) -> list[ChainCase]:
     for b, k, v, dtype, sampling, drafts in itertools.product(*grid.values()):
         if sampling == "greedy" and drafts == "stochastic":
             continue  # greedy requests ignore draft probabilities: same work as deterministic
-        cases.append(ChainCase(b, k, v, dtype, sampling, drafts, top_k=args.top_k, top_p=args.top_p))
+        cases.append(ChainCase(b, k, v, dtype, sampling, drafts, top_k=args.top_k, top_p=args.top_p,
+                               p_top=args.p_top))
     return cases
 
 
@@ -344,6 +361,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--drafts", type=parse_str_list, help="deterministic,stochastic")
     parser.add_argument("--top-k", type=int, default=0, help="top-k for every request (0 = off)")
     parser.add_argument("--top-p", type=float, default=1.0, help="top-p for every request (1 = off)")
+    parser.add_argument("--p-top", type=float, default=0.7,
+                        help="target probability of each row's boosted token (0 = plain Gaussian logits)")
     parser.add_argument("--providers", type=parse_str_list, default=list(PROVIDERS),
                         help=f"comma list from {PROVIDERS}")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
