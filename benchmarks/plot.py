@@ -34,7 +34,7 @@ def markdown_table(rows: list[dict[str, str]], baseline: str) -> str:
         times = cases[key]
         cells = [f"{times[p]:.3f}" if p in times else "-" for p in providers]
         base = times.get(baseline)
-        ratios = [f"{times[p] / base:.2f}" if p in times and base else "-" for p in providers if p != baseline]
+        ratios = [f"{times[p] / base:.3g}" if p in times and base else "-" for p in providers if p != baseline]
         lines.append("| " + " | ".join(list(key) + cells + ratios) + " |")
     return "\n".join(lines)
 
