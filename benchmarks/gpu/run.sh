@@ -7,7 +7,8 @@
 # Environment knobs: OUT (default benchmarks/results/gpu_run), PYTHON (default python3),
 # SWEEP_ARGS (bench_chain arguments; default "--k 1,3,7 --dtype bfloat16": batch {1,8,64,256} x vocab
 # {32000,151936,262144} x greedy/random x deterministic/stochastic),
-# TEST_TIMEOUT / BUILD_TIMEOUT / SWEEP_TIMEOUT in seconds (defaults 150 / 180 / 240).
+# TEST_TIMEOUT / BUILD_TIMEOUT / SWEEP_TIMEOUT in seconds (defaults 150 / 180 / 240), BENCH_DEVICE (default
+# cuda; "cpu" dry-runs the script on a machine without a GPU).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/benchmarks/results/gpu_run}
@@ -46,7 +47,7 @@ echo "pytest exit code: $?"
 
 step "chain sweep"
 # shellcheck disable=SC2086  # SWEEP_ARGS is a list of arguments
-timeout "${SWEEP_TIMEOUT:-240}" "$PY" -m benchmarks.bench_chain --device cuda --repeats 20 --warmup 3 \
+timeout "${SWEEP_TIMEOUT:-240}" "$PY" -m benchmarks.bench_chain --device "${BENCH_DEVICE:-cuda}" --repeats 20 --warmup 3 \
   --out "$OUT/chain_cuda.csv" ${SWEEP_ARGS:---k 1,3,7 --dtype bfloat16}
 echo "sweep exit code: $? (rows are flushed one by one: a timeout keeps what was measured)"
 
