@@ -232,9 +232,10 @@ def _vllm_v2(inputs: ChainInputs) -> Callable[[], object]:
     num_logits = b * (k + 1)
     local = torch.arange(k + 1, device=device).repeat(b)
     request = torch.arange(b, device=device).repeat_interleave(k + 1)
-    # Row j of a request verifies draft j (the bonus row's entry is unused).
+    # V2 reads the draft checked by logit row i at draft_sampled[i + 1]: per request, the last accepted
+    # token (unused here) followed by the k drafts.
     verify = torch.zeros(b, k + 1, dtype=torch.int64, device=device)
-    verify[:, :k] = inputs.draft_token_ids.view(b, k)
+    verify[:, 1:] = inputs.draft_token_ids.view(b, k)
     draft_logits = None
     if inputs.draft_probs is not None:
         draft_logits = torch.log(inputs.draft_probs).view(b, k, v)
