@@ -146,9 +146,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-tokens", type=int, default=10)
     parser.add_argument("--seed-offset", type=int, default=0)
     parser.add_argument("--num-repeat", type=int, default=32, help="seeded requests re-run to check reproducibility")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
 
+    import torch
+
+    # One intra-op thread: the tiny model gains nothing from more, and on a shared machine OpenMP
+    # threads fighting for cores slow every op down by an order of magnitude.
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    torch.set_num_threads(args.threads)
     from vllm import LLM, SamplingParams, TokensPrompt
 
     target_dir, draft_dir = build_target_and_draft(args.model_dir)
@@ -156,7 +164,7 @@ def main(argv: list[str] | None = None) -> None:
     llm = LLM(
         model=str(target_dir), tokenizer=str(target_dir), dtype="float32", enforce_eager=True, max_model_len=256,
         speculative_config=speculative_config(args.spec, draft_dir, args.num_speculative_tokens),
-        disable_log_stats=False, seed=0, max_num_seqs=64, distributed_executor_backend="uni",
+        disable_log_stats=False, seed=0, max_num_seqs=args.max_num_seqs, distributed_executor_backend="uni",
     )
     startup_s = time.perf_counter() - start
 
