@@ -42,6 +42,9 @@ V2_VERIFY = Target(
 # Callables the V1 replacement calls, so that penalties, bad words, allowed ids, min-tokens and the
 # thinking budget stay vLLM's own, and logprobs are computed by vLLM's own code.
 V1_CALLED = (
+    # __init__ sets the attributes the replacement reads (sampler, synthetic_mode, logprobs-mode flags).
+    Target("vllm.v1.sample.rejection_sampler", "RejectionSampler", "__init__",
+           ("self", "sampler", "spec_config", "device")),
     Target("vllm.v1.sample.rejection_sampler", "RejectionSampler", "apply_logits_processors",
            ("self", "logits", "sampling_metadata", "metadata")),
     Target("vllm.v1.sample.rejection_sampler", "RejectionSampler", "_get_logprobs_tensors",
@@ -51,6 +54,10 @@ V1_CALLED = (
            ("self", "logits", "sampling_metadata", "predict_bonus_token")),
 )
 V2_CALLED = (
+    # __init__ sets sampler, num_speculative_steps, synthetic_conditional_rates, use_block_verification,
+    # watermark_key, which the replacement reads.
+    Target("vllm.v1.worker.gpu.spec_decode.rejection_sampler", "RejectionSampler", "__init__",
+           ("self", "sampler", "spec_config", "device", "watermark_key")),
     Target("vllm.v1.worker.gpu.sample.sampler", "Sampler", "apply_sampling_params",
            ("self", "logits", "expanded_idx_mapping", "idx_mapping", "idx_mapping_np", "pos", "input_ids",
             "expanded_local_pos", "seq_lens_upper_bound_np", "skip_top_k_top_p")),
