@@ -55,6 +55,7 @@ class LayerConfig:
     head_dim: int
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
+    qk_norm: bool = False  # Qwen3: RMSNorm over head_dim on q and k before rotary
 
 
 class KVCache:
@@ -116,6 +117,9 @@ class DecoderLayer(nn.Module):
         attn.k_proj = nn.Linear(input_size, nkv * d, bias=False)
         attn.v_proj = nn.Linear(input_size, nkv * d, bias=False)
         attn.o_proj = nn.Linear(nh * d, h, bias=False)
+        if cfg.qk_norm:
+            attn.q_norm = RMSNorm(d, cfg.rms_norm_eps)
+            attn.k_norm = RMSNorm(d, cfg.rms_norm_eps)
         self.self_attn = attn
         mlp = nn.Module()
         mlp.gate_proj = nn.Linear(h, cfg.intermediate_size, bias=False)
@@ -130,6 +134,8 @@ class DecoderLayer(nn.Module):
         q = a.q_proj(x).view(b, m, cfg.num_heads, cfg.head_dim).transpose(1, 2)
         k = a.k_proj(x).view(b, m, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
         v = a.v_proj(x).view(b, m, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
+        if cfg.qk_norm:
+            q, k = a.q_norm(q), a.k_norm(k)
         return rotary(q, positions, cfg.rope_theta), rotary(k, positions, cfg.rope_theta), v
 
     def _finish(self, q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, mask: torch.Tensor,
