@@ -27,12 +27,19 @@ from .head_ops import fuse_features
 from .layers import DecoderLayer, KVCache, LayerConfig, RMSNorm
 
 
-def default_feature_layers(num_target_layers: int) -> tuple[int, int, int]:
-    """EAGLE-3's default capture points (2, L // 2, L - 3), clamped into [0, L - 1] for tiny targets."""
-    if num_target_layers < 1:
-        raise ValueError(f"num_target_layers must be >= 1, got {num_target_layers}")
-    top = num_target_layers - 1
-    return tuple(min(max(i, 0), top) for i in (2, num_target_layers // 2, num_target_layers - 3))  # type: ignore[return-value]
+def default_feature_layers(num_target_layers: int) -> tuple[int, ...]:
+    """EAGLE-3's default capture points (2, L // 2, L - 3), strictly increasing.
+
+    Servers capture the features in increasing layer order and once per layer, so the points must be
+    distinct: when the default collides (tiny targets, L < 7) three evenly spread layers
+    ``round(i * (L - 1) / 2)`` are used instead; targets with fewer than 3 layers cannot host EAGLE-3.
+    """
+    if num_target_layers < 3:
+        raise ValueError(f"EAGLE-3 needs a target with >= 3 layers, got {num_target_layers}")
+    layers = (2, num_target_layers // 2, num_target_layers - 3)
+    if not layers[0] < layers[1] < layers[2]:
+        layers = tuple(int(round(i * (num_target_layers - 1) / 2)) for i in range(3))
+    return layers
 
 
 @dataclass
@@ -47,7 +54,7 @@ class Eagle3Config:
     num_heads: int
     num_kv_heads: int
     head_dim: int
-    feature_layers: tuple[int, ...] = (2, 2, 2)
+    feature_layers: tuple[int, ...] = (0, 1, 2)
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
     fc_norm: bool = True
@@ -68,6 +75,9 @@ class Eagle3Head(nn.Module):
         super().__init__()
         if cfg.draft_vocab_size > cfg.vocab_size:
             raise ValueError("draft_vocab_size must be <= vocab_size")
+        fl = tuple(cfg.feature_layers)
+        if any(b <= a for a, b in zip(fl, fl[1:])) or (fl and fl[0] < 0):
+            raise ValueError(f"feature_layers must be non-negative and strictly increasing, got {fl}")
         if cfg.num_heads % cfg.num_kv_heads:
             raise ValueError("num_heads must be a multiple of num_kv_heads")
         self.cfg = cfg
