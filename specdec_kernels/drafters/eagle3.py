@@ -76,7 +76,7 @@ class Eagle3Head(nn.Module):
         if cfg.draft_vocab_size > cfg.vocab_size:
             raise ValueError("draft_vocab_size must be <= vocab_size")
         fl = tuple(cfg.feature_layers)
-        if any(b <= a for a, b in zip(fl, fl[1:])) or (fl and fl[0] < 0):
+        if any(b <= a for a, b in zip(fl, fl[1:], strict=False)) or (fl and fl[0] < 0):
             raise ValueError(f"feature_layers must be non-negative and strictly increasing, got {fl}")
         if cfg.num_heads % cfg.num_kv_heads:
             raise ValueError("num_heads must be a multiple of num_kv_heads")
