@@ -35,7 +35,7 @@ def default_feature_layers(num_target_layers: int) -> tuple[int, ...]:
     ``round(i * (L - 1) / 2)`` are used instead; targets with fewer than 3 layers cannot host EAGLE-3.
     """
     if num_target_layers < 3:
-        raise ValueError(f"EAGLE-3 needs a target with >= 3 layers, got {num_target_layers}")
+        raise ValueError(f"num_target_layers must be >= 3 for EAGLE-3, got {num_target_layers}")
     layers = (2, num_target_layers // 2, num_target_layers - 3)
     if not layers[0] < layers[1] < layers[2]:
         layers = tuple(int(round(i * (num_target_layers - 1) / 2)) for i in range(3))
