@@ -56,40 +56,48 @@ def _unroll_mask(t: int, step: int, device: torch.device) -> torch.Tensor:
     return first | later
 
 
+def unroll_logits(head: nn.Module, token_ids: torch.Tensor, features: torch.Tensor, ttt_steps: int
+                  ) -> list[torch.Tensor]:
+    """Draft logits of every unroll step: entry s is [B, T, Vd], row t predicting token_{t+2+s}."""
+    b, t = token_ids.shape
+    dev = token_ids.device
+    rows = torch.arange(t, device=dev)
+    hidden = head.project_features(features)
+    past: list[tuple[torch.Tensor, torch.Tensor]] = []
+    out = []
+    for s in range(ttt_steps):
+        tok = token_ids[:, (rows + 1 + s).clamp(max=t - 1)]
+        positions = (rows + s)[None, :].expand(b, t)
+        mask = _unroll_mask(t, s, dev)[None].expand(b, t, (s + 1) * t)
+        hidden, logits, kv = head.forward_train(tok, hidden, positions, mask, past)
+        past.append(kv)
+        out.append(logits)
+    return out
+
+
 def distill_loss(head: nn.Module, token_ids: torch.Tensor, features: torch.Tensor, logits: torch.Tensor,
                  lengths: torch.Tensor, ttt_steps: int = 3, decay: float = 0.8) -> torch.Tensor:
     """Decay-weighted forward-KL loss of ``head`` (EAGLE-3 or MTP) over a ``ttt_steps`` unroll (see module doc)."""
     if ttt_steps < 1:
         raise ValueError(f"ttt_steps must be >= 1, got {ttt_steps}")
     token_ids = token_ids.detach().to(torch.int64)
-    features = features.detach()
     logits = logits.detach()
     b, t = token_ids.shape
     dev = token_ids.device
-    d2t_ids = _draft_ids(head, logits.shape[-1], dev)
+    draft_ids = _draft_ids(head, logits.shape[-1], dev)
     in_draft = torch.zeros(logits.shape[-1], dtype=torch.bool, device=dev)
-    in_draft[d2t_ids] = True
+    in_draft[draft_ids] = True
     rows = torch.arange(t, device=dev)
-    hidden = head.project_features(features)
-    past: list[tuple[torch.Tensor, torch.Tensor]] = []
-    total = hidden.new_zeros((), dtype=torch.float32)
-    for s in range(ttt_steps):
-        # Row r reads token_{r+1+s} and is scored against logits[r + 1 + s].
-        src = (rows + 1 + s).clamp(max=t - 1)
-        tok = token_ids[:, src]
-        positions = (rows + s)[None, :].expand(b, t)
-        mask = _unroll_mask(t, s, dev)[None].expand(b, t, (s + 1) * t)
-        h, draft_logits, kv = head.forward_train(tok, hidden, positions, mask, past)
-        past.append(kv)
-        tgt = logits[:, src].float()
-        valid = (rows[None, :] + 1 + s) < lengths[:, None].to(dev)
+    total = torch.zeros((), dtype=torch.float32, device=dev)
+    for s, draft_logits in enumerate(unroll_logits(head, token_ids, features.detach(), ttt_steps)):
+        # Row r is scored against the target's distribution at position r + 1 + s.
+        tgt = logits[:, (rows + 1 + s).clamp(max=t - 1)].float()
+        valid = (rows[None, :] + 1 + s) < lengths.to(dev)[:, None]
         valid &= in_draft[tgt.argmax(-1)]
-        p = torch.softmax(tgt[..., d2t_ids], dim=-1)
+        p = torch.softmax(tgt[..., draft_ids], dim=-1)
         logq = torch.log_softmax(draft_logits, dim=-1)
         kl = (p * (torch.log(p.clamp_min(1e-30)) - logq)).sum(-1)
-        denom = valid.sum().clamp_min(1)
-        total = total + (decay ** s) * (kl * valid).sum() / denom
-        hidden = h
+        total = total + (decay ** s) * (kl * valid).sum() / valid.sum().clamp_min(1)
     return total
 
 
