@@ -3,7 +3,7 @@
 See ``base.py`` for the protocol (prefill / propose / propose_tree / commit) a rollout engine drives.
 """
 
-from .base import STREAM_DRAFT, DraftProposal, Drafter, TreeProposal
+from .base import STREAM_DRAFT, Drafter, DraftProposal, TreeProposal
 from .draft_model import DraftModelDrafter, DraftModelHead
 from .eagle3 import Eagle3Config, Eagle3Drafter, Eagle3Head, default_feature_layers
 from .features import TargetForward, capture_target_features
