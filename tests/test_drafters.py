@@ -274,3 +274,32 @@ def test_validation_errors(target):
     with pytest.raises(ValueError, match="target_ids"):
         head.set_draft_vocab(torch.zeros(48, dtype=torch.int64))
     assert isinstance(DraftProposal(torch.zeros(1, 1), None).flat()[1], torch.Tensor)
+
+
+def test_slots_admit_subset_update_match_a_plain_batch(target):
+    """Continuous batching (reset/admit/subset/update) leaves every slot as a plain prefill would."""
+    head = make_eagle()
+    ids, lengths, nxt = ragged_batch(5)
+    with torch.no_grad():
+        feats = capture_target_features(target, ids, head.cfg.feature_layers).eagle3_features
+    plain = Eagle3Drafter(head)
+    plain.prefill(ids, lengths, nxt, feats)
+    want = plain.propose_tree(3, 2, 2)
+    d = Eagle3Drafter(head)
+    d.reset(5)
+    d.admit(torch.tensor([4, 1]), ids[[0, 2]], lengths[[0, 2]], nxt[[0, 2]], feats[[0, 2]])
+    d.admit(torch.tensor([3]), ids[[1]], lengths[[1]], nxt[[1]], feats[[1]])
+    sub = d.subset(torch.tensor([4, 3, 1]))
+    got = sub.propose_tree(3, 2, 2)
+    assert torch.equal(got.node_token_ids, want.node_token_ids)
+    # commit on the subset, write back, and compare with committing on the plain batch
+    out = torch.cat([want.node_token_ids[:, 1:3], torch.full((3, 1), 7)], 1)
+    n = torch.tensor([2, 0, 1])
+    rows = torch.randn(3, 3, 96)
+    plain.commit(n, out, rows)
+    sub.commit(n, out, rows)
+    d.update(torch.tensor([4, 3, 1]), sub)
+    assert torch.equal(d.num_tokens[[4, 3, 1]], plain.num_tokens)
+    assert torch.equal(d.subset(torch.tensor([4, 3, 1])).propose(3).token_ids, plain.propose(3).token_ids)
+    with pytest.raises(ValueError, match="num_slots"):
+        d.reset(0)

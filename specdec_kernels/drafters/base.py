@@ -25,6 +25,10 @@ Target features (what the target's forward captured, per input position; see ``f
 verified rows ``[B, k + 1, F]`` (row j = the target's input at position ``num_tokens - 1 + j``); only the
 first ``n + 1`` rows of each sequence are read.
 
+Continuous batching. ``reset(num_slots)`` starts an empty batch, ``admit(rows, ...)`` prefills new
+sequences into some slots, and ``subset(rows)`` / ``update(rows, sub)`` run ``propose``/``commit`` on
+the active slots only (``CachedDrafter`` implements them for every head).
+
 Randomness. Stochastic proposals sample from the draft distribution q with the project's stateless
 Philox (``reference/philox.py``) on stream :data:`STREAM_DRAFT` = 3, which DESIGN.md §4 leaves unused by
 the verifiers: the draft token at absolute position ``pos`` of a sequence with key ``seed`` uses

@@ -16,6 +16,8 @@ after the committed rows and attend to the committed rows and to their own ances
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from torch import nn
 
@@ -70,6 +72,58 @@ class CachedDrafter(Drafter):
         self._root_hn = self._root_hn[idx]
         if self._root_hidden is not None:
             self._root_hidden = self._root_hidden[idx]
+
+    # ------------------------------------------------------------------ slots (continuous batching)
+    def reset(self, num_slots: int) -> None:
+        """Start an empty batch of ``num_slots`` sequences; fill slots with :meth:`admit`."""
+        if not isinstance(num_slots, int) or num_slots < 1:
+            raise ValueError(f"num_slots must be a positive int, got {num_slots!r}")
+        w = self.head.lm_head.weight
+        self.kv = KVCache(self.head.num_layers, num_slots, self.head.num_kv_heads, self.head.head_dim,
+                          w.dtype, w.device)
+        self._num_tokens = torch.zeros(num_slots, dtype=torch.int64, device=w.device)
+        self._last_token = torch.zeros(num_slots, dtype=torch.int64, device=w.device)
+        self._root_hn = w.new_zeros(num_slots, w.shape[1])
+        self._root_hidden = w.new_zeros(num_slots, w.shape[1]) if self.head.uses_features else None
+
+    def subset(self, rows: torch.Tensor) -> CachedDrafter:
+        """A drafter holding copies of the state of sequences ``rows`` [R] (propose/commit on it, then
+        write it back with :meth:`update`)."""
+        self._require_state()
+        idx = rows.to(torch.int64)
+        sub = copy.copy(self)
+        sub.kv = copy.copy(self.kv)
+        sub.kv.k, sub.kv.v, sub.kv.length = list(self.kv.k), list(self.kv.v), self.kv.length
+        sub.select(idx)
+        return sub
+
+    def update(self, rows: torch.Tensor, sub: CachedDrafter) -> None:
+        """Write the state of ``sub`` (from :meth:`subset` or a prefilled drafter) into sequences ``rows``."""
+        self._require_state()
+        sub._require_state()
+        idx = rows.to(torch.int64)
+        self.kv.ensure(sub.kv.capacity)
+        cap = sub.kv.capacity
+        for layer in range(len(self.kv.k)):
+            self.kv.k[layer][idx, :, :cap] = sub.kv.k[layer]
+            self.kv.v[layer][idx, :, :cap] = sub.kv.v[layer]
+        self.kv.length = self.kv.length.index_copy(0, idx, sub.kv.length)
+        self.kv.bound = max(self.kv.bound, sub.kv.bound)
+        self._num_tokens = self._num_tokens.index_copy(0, idx, sub._num_tokens)
+        self._last_token = self._last_token.index_copy(0, idx, sub._last_token)
+        self._root_hn = self._root_hn.index_copy(0, idx, sub._root_hn)
+        if self._root_hidden is not None:
+            self._root_hidden = self._root_hidden.index_copy(0, idx, sub._root_hidden)
+
+    def admit(self, rows: torch.Tensor, input_ids: torch.Tensor, lengths: torch.Tensor,
+              next_token_ids: torch.Tensor, target_features: torch.Tensor | None) -> None:
+        """Prefill new sequences into slots ``rows`` [R] of the running batch (arguments as :meth:`prefill`
+        with R sequences); the other slots are untouched."""
+        self._require_state()
+        fresh = copy.copy(self)
+        fresh.kv = None
+        fresh.prefill(input_ids, lengths, next_token_ids, target_features)
+        self.update(rows, fresh)
 
     def _check_features(self, feats: torch.Tensor | None, b: int, rows: int) -> torch.Tensor | None:
         if not self.head.uses_features:
