@@ -153,7 +153,8 @@ class Drafter(abc.ABC):
         logits) and ``probs`` is None. Otherwise rows with temperature > 0 sample from
         q = softmax(draft logits / temperature) with Philox stream 3 keyed by ``seed`` [B] int64 at absolute
         positions ``position + j`` (``position`` [B] int64 defaults to :attr:`num_tokens`), rows with 0 draft
-        greedily, and ``probs`` [B, k, V] holds q (one-hot for greedy rows).
+        greedily, and ``probs`` [B, k, V] holds q (for greedy rows the temperature-1 draft softmax, which
+        verifiers ignore for greedy requests).
         """
         tree = self.propose_tree(k, 1, 1, temperature, seed, position)
         # With top_k = beam_width = 1 the tree is a chain: node j + 1 is the child of node j.
