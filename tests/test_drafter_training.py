@@ -212,6 +212,7 @@ def test_vllm_serves_trained_head_as_eagle3_speculator(tmp_path):
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stderr[-3000:]
     res = json.loads(lines[-1][len("RESULT "):])
+    print("vLLM eagle3 metrics:", res["metrics"])
     assert res["spec_tokens"] == seq[0, 5:21].tolist()  # greedy speculation is lossless
     assert res["metrics"]["vllm:spec_decode_num_drafts"] > 0
     assert res["metrics"]["vllm:spec_decode_num_accepted_tokens"] > 0
