@@ -105,8 +105,9 @@ def math_sequences(task: MathTask, problems) -> list[tuple[list[int], list[int]]
     return [([BOS, *task.encode(p)], [*task.encode(s), EOS]) for p, s in problems]
 
 
-def generic_sequences(rng: random.Random, n: int, length: int = 40) -> list[list[int]]:
-    """Sentences of words from a fixed random lexicon (Zipf-like), with a few numbers, as token ids."""
+def generic_sequences(task: MathTask, rng: random.Random, n: int, length: int = 40) -> list[list[int]]:
+    """Sentences of words from a fixed random lexicon (Zipf-like) with occasional numbers and inline sums
+    (``"12+7=19"``, as generic text has some arithmetic), as token ids."""
     lex_rng = random.Random(1234)
     lexicon = [[LETTERS + lex_rng.randrange(26) for _ in range(lex_rng.randint(2, 6))] for _ in range(60)]
     weights = [1.0 / (i + 1) for i in range(len(lexicon))]
@@ -114,8 +115,12 @@ def generic_sequences(rng: random.Random, n: int, length: int = 40) -> list[list
     for _ in range(n):
         seq = [BOS]
         while len(seq) < length:
-            if rng.random() < 0.1:
-                seq += [3 + rng.randrange(10) for _ in range(rng.randint(1, 3))]
+            r = rng.random()
+            if r < 0.08:
+                seq += task.encode(str(rng.randrange(1, 1000)))
+            elif r < 0.14:
+                a, b = rng.randrange(1, 100), rng.randrange(1, 100)
+                seq += task.encode(f"{a}+{b}={a + b}")
             else:
                 seq += rng.choices(lexicon, weights)[0]
             seq.append(SPACE)
@@ -180,8 +185,9 @@ def fit_head(head, target, seqs: list[list[int]], steps: int, batch: int, seed: 
 
 @torch.no_grad()
 def tokens_per_round(target, head, prompts: list[list[int]], k: int, temperature: float, max_new: int,
-                     seed: int) -> float:
-    """Mean (accepted drafts + 1) per verification round, over rounds that start before EOS."""
+                     seed: int) -> tuple[float, float, float]:
+    """Mean (accepted drafts + 1) per verification round, over rounds that start before EOS; plus the
+    realised and the expected (sum_x min(p, q)) acceptance rate of the first draft of a round."""
     layers = head.cfg.feature_layers
     b = len(prompts)
     ids, lengths = pad(prompts)
@@ -197,7 +203,7 @@ def tokens_per_round(target, head, prompts: list[list[int]], k: int, temperature
     drafter.prefill(ids, lengths, nxt, cap.eagle3_features)
     seqs = [prompts[i] + [int(nxt[i])] for i in range(b)]
     done = [int(nxt[i]) == EOS for i in range(b)]
-    stats = []
+    stats, realised, expected = [], [], []
     while not all(done) and min(len(s) - len(p) for s, p in zip(seqs, prompts, strict=True)) < max_new:
         pos = drafter.num_tokens
         prop = drafter.propose(k, temp if temperature > 0 else None, seeds, pos)
@@ -211,14 +217,23 @@ def tokens_per_round(target, head, prompts: list[list[int]], k: int, temperature
         res = verify_chain(logits, tok, cu, draft_probs=probs, temperature=temp, seed=seeds, position=pos,
                            backend="reference")
         drafter.commit(res.num_accepted, res.output_token_ids, feats)
+        if temperature > 0:
+            p0 = torch.softmax(logits.view(b, k + 1, V)[:, 0].float() / temperature, -1)
+            alpha = torch.minimum(p0, prop.probs[:, 0]).sum(-1)
+        else:
+            top = logits.view(b, k + 1, V)[:, 0].argmax(-1)
+            alpha = (top == prop.token_ids[:, 0]).float()
         for i in range(b):
             n = int(res.num_accepted[i])
             if not done[i] and len(seqs[i]) - len(prompts[i]) < max_new:
                 stats.append(n + 1)
+                realised.append(float(n >= 1))
+                expected.append(float(alpha[i]))
             new = res.output_token_ids[i, : n + 1].tolist()
             seqs[i] += new
             done[i] = done[i] or EOS in new
-    return sum(stats) / max(len(stats), 1)
+    m = max(len(stats), 1)
+    return sum(stats) / m, sum(realised) / m, sum(expected) / m
 
 
 @torch.no_grad()
@@ -241,8 +256,17 @@ def sample_rollouts(policy, prompts: list[list[int]], max_new: int, seed: int) -
     return seqs
 
 
-def sweep(target, head, prompts, temperature: float, max_new: int, ks=range(1, 8)) -> list[float]:
-    return [round(tokens_per_round(target, head, prompts, k, temperature, max_new, seed=k), 3) for k in ks]
+def sweep(target, head, prompts, temperature: float, max_new: int, ks=range(1, 8),
+          diagnostics: list | None = None) -> list[float]:
+    """Tokens per round for k = 1..7 (same seeds for every k: common random numbers across k)."""
+    out = []
+    for k in ks:
+        tpr, real, exp = tokens_per_round(target, head, prompts, k, temperature, max_new, seed=0)
+        out.append(round(tpr, 3))
+        if diagnostics is not None:
+            diagnostics.append({"k": k, "T": temperature, "first_draft_acceptance_realised": round(real, 4),
+                                "first_draft_acceptance_expected": round(exp, 4)})
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -255,7 +279,7 @@ def main() -> None:
     ap.add_argument("--adapt-steps", type=int, default=60)
     ap.add_argument("--drift-steps", type=int, default=300)
     ap.add_argument("--draft-vocab", type=int, default=32)
-    ap.add_argument("--eval-prompts", type=int, default=24)
+    ap.add_argument("--eval-prompts", type=int, default=32)
     ap.add_argument("--max-new", type=int, default=40)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default="benchmarks/results/drafter_acceptance.json")
@@ -267,7 +291,7 @@ def main() -> None:
     fam0, fam1 = task.families()
     math_train = math_sequences(task, task.problems(rng, fam0, 3000))
     math_eval = math_sequences(task, task.problems(random.Random(99), fam0, args.eval_prompts))
-    generic = generic_sequences(rng, 3000)
+    generic = generic_sequences(task, rng, 3000)
     target = tiny_qwen3(vocab_size=V, hidden_size=64, num_layers=4, num_heads=2, num_kv_heads=1, head_dim=32,
                         intermediate_size=192, seed=0)
     lm_seqs = [p + s for p, s in math_train] + generic
@@ -287,7 +311,8 @@ def main() -> None:
             heads[(name, vocab_kind)] = head
             for temperature in (0.0, 1.0):
                 key = f"{name}_{vocab_kind}_T{temperature:g}"
-                results[key] = sweep(target, head, eval_prompts, temperature, args.max_new)
+                diag = results.setdefault("diagnostics", {}).setdefault(key, [])
+                results[key] = sweep(target, head, eval_prompts, temperature, args.max_new, diagnostics=diag)
                 print(f"{key:24s} {results[key]}  ({time.time() - t0:.0f}s)")
 
     # Policy drift: fine-tune the target on the shifted task mix, then compare the domain head
