@@ -90,7 +90,9 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--quick", action="store_true", help="small shapes (CPU smoke run)")
     ap.add_argument("--out", default=None, help="JSON output path")
+    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     args = ap.parse_args()
+    torch.set_num_threads(args.threads)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     providers = ["torch"] + (["triton"] if device.type == "cuda" else [])
     if args.quick or device.type == "cpu":
