@@ -190,3 +190,21 @@ def test_dynamic_tree_verify_and_compact_end_to_end():
         k = int(res.num_accepted[b])
         assert cache[b, 3:3 + k].tolist() == res.output_token_ids[b, :k].tolist()
     assert float(res.num_accepted.float().mean()) > 0.3
+
+
+def test_tree_from_model_drafter_proposal():
+    from specdec_kernels.drafters import TreeProposal
+    from specdec_kernels.drafters.tree_builder import tree_from_proposal
+
+    tokens = torch.tensor([[3, 1, 2, 5], [4, 0, 6, 7]])
+    parent = torch.tensor([[-1, 0, 0, 1], [-1, 0, 0, 2]])
+    depth = torch.tensor([[0, 1, 1, 2], [0, 1, 1, 2]])
+    q = torch.softmax(torch.randn(2, 4, VOCAB), -1)
+    for probs in (None, q):
+        tree = tree_from_proposal(TreeProposal(tokens, parent, depth, torch.zeros(2, 4), probs))
+        assert tree.cu_num_nodes.tolist() == [0, 4, 8] and tree.parent.tolist() == parent.flatten().tolist()
+        assert tree.sibling_sampling == ("" if probs is None else "without_replacement")
+        res = sk.verify_tree(TARGET[tree.node_token_ids], tree.node_token_ids, tree.parent, tree.cu_num_nodes,
+                             tree.draft_probs, torch.ones(2), seed=torch.arange(2),
+                             sibling_sampling=tree.sibling_sampling or "iid", backend="reference")
+        assert res.output_token_ids.shape == (2, 3)

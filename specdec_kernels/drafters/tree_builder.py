@@ -25,7 +25,7 @@ import torch
 
 __all__ = [
     "Drafter", "DraftTree", "TreeTopology", "build_static_tree", "build_dynamic_tree",
-    "tree_attention_mask", "compact_kv_cache", "chain_paths", "full_tree_paths",
+    "tree_attention_mask", "compact_kv_cache", "chain_paths", "full_tree_paths", "tree_from_proposal",
 ]
 
 
@@ -271,6 +271,21 @@ def build_dynamic_tree(
     depth_ = torch.cat([torch.zeros(num_reqs, 1, dtype=torch.int64, device=device), level.gather(1, keep) + 1], 1)
     cu = torch.arange(num_reqs + 1, device=device) * n
     return DraftTree(tokens.flatten(), parent.flatten(), cu, depth_.flatten(), None, "")
+
+
+def tree_from_proposal(proposal) -> DraftTree:
+    """The :class:`DraftTree` of a model drafter's ``TreeProposal`` (``drafters/base.py``: EAGLE-3, MTP,
+    draft model ``propose_tree``). Their sampled trees draw siblings without replacement (Gumbel-top-k),
+    so a proposal with ``draft_probs`` is verified with recursive rejection sampling."""
+    num_reqs, n = proposal.node_token_ids.shape
+    device = proposal.node_token_ids.device
+    probs = proposal.draft_probs
+    return DraftTree(
+        proposal.node_token_ids.reshape(-1).to(torch.int64), proposal.parent.reshape(-1).to(torch.int64),
+        torch.arange(num_reqs + 1, device=device) * n, proposal.depth.reshape(-1).to(torch.int64),
+        None if probs is None else probs.reshape(num_reqs * n, -1).float(),
+        "" if probs is None else "without_replacement",
+    )
 
 
 def tree_attention_mask(parent: torch.Tensor, prefix_len: int) -> torch.Tensor:
