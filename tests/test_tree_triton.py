@@ -146,3 +146,21 @@ def test_kernel_compiles_for_sm90_without_a_gpu():
     if proc.returncode != 0 and "ptxas" in proc.stderr.lower() and "CompilationError" not in proc.stderr:
         pytest.skip("ptxas unavailable: the frontend compiled but no cubin could be built")
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_triton_unvalidated_broken_trees_match_reference_in_bounds():
+    """validate=False: parents pointing forward / out of the request detach nodes, out-of-range tokens
+    are skipped, nodes below max_depth are ignored; both backends agree and stay in the vocabulary."""
+    args, kw = _case(4, 13, full_tree_paths([2, 2, 1]), "without_replacement", False, False, seed=9)
+    logits, tokens, parent, cu, q = args
+    parent = parent.clone()
+    parent[2] = 5  # forward
+    parent[14] = 40  # out of its request
+    tokens = tokens.clone()
+    tokens[3] = 13  # out of range
+    tokens[16] = -7
+    args = [logits, tokens, parent, cu, q]
+    ref = sk.verify_tree(*args, **kw, backend="reference", validate=False, max_depth=2)
+    tri = sk.verify_tree(*args, **kw, backend="triton", validate=False, max_depth=2)
+    assert all(torch.equal(a, b) for a, b in zip(ref, tri, strict=True))
+    assert ((ref.output_token_ids >= -1) & (ref.output_token_ids < 13)).all()
