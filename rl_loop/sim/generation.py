@@ -1,0 +1,289 @@
+"""Rollout generation time: a roofline per decode step, over a batch that shrinks as responses finish.
+
+One *engine step* decodes every active sequence of a replica once: autoregressively one token, or with
+chain speculation ``k`` drafter forwards, one target forward over ``k + 1`` tokens per sequence
+(verification) and the rejection sampler. A step's time is the roofline of what the target and drafter
+read (weights, KV cache) and compute, plus communication and host overheads. Sequences are admitted into
+``max_num_seqs`` slots as earlier ones finish; a sequence of length ``n`` needs ``ceil(n / tau)`` steps,
+``tau`` being the expected tokens per step (1 without speculation). Synchronous RL waits for the last
+sequence, so the long tail of the length distribution sets generation time.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from .hardware import Hardware
+from .model import ModelSpec
+
+
+@dataclass(frozen=True)
+class Parallelism:
+    """How a phase is laid out: ``tp``-way tensor and ``ep``-way expert parallel replicas, ``replicas`` of
+    them (data parallel). Within a replica attention is data-parallel across the ``ep`` ranks, so each rank
+    holds the KV cache of ``1 / ep`` of the sequences."""
+
+    tp: int = 1
+    ep: int = 1
+    replicas: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("tp", "ep", "replicas"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+    @property
+    def gpus_per_replica(self) -> int:
+        return self.tp * self.ep
+
+    @property
+    def gpus(self) -> int:
+        return self.gpus_per_replica * self.replicas
+
+
+@dataclass(frozen=True)
+class Speculation:
+    """Chain speculation: ``k`` drafts per step.
+
+    ``acceptance[i]`` is the probability that draft ``i + 1`` is accepted given drafts ``1..i`` were (the
+    per-position acceptance curve); a curve shorter than ``k`` repeats its last value, so a single number
+    is a constant rate. ``drafter`` is run once per proposed token (None: a free drafter such as n-gram
+    lookup). ``draft_probs``: stochastic drafts, so the rejection sampler also reads the draft
+    distributions.
+    """
+
+    k: int
+    acceptance: tuple[float, ...]
+    drafter: ModelSpec | None = None
+    draft_probs: bool = False
+
+    def __post_init__(self) -> None:
+        if self.k < 1:
+            raise ValueError(f"k must be >= 1, got {self.k}")
+        if not self.acceptance:
+            raise ValueError("acceptance must hold at least one rate")
+        if any(not 0.0 <= a <= 1.0 for a in self.acceptance):
+            raise ValueError(f"acceptance rates must lie in [0, 1], got {self.acceptance}")
+
+    def rate(self, position: int) -> float:
+        """Conditional acceptance of draft ``position`` (1-based)."""
+        return self.acceptance[min(position, len(self.acceptance)) - 1]
+
+    def expected_tokens(self) -> float:
+        """Expected tokens emitted per step: 1 (correction or bonus) + expected accepted drafts."""
+        total, survive = 1.0, 1.0
+        for i in range(1, self.k + 1):
+            survive *= self.rate(i)
+            total += survive
+        return total
+
+    def with_k(self, k: int) -> Speculation:
+        return replace(self, k=k)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One RL step's rollouts: ``num_prompts x samples_per_prompt`` responses whose lengths follow a
+    log-normal (``response_median``, ``response_sigma``) truncated at ``max_response_len`` (truncated
+    responses pile up at the cap, as in RL). ``max_num_seqs`` caps concurrent sequences per replica (the
+    engine's limit; the KV-cache capacity may cap it further)."""
+
+    num_prompts: int
+    samples_per_prompt: int
+    prompt_len: int
+    response_median: float
+    response_sigma: float
+    max_response_len: int
+    max_num_seqs: int = 1024
+
+    @property
+    def num_responses(self) -> int:
+        return self.num_prompts * self.samples_per_prompt
+
+    def response_lengths(self) -> np.ndarray:
+        """Deterministic sample of response lengths: the distribution's quantiles in a fixed shuffled
+        order (arrival order is unrelated to length)."""
+        from scipy.stats import norm
+
+        n = self.num_responses
+        q = (np.arange(n) + 0.5) / n
+        lengths = self.response_median * np.exp(self.response_sigma * norm.ppf(q))
+        lengths = np.clip(np.round(lengths), 1, self.max_response_len)
+        return np.random.default_rng(0).permutation(lengths)
+
+    def with_(self, **changes) -> Workload:
+        return replace(self, **changes)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Roofline of one forward pass
+# ----------------------------------------------------------------------------------------------------
+
+def _link(hw: Hardware, group: int) -> tuple[float, float]:
+    """(bandwidth, latency) of a collective over ``group`` devices: NVLink if it fits the domain."""
+    if group <= hw.scaleup_domain:
+        return hw.scaleup_bandwidth, hw.scaleup_latency
+    return hw.scaleout_bandwidth, hw.scaleout_latency
+
+
+def forward_time(
+    hw: Hardware,
+    model: ModelSpec,
+    par: Parallelism,
+    num_seqs: np.ndarray | float,
+    tokens_per_seq: float,
+    context_sum: np.ndarray | float,
+) -> np.ndarray:
+    """Seconds for one forward of a replica over ``num_seqs`` sequences x ``tokens_per_seq`` new tokens,
+    attending over ``context_sum`` cached tokens in total (arrays broadcast; zero sequences cost zero).
+
+    time = max(bytes / achieved bandwidth, FLOPs / achieved FLOP/s) + collectives + host overhead, per
+    device: dense weights split ``tp`` ways, experts and KV cache ``tp x ep`` ways.
+    """
+    num_seqs = np.asarray(num_seqs, dtype=np.float64)
+    context_sum = np.asarray(context_sum, dtype=np.float64)
+    tokens = num_seqs * tokens_per_seq
+    tp, ep = par.tp, par.ep
+    b = model.bytes_per_param
+    dense_bytes = model.dense_params * b
+    miss = (1.0 - model.experts_per_token / model.num_experts) ** tokens if model.is_moe else 0.0
+    expert_bytes = model.num_layers * model.num_experts * (1.0 - miss) * model.expert_params * b if model.is_moe else 0.0
+    kv_bytes = model.kv_bytes_per_token * context_sum
+    bytes_per_dev = dense_bytes / tp + (expert_bytes + kv_bytes) / (tp * ep)
+    flops_per_dev = (model.linear_flops(tokens) + model.attention_flops(tokens_per_seq, context_sum)) / (tp * ep)
+    t_mem = bytes_per_dev / (hw.hbm_bandwidth * hw.mem_efficiency)
+    t_flop = flops_per_dev / (hw.flops(model.dtype) * hw.flop_efficiency)
+    comm = np.zeros_like(tokens)
+    act_bytes = tokens / ep * model.hidden_size * b  # activations of one data-parallel rank
+    if tp > 1:
+        bw, lat = _link(hw, tp)
+        comm = comm + 2 * model.num_layers * (lat + 2 * (tp - 1) / tp * act_bytes / bw)  # 2 all-reduces / layer
+    if ep > 1 and model.is_moe:
+        bw, lat = _link(hw, tp * ep)
+        a2a = act_bytes * model.experts_per_token * (ep - 1) / ep
+        comm = comm + 2 * model.num_layers * (lat + a2a / bw)  # dispatch + combine
+    device = np.maximum(t_mem, t_flop) + comm
+    overhead = hw.forward_overhead + hw.layer_overhead * model.num_layers
+    eager = tokens / ep > hw.graph_max_tokens  # graphs are captured per data-parallel rank
+    total = np.where(eager, np.maximum(device, hw.eager_layer_overhead * model.num_layers), device) + overhead
+    return np.where(num_seqs > 0, total, 0.0)
+
+
+def sampler_time(hw: Hardware, model: ModelSpec, par: Parallelism, rows: np.ndarray | float,
+                 with_draft_probs: bool = False) -> np.ndarray:
+    """Seconds for a (rejection) sampler over ``rows`` vocabulary rows of float32 logits (plus the draft
+    distributions when ``with_draft_probs``): memory-bound, one small kernel."""
+    rows = np.asarray(rows, dtype=np.float64)
+    reads = rows * model.vocab_size * 4 * (2 if with_draft_probs else 1) / par.ep
+    t = hw.kernel_overhead + reads / (hw.hbm_bandwidth * hw.mem_efficiency)
+    return np.where(rows > 0, t, 0.0)
+
+
+def kv_capacity_seqs(hw: Hardware, model: ModelSpec, par: Parallelism, workload: Workload,
+                     drafter: ModelSpec | None = None, memory_fraction: float = 0.9) -> int:
+    """Concurrent sequences whose KV cache fits in a replica (average occupancy: prompt + mean length)."""
+    weights = model.total_params * model.bytes_per_param + (drafter.total_params * drafter.bytes_per_param if drafter else 0)
+    free = memory_fraction * hw.hbm_capacity * par.gpus_per_replica - weights
+    per_token = model.kv_bytes_per_token + (drafter.kv_bytes_per_token if drafter else 0)
+    mean_len = float(np.mean(workload.response_lengths()))
+    if free <= 0:
+        raise ValueError(f"{model.name} does not fit in {par.gpus_per_replica} x {hw.name}")
+    return max(1, int(free / (per_token * (workload.prompt_len + mean_len))))
+
+
+# ----------------------------------------------------------------------------------------------------
+# Simulation of one replica and of the whole generation phase
+# ----------------------------------------------------------------------------------------------------
+
+@dataclass
+class GenerationResult:
+    """Generation phase: wall time (slowest replica), steps, tokens and a time breakdown in seconds."""
+
+    time: float
+    steps: int
+    tokens: int
+    tokens_per_step: float
+    breakdown: dict[str, float] = field(default_factory=dict)
+    mean_batch: float = 0.0
+
+    @property
+    def throughput(self) -> float:
+        return self.tokens / self.time
+
+
+def _schedule(lengths: np.ndarray, tau: float, slots: int) -> tuple[np.ndarray, np.ndarray]:
+    """Start and end step of each request under FIFO admission into ``slots`` concurrent slots."""
+    steps = np.ceil(lengths / tau).astype(np.int64)
+    starts = np.empty_like(steps)
+    free = [0] * min(slots, len(lengths))
+    heapq.heapify(free)
+    for i, n in enumerate(steps):
+        t = heapq.heappop(free)
+        starts[i] = t
+        heapq.heappush(free, t + int(n))
+    return starts, starts + steps
+
+
+def simulate_replica(hw: Hardware, model: ModelSpec, par: Parallelism, workload: Workload,
+                     lengths: np.ndarray, spec: Speculation | None, slots: int) -> GenerationResult:
+    """Decode ``lengths`` (one replica's responses) step by step; see the module docstring."""
+    tau = spec.expected_tokens() if spec else 1.0
+    starts, ends = _schedule(lengths, tau, slots)
+    horizon = int(ends.max())
+    count = np.zeros(horizon + 1)
+    offset = np.zeros(horizon + 1)  # sum over active of (prompt - start * tau); context = offset + t*tau*count
+    np.add.at(count, starts, 1.0)
+    np.add.at(count, ends, -1.0)
+    off = workload.prompt_len - starts * tau
+    np.add.at(offset, starts, off)
+    np.add.at(offset, ends, -off)
+    count = np.cumsum(count)[:horizon]
+    context = np.cumsum(offset)[:horizon] + np.arange(horizon) * tau * count
+
+    prefill = forward_time(hw, model, par, len(lengths), workload.prompt_len, len(lengths) * workload.prompt_len / 2)
+    parts: dict[str, float] = {"prefill": float(prefill), "overhead": horizon * hw.step_overhead}
+    if spec is None:
+        parts["target"] = float(forward_time(hw, model, par, count, 1, context).sum())
+        parts["sampler"] = float(sampler_time(hw, model, par, count).sum())
+    else:
+        parts["target"] = float(forward_time(hw, model, par, count, spec.k + 1, context).sum())
+        if spec.drafter is not None:
+            drafter_par = Parallelism(tp=par.tp, ep=1, replicas=par.replicas) if par.ep == 1 else par
+            per_draft = forward_time(hw, spec.drafter, drafter_par, count, 1, context)
+            parts["drafter"] = float(spec.k * per_draft.sum())
+        parts["spec_overhead"] = horizon * (hw.spec_step_overhead + spec.k * hw.draft_token_overhead)
+        parts["sampler"] = float(sampler_time(hw, model, par, count * (spec.k + 1), spec.draft_probs).sum())
+    total = sum(parts.values())
+    return GenerationResult(time=total, steps=horizon, tokens=int(lengths.sum()), tokens_per_step=tau,
+                            breakdown=parts, mean_batch=float(count.mean()))
+
+
+def simulate_generation(hw: Hardware, model: ModelSpec, par: Parallelism, workload: Workload,
+                        spec: Speculation | None = None) -> GenerationResult:
+    """Generation time of one RL step: responses dealt round-robin to ``par.replicas`` replicas, each
+    simulated on its own; the phase ends with the slowest replica."""
+    lengths = workload.response_lengths()
+    slots = min(workload.max_num_seqs,
+                kv_capacity_seqs(hw, model, par, workload, spec.drafter if spec else None))
+    results = [simulate_replica(hw, model, par, workload, lengths[r::par.replicas], spec, slots)
+               for r in range(min(par.replicas, len(lengths)))]
+    slowest = max(results, key=lambda r: r.time)
+    return GenerationResult(time=slowest.time, steps=slowest.steps, tokens=int(lengths.sum()),
+                            tokens_per_step=slowest.tokens_per_step, breakdown=slowest.breakdown,
+                            mean_batch=slowest.mean_batch)
+
+
+def generation_speedup(hw: Hardware, model: ModelSpec, par: Parallelism, workload: Workload,
+                       spec: Speculation) -> float:
+    """Autoregressive generation time / speculative generation time for the same rollouts."""
+    return simulate_generation(hw, model, par, workload).time / simulate_generation(hw, model, par, workload, spec).time
+
+
+
+__all__ = [
+    "Parallelism", "Speculation", "Workload", "GenerationResult", "forward_time", "sampler_time",
+    "kv_capacity_seqs", "simulate_replica", "simulate_generation", "generation_speedup"
+]
