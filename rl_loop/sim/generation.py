@@ -52,13 +52,16 @@ class Speculation:
     per-position acceptance curve); a curve shorter than ``k`` repeats its last value, so a single number
     is a constant rate. ``drafter`` is run once per proposed token (None: a free drafter such as n-gram
     lookup). ``draft_probs``: stochastic drafts, so the rejection sampler also reads the draft
-    distributions.
+    distributions. ``kv_compaction``: the engine keeps only accepted tokens' KV (a request's context grows
+    by the tokens it emits); without it every verified slot stays in the cache, masked, and the context
+    grows by ``k + 1`` slots per step.
     """
 
     k: int
     acceptance: tuple[float, ...]
     drafter: ModelSpec | None = None
     draft_probs: bool = False
+    kv_compaction: bool = True
 
     def __post_init__(self) -> None:
         if self.k < 1:
@@ -141,7 +144,8 @@ def forward_time(
     attending over ``context_sum`` cached tokens in total (arrays broadcast; zero sequences cost zero).
 
     time = max(bytes / achieved bandwidth, FLOPs / achieved FLOP/s) + collectives + host overhead, per
-    device: dense weights split ``tp`` ways, experts and KV cache ``tp x ep`` ways.
+    device (the sum instead of the max where ``hw.overlap`` is false): dense weights split ``tp`` ways,
+    experts and KV cache ``tp x ep`` ways.
     """
     num_seqs = np.asarray(num_seqs, dtype=np.float64)
     context_sum = np.asarray(context_sum, dtype=np.float64)
@@ -165,7 +169,7 @@ def forward_time(
         bw, lat = _link(hw, tp * ep)
         a2a = act_bytes * model.experts_per_token * (ep - 1) / ep
         comm = comm + 2 * model.num_layers * (lat + a2a / bw)  # dispatch + combine
-    device = np.maximum(t_mem, t_flop) + comm
+    device = (np.maximum(t_mem, t_flop) if hw.overlap else t_mem + t_flop) + comm
     overhead = hw.forward_overhead + hw.layer_overhead * model.num_layers
     eager = tokens / ep > hw.graph_max_tokens  # graphs are captured per data-parallel rank
     total = np.where(eager, np.maximum(device, hw.eager_layer_overhead * model.num_layers), device) + overhead
@@ -177,8 +181,11 @@ def sampler_time(hw: Hardware, model: ModelSpec, par: Parallelism, rows: np.ndar
     """Seconds for a (rejection) sampler over ``rows`` vocabulary rows of float32 logits (plus the draft
     distributions when ``with_draft_probs``): memory-bound, one small kernel."""
     rows = np.asarray(rows, dtype=np.float64)
-    reads = rows * model.vocab_size * 4 * (2 if with_draft_probs else 1) / par.ep
-    t = hw.kernel_overhead + reads / (hw.hbm_bandwidth * hw.mem_efficiency)
+    elements = rows * model.vocab_size * (2 if with_draft_probs else 1) / par.ep
+    if hw.sampler_element_time is not None:  # measured (CPU): cost per vocabulary element
+        t = hw.kernel_overhead + elements * hw.sampler_element_time
+    else:
+        t = hw.kernel_overhead + elements * 4 / (hw.hbm_bandwidth * hw.mem_efficiency)
     return np.where(rows > 0, t, 0.0)
 
 
@@ -215,8 +222,9 @@ class GenerationResult:
 
 
 def _schedule(lengths: np.ndarray, tau: float, slots: int) -> tuple[np.ndarray, np.ndarray]:
-    """Start and end step of each request under FIFO admission into ``slots`` concurrent slots."""
-    steps = np.ceil(lengths / tau).astype(np.int64)
+    """Start and end step of each request under FIFO admission into ``slots`` concurrent slots. Prefill
+    emits a request's first token, so a response of ``n`` tokens needs ``ceil((n - 1) / tau)`` steps."""
+    steps = np.ceil(np.maximum(lengths - 1, 0) / tau - 1e-9).astype(np.int64)
     starts = np.empty_like(steps)
     free = [0] * min(slots, len(lengths))
     heapq.heapify(free)
@@ -231,19 +239,23 @@ def simulate_replica(hw: Hardware, model: ModelSpec, par: Parallelism, workload:
                      lengths: np.ndarray, spec: Speculation | None, slots: int) -> GenerationResult:
     """Decode ``lengths`` (one replica's responses) step by step; see the module docstring."""
     tau = spec.expected_tokens() if spec else 1.0
+    growth = tau if spec is None or spec.kv_compaction else spec.k + 1.0  # KV slots added per step
     starts, ends = _schedule(lengths, tau, slots)
     horizon = int(ends.max())
     count = np.zeros(horizon + 1)
     offset = np.zeros(horizon + 1)  # sum over active of (prompt - start * tau); context = offset + t*tau*count
     np.add.at(count, starts, 1.0)
     np.add.at(count, ends, -1.0)
-    off = workload.prompt_len - starts * tau
+    off = workload.prompt_len - starts * growth
     np.add.at(offset, starts, off)
     np.add.at(offset, ends, -off)
     count = np.cumsum(count)[:horizon]
-    context = np.cumsum(offset)[:horizon] + np.arange(horizon) * tau * count
+    context = np.cumsum(offset)[:horizon] + np.arange(horizon) * growth * count
 
-    prefill = forward_time(hw, model, par, len(lengths), workload.prompt_len, len(lengths) * workload.prompt_len / 2)
+    n, p = len(lengths), workload.prompt_len
+    prefill = forward_time(hw, model, par, n, p, n * p / 2) + sampler_time(hw, model, par, n)
+    if spec is not None and spec.drafter is not None:
+        prefill = prefill + forward_time(hw, spec.drafter, par, n, p, n * p / 2)
     parts: dict[str, float] = {"prefill": float(prefill), "overhead": horizon * hw.step_overhead}
     if spec is None:
         parts["target"] = float(forward_time(hw, model, par, count, 1, context).sum())

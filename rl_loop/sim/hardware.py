@@ -38,6 +38,9 @@ class Hardware:
     # Achieved fractions of the peaks (assumptions): streaming reads of weights/KV reach ~80% of HBM
     # bandwidth; large decode GEMMs ~70% of the dense peak; training and log-prob passes are judged by MFU.
     mem_efficiency: float = 0.8
+    # GPUs overlap weight streaming with math (time = max of the two); a single CPU core running skinny
+    # GEMMs mostly does not (time = sum), as its micro-measurements show.
+    overlap: bool = True
     flop_efficiency: float = 0.7
     train_mfu: float = 0.40
     logprob_mfu: float = 0.45
@@ -58,6 +61,8 @@ class Hardware:
     eager_layer_overhead: float = 150 * US
     # A small kernel (sampler, rejection sampler) costs at least this much.
     kernel_overhead: float = 8 * US
+    # Measured samplers (CPU) cost this per vocabulary element instead of a bandwidth-bound read.
+    sampler_element_time: float | None = None
     notes: str = field(default="", compare=False)
 
     def flops(self, dtype: str) -> float:

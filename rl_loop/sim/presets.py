@@ -109,7 +109,7 @@ PAPER_8B_THINK = Scenario(
     spec=Speculation(k=3, acceptance=(0.60, 0.55, 0.50, 0.46, 0.43, 0.40, 0.38, 0.36),
                      drafter=eagle3_head(QWEN3_8B)),
     assumptions=_8B_COMMON + (
-        "responses: log-normal, median 4000 tokens, sigma 0.7, cap 16384 (long reasoning traces, ~6% hit the cap)",
+        "responses: log-normal, median 4000 tokens, sigma 0.7, cap 16384 (long reasoning traces, ~2% hit the cap)",
         "acceptance (conditional, by draft position): 0.60, 0.55, 0.50, 0.46, 0.43, ... -> 2.1 tokens/step at "
         "k = 3: a generic EAGLE-3 draft at temperature 1 on long reasoning traces",
     ),
