@@ -36,8 +36,10 @@ from .harness import HarnessConfig, RunResult, build_models, run_rollouts
 from .presets import Scenario
 from .step import StepSetup
 
-DEFAULT_HARNESS = HarnessConfig(vocab_size=2048, hidden_size=512, intermediate_size=1536, num_layers=8,
-                                num_heads=8, num_kv_heads=4, head_dim=64, draft_layers=1, batch=4)
+# A 38M-parameter target and its one-layer truncation as the draft (~70% acceptance at temperature 1).
+DEFAULT_HARNESS = HarnessConfig(vocab_size=512, hidden_size=512, intermediate_size=1536, num_layers=12,
+                                num_heads=8, num_kv_heads=4, head_dim=64, draft_layers=1, late_layer_scale=0.1,
+                                batch=4)
 QUICK_HARNESS = HarnessConfig(vocab_size=512, hidden_size=128, intermediate_size=384, num_layers=4,
                               num_heads=2, num_kv_heads=1, head_dim=64, batch=3, response_median=12,
                               max_response_len=32)

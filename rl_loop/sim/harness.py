@@ -107,7 +107,7 @@ class RunResult:
     @property
     def acceptance_curve(self) -> tuple[float, ...]:
         """Conditional acceptance by draft position: P(draft j accepted | drafts < j accepted)."""
-        reached = [self.rounds] + self.accepted_at[:-1]
+        reached = ([self.rounds] + self.accepted_at)[: len(self.accepted_at)]
         return tuple(a / r if r else 0.0 for a, r in zip(self.accepted_at, reached, strict=True))
 
     @property

@@ -67,8 +67,11 @@ class StepSetup:
         return float(wl.num_responses * wl.prompt_len + wl.response_lengths().sum())
 
     def async_pools(self) -> tuple[Parallelism, int]:
-        """(generation layout, training device count) of the async split."""
-        replicas = max(1, round(self.gen_par.replicas * self.async_gen_fraction))
+        """(generation layout, training device count) of the async split; with a single generation
+        replica there is nothing to split and both phases share every device (no overlap)."""
+        if self.gen_par.replicas < 2:
+            return self.gen_par, 0
+        replicas = min(self.gen_par.replicas - 1, max(1, round(self.gen_par.replicas * self.async_gen_fraction)))
         gen = replace(self.gen_par, replicas=replicas)
         return gen, self.gpus - gen.gpus
 
@@ -103,14 +106,16 @@ def simulate_step(setup: StepSetup, spec: Speculation | None = None, mode: str =
         return StepResult("sync", sum(phases.values()), phases, gen)
     if mode == "async":
         gen_par, train_gpus = setup.async_pools()
+        shared = train_gpus == 0
         gen = simulate_generation(hw, model, gen_par, setup.workload, spec)
         phases = {
             "prepare": setup.prepare_time,
-            "weight_sync": weight_sync_time(hw, model, gen_par, colocated=False),
+            "weight_sync": weight_sync_time(hw, model, gen_par, colocated=shared),
             "generation": gen.time,
-            "logprob": logprob_time(hw, model, tokens, train_gpus),
-            "training": training_time(hw, model, tokens, train_gpus),
+            "logprob": logprob_time(hw, model, tokens, train_gpus or setup.gpus),
+            "training": training_time(hw, model, tokens, train_gpus or setup.gpus),
         }
-        overlapped = max(phases["generation"], phases["logprob"] + phases["training"])
+        trained = phases["logprob"] + phases["training"]
+        overlapped = phases["generation"] + trained if shared else max(phases["generation"], trained)
         return StepResult("async", phases["prepare"] + phases["weight_sync"] + overlapped, phases, gen)
     raise ValueError(f"mode must be 'sync' or 'async', got {mode!r}")
