@@ -171,75 +171,6 @@ def sample_draft(
     return token, q
 
 
-class DraftModelDrafter(SlotDrafter):
-    """A small Qwen3 language model as drafter, with its own per-slot KV cache.
-
-    Per slot the drafter keeps the valid length of its cache and the 1-2 tokens it has not run yet (the
-    last emitted token, and the last draft when all k were accepted). A chain of k drafts costs k forwards:
-    the first runs the pending tokens, the others one draft each.
-    """
-
-    def __init__(self, model: Qwen3) -> None:
-        self.model = model
-        self.generator_dtype = torch.float32
-
-    def reset(self, num_slots: int, max_len: int) -> None:
-        self.model.eval()
-        self.cache = KVCache(self.model.config, num_slots, max_len + 2)
-        self.length = torch.zeros(num_slots, dtype=torch.long)
-        self.pending: list[list[int]] = [[] for _ in range(num_slots)]
-        self.base = torch.zeros(num_slots, dtype=torch.long)
-
-    @torch.no_grad()
-    def admit(self, slots: list[int], prompts: list[list[int]], hidden: list[torch.Tensor]) -> None:
-        width = max(len(p) for p in prompts) - 1
-        rows = torch.tensor(slots)
-        if width > 0:
-            ids = torch.zeros(len(slots), width, dtype=torch.long)
-            for i, p in enumerate(prompts):
-                ids[i, : len(p) - 1] = torch.tensor(p[:-1])
-            self.model.step(ids, self.cache, rows, torch.zeros(len(slots), dtype=torch.long), width)
-        for s, p in zip(slots, prompts, strict=True):
-            self.length[s] = len(p) - 1
-            self.pending[s] = [p[-1]]
-
-    @torch.no_grad()
-    def propose(self, slots, k, temperature, generator):
-        idx = slice(None) if slots is None else slots
-        slot_list = range(len(self.pending)) if slots is None else slots.tolist()
-        pend = [self.pending[s] for s in slot_list]
-        width = max(len(p) for p in pend)
-        ids = torch.tensor([p + [p[-1]] * (width - len(p)) for p in pend])
-        n_pend = torch.tensor([len(p) for p in pend])
-        start = self.length[idx]
-        logits, _ = self.model.step(ids, self.cache, slots, start, int(start.max()) + width)
-        last = logits[torch.arange(len(pend)), n_pend - 1]
-        stochastic = bool((temperature > 0).any())
-        tokens, probs = [], []
-        base = start + n_pend
-        self.base[idx] = base
-        for j in range(k):
-            tok, q = sample_draft(last, temperature, generator, stochastic)
-            tokens.append(tok)
-            probs.append(q)
-            if j + 1 < k:
-                logits, _ = self.model.step(tok[:, None], self.cache, slots, base + j, int(base.max()) + j + 1)
-                last = logits[:, 0]
-        drafts = torch.stack(tokens, 1)
-        return drafts, (torch.stack(probs, 1) if stochastic else None)
-
-    def commit(self, slots, num_accepted, outputs, hidden):
-        slot_list = range(len(self.pending)) if slots is None else slots.tolist()
-        k = self.k_last
-        for i, s in enumerate(slot_list):
-            a = num_accepted[i]
-            self.length[s] = self.base[s] + min(a, k - 1)
-            out = outputs[i]
-            self.pending[s] = out[a - 1 : a + 1] if a == k else [out[a]]
-
-    k_last = 0
-
-
 class RolloutEngine:
     """Generates responses for token prompts with the policy, autoregressively or speculatively."""
 
@@ -277,7 +208,6 @@ class RolloutEngine:
         cache = KVCache(self.policy.config, num_slots, max_len)
         if spec:
             self.drafter.reset(num_slots, max_len)
-            self.drafter.k_last = k
         stats = RolloutStats(k=k, accepted_at=[0] * k)
         generator = torch.Generator().manual_seed(int(sum(seeds)) & 0x7FFFFFFF)
         responses: list[list[int]] = [[] for _ in prompts]

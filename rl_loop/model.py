@@ -217,23 +217,39 @@ class Qwen3(nn.Module):
         }
 
     def forward(
-        self, input_ids: torch.Tensor, hidden_layers: tuple[int, ...] = ()
+        self,
+        input_ids: torch.Tensor | None,
+        hidden_layers: tuple[int, ...] = (),
+        inputs_embeds: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
+        attn_mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """Causal forward over whole sequences ``input_ids`` [B, T] (positions 0..T-1, right padding is harmless).
+        """Forward over whole sequences without a cache (training, log-probs).
 
-        Returns logits [B, T, V] float32 and the outputs of the decoder layers listed in ``hidden_layers``
-        (each [B, T, H]; index -1 means the final normed hidden state).
+        Args:
+            input_ids: [B, T] tokens (right padding is harmless under the causal mask), or None when
+                ``inputs_embeds`` [B, T, H] is given.
+            hidden_layers: decoder layers whose outputs to return (each [B, T, H]; -1 = final normed state).
+            positions: [T] int64 RoPE positions (default 0..T-1).
+            attn_mask: [T, T] bool, True where query i may attend key j (default causal).
+
+        Returns logits [B, T, V] float32 and the requested hidden states.
         """
-        t = input_ids.shape[1]
-        if t > self.config.max_position_embeddings:
-            raise ValueError(f"input_ids has {t} positions, more than max_position_embeddings")
-        cos = self.rope_cos[:t][None, None]
-        sin = self.rope_sin[:t][None, None]
+        x = self.model.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
+        t = x.shape[1]
+        if positions is None:
+            if t > self.config.max_position_embeddings:
+                raise ValueError(f"sequence has {t} positions, more than max_position_embeddings")
+            positions = torch.arange(t)
+        cos = self.rope_cos[positions][None, None]
+        sin = self.rope_sin[positions][None, None]
 
         def attend(q, k, v, _):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+            if attn_mask is None:
+                return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, enable_gqa=True)
 
-        return self._run(self.model.embed_tokens(input_ids), cos, sin, attend, None, hidden_layers)
+        return self._run(x, cos, sin, attend, None, hidden_layers)
 
     def _run(self, x, cos, sin, attend, cache, hidden_layers):
         hidden = {}
@@ -257,6 +273,7 @@ class Qwen3(nn.Module):
         depth: torch.Tensor | None = None,
         tree_mask: torch.Tensor | None = None,
         hidden_layers: tuple[int, ...] = (),
+        inputs_embeds: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Run ``n`` new tokens per request against the cache and append their keys/values.
 
@@ -270,6 +287,7 @@ class Qwen3(nn.Module):
             tree_mask: [R, n, n] bool, entry (i, j) true when new token i may attend to new token j
                 (ancestor or self); default causal. Chain verification is the causal case.
             hidden_layers: decoder layers whose outputs to return (see :meth:`forward`).
+            inputs_embeds: [R, n, H] used instead of embedding ``input_ids`` (drafter heads).
 
         Returns logits [R, n, V] float32 and the requested hidden states.
         """
@@ -304,7 +322,8 @@ class Qwen3(nn.Module):
                 kc, vc = kc[rows, :, :kv_len], vc[rows, :, :kv_len]
             return F.scaled_dot_product_attention(q, kc, vc, attn_mask=mask, enable_gqa=True)
 
-        return self._run(self.model.embed_tokens(input_ids), cos, sin, attend, cache, hidden_layers)
+        x = self.model.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
+        return self._run(x, cos, sin, attend, cache, hidden_layers)
 
 
 def num_parameters(model: nn.Module) -> int:
@@ -400,7 +419,7 @@ def supervised_warm_start(
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        losses.append(float(loss))
+        losses.append(loss.item())
         if time_limit_s is not None and time.perf_counter() - t0 > time_limit_s:
             break
     model.eval()
