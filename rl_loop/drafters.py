@@ -6,6 +6,8 @@
   cache and predicts token t + 2 with the policy's LM head. Beyond the first draft it feeds its own output
   hidden state where the policy feature would go (trained for that by "training-time test" unrolling).
   Its embedding and LM head are the policy's: :meth:`sync` copies them after every policy update.
+- MTP (``build_drafter("mtp")``): the same head fed only the policy's last hidden state (a DeepSeek-style
+  multi-token-prediction module: embedding of token t + 1 and hidden state t through one block).
 - :class:`DraftModelDrafter`: a small independent Qwen3 language model.
 
 Both keep per-slot state so the engine can admit new requests into freed slots (continuous batching).
@@ -342,11 +344,16 @@ def build_drafter(kind: str, policy: Qwen3, seed: int = 0) -> SlotDrafter:
         drafter = Eagle3Drafter(head)
         drafter.sync(policy)
         return drafter
+    if kind == "mtp":  # DeepSeek-style MTP module: [embed(token t+1); last hidden state t] -> one block
+        c = policy.config
+        drafter = Eagle3Drafter(Eagle3Head(c, (c.num_hidden_layers - 1,)))
+        drafter.sync(policy)
+        return drafter
     if kind == "draft_model":
         c = policy.config
         cfg = ModelConfig(**{**c.__dict__, "num_hidden_layers": 1, "intermediate_size": 256})
         return DraftModelDrafter(Qwen3(cfg))
-    raise ValueError(f"drafter must be 'eagle3' or 'draft_model', got {kind!r}")
+    raise ValueError(f"drafter must be 'eagle3', 'mtp' or 'draft_model', got {kind!r}")
 
 
 __all__ = [
