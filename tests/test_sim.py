@@ -308,5 +308,5 @@ def test_sweep_writes_tables(tmp_path):
     from rl_loop.sim.sweep import main
 
     assert main(["--preset", "paper-8b-zero", "--out", str(tmp_path), "--no-plots"]) == 0
-    for name in ("speedup_vs_k", "speedup_vs_acceptance", "speedup_vs_scale"):
+    for name in ("speedup_vs_k", "speedup_vs_acceptance", "speedup_vs_scale", "speedup_vs_async_split"):
         assert (tmp_path / f"{name}.csv").read_text().count("\n") >= 6

@@ -221,10 +221,12 @@ class GenerationResult:
         return self.tokens / self.time
 
 
-def _schedule(lengths: np.ndarray, tau: float, slots: int) -> tuple[np.ndarray, np.ndarray]:
-    """Start and end step of each request under FIFO admission into ``slots`` concurrent slots. Prefill
-    emits a request's first token, so a response of ``n`` tokens needs ``ceil((n - 1) / tau)`` steps."""
-    steps = np.ceil(np.maximum(lengths - 1, 0) / tau - 1e-9).astype(np.int64)
+def _schedule(lengths: np.ndarray, tau: float, slots: int, prefill_emits: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """Start and end step of each request under FIFO admission into ``slots`` concurrent slots. When
+    prefill emits a request's first token (``prefill_emits``), a response of ``n`` tokens needs
+    ``ceil((n - 1) / tau)`` steps, otherwise ``ceil(n / tau)``."""
+    todo = np.maximum(lengths - 1, 0) if prefill_emits else np.asarray(lengths, dtype=np.float64)
+    steps = np.ceil(todo / tau - 1e-9).astype(np.int64)
     starts = np.empty_like(steps)
     free = [0] * min(slots, len(lengths))
     heapq.heapify(free)
@@ -235,15 +237,58 @@ def _schedule(lengths: np.ndarray, tau: float, slots: int) -> tuple[np.ndarray, 
     return starts, starts + steps
 
 
+class RooflineCosts:
+    """Seconds of each part of an engine step from the roofline (the default cost model).
+
+    Any object with the same five methods can stand in for it, e.g. costs measured component by component
+    on a real engine (:mod:`rl_loop.sim.calibrate`). Arrays are over steps: ``count`` active sequences and
+    ``context`` cached tokens in total at each step.
+    """
+
+    def __init__(self, hw: Hardware, model: ModelSpec, par: Parallelism, spec: Speculation | None) -> None:
+        self.hw, self.model, self.par, self.spec = hw, model, par, spec
+
+    def target(self, count: np.ndarray, tokens_per_seq: int, context: np.ndarray) -> np.ndarray:
+        return forward_time(self.hw, self.model, self.par, count, tokens_per_seq, context)
+
+    def drafter(self, count: np.ndarray, k: int, context: np.ndarray) -> np.ndarray:
+        """All ``k`` proposals of one step (one drafter forward per proposed token)."""
+        if self.spec is None or self.spec.drafter is None:
+            return np.zeros_like(count)
+        par = Parallelism(tp=self.par.tp, ep=1, replicas=self.par.replicas) if self.par.ep == 1 else self.par
+        return k * forward_time(self.hw, self.spec.drafter, par, count, 1, context)
+
+    def sampler(self, count: np.ndarray, k: int) -> np.ndarray:
+        probs = self.spec is not None and self.spec.draft_probs and k > 0
+        return sampler_time(self.hw, self.model, self.par, count * (k + 1), probs)
+
+    def overhead(self, count: np.ndarray, k: int) -> np.ndarray:
+        """Host work of one step: scheduling, plus speculation's bookkeeping and per-draft costs."""
+        extra = self.hw.spec_step_overhead + k * self.hw.draft_token_overhead if k else 0.0
+        return np.where(count > 0, self.hw.step_overhead + extra, 0.0)
+
+    def prefill(self, num_seqs: int, prompt_len: int) -> float:
+        ctx = num_seqs * prompt_len / 2
+        t = forward_time(self.hw, self.model, self.par, num_seqs, prompt_len, ctx) + sampler_time(
+            self.hw, self.model, self.par, num_seqs)
+        if self.spec is not None and self.spec.drafter is not None:
+            t = t + forward_time(self.hw, self.spec.drafter, self.par, num_seqs, prompt_len, ctx)
+        return float(t)
+
+
 def simulate_replica(hw: Hardware, model: ModelSpec, par: Parallelism, workload: Workload,
-                     lengths: np.ndarray, spec: Speculation | None, slots: int) -> GenerationResult:
-    """Decode ``lengths`` (one replica's responses) step by step; see the module docstring."""
+                     lengths: np.ndarray, spec: Speculation | None, slots: int, costs=None,
+                     prefill_emits: bool = True) -> GenerationResult:
+    """Decode ``lengths`` (one replica's responses) step by step; see the module docstring. ``costs``
+    prices each part of a step (default :class:`RooflineCosts`)."""
+    costs = costs or RooflineCosts(hw, model, par, spec)
     tau = spec.expected_tokens() if spec else 1.0
-    growth = tau if spec is None or spec.kv_compaction else spec.k + 1.0  # KV slots added per step
-    starts, ends = _schedule(lengths, tau, slots)
+    k = spec.k if spec else 0
+    growth = tau if spec is None or spec.kv_compaction else k + 1.0  # KV slots added per step
+    starts, ends = _schedule(np.asarray(lengths, dtype=np.float64), tau, slots, prefill_emits)
     horizon = int(ends.max())
     count = np.zeros(horizon + 1)
-    offset = np.zeros(horizon + 1)  # sum over active of (prompt - start * tau); context = offset + t*tau*count
+    offset = np.zeros(horizon + 1)  # sum over active of (prompt - start * growth); context = offset + t*growth*count
     np.add.at(count, starts, 1.0)
     np.add.at(count, ends, -1.0)
     off = workload.prompt_len - starts * growth
@@ -252,25 +297,17 @@ def simulate_replica(hw: Hardware, model: ModelSpec, par: Parallelism, workload:
     count = np.cumsum(count)[:horizon]
     context = np.cumsum(offset)[:horizon] + np.arange(horizon) * growth * count
 
-    n, p = len(lengths), workload.prompt_len
-    prefill = forward_time(hw, model, par, n, p, n * p / 2) + sampler_time(hw, model, par, n)
-    if spec is not None and spec.drafter is not None:
-        prefill = prefill + forward_time(hw, spec.drafter, par, n, p, n * p / 2)
-    parts: dict[str, float] = {"prefill": float(prefill), "overhead": horizon * hw.step_overhead}
-    if spec is None:
-        parts["target"] = float(forward_time(hw, model, par, count, 1, context).sum())
-        parts["sampler"] = float(sampler_time(hw, model, par, count).sum())
-    else:
-        parts["target"] = float(forward_time(hw, model, par, count, spec.k + 1, context).sum())
-        if spec.drafter is not None:
-            drafter_par = Parallelism(tp=par.tp, ep=1, replicas=par.replicas) if par.ep == 1 else par
-            per_draft = forward_time(hw, spec.drafter, drafter_par, count, 1, context)
-            parts["drafter"] = float(spec.k * per_draft.sum())
-        parts["spec_overhead"] = horizon * (hw.spec_step_overhead + spec.k * hw.draft_token_overhead)
-        parts["sampler"] = float(sampler_time(hw, model, par, count * (spec.k + 1), spec.draft_probs).sum())
+    parts: dict[str, float] = {
+        "prefill": costs.prefill(len(lengths), workload.prompt_len),
+        "overhead": float(costs.overhead(count, k).sum()),
+        "target": float(costs.target(count, k + 1, context).sum()),
+        "sampler": float(costs.sampler(count, k).sum()),
+    }
+    if spec is not None:
+        parts["drafter"] = float(costs.drafter(count, k, context).sum())
     total = sum(parts.values())
-    return GenerationResult(time=total, steps=horizon, tokens=int(lengths.sum()), tokens_per_step=tau,
-                            breakdown=parts, mean_batch=float(count.mean()))
+    return GenerationResult(time=total, steps=horizon, tokens=int(np.sum(lengths)), tokens_per_step=tau,
+                            breakdown=parts, mean_batch=float(count.mean()) if horizon else 0.0)
 
 
 def simulate_generation(hw: Hardware, model: ModelSpec, par: Parallelism, workload: Workload,
@@ -297,5 +334,5 @@ def generation_speedup(hw: Hardware, model: ModelSpec, par: Parallelism, workloa
 
 __all__ = [
     "Parallelism", "Speculation", "Workload", "GenerationResult", "forward_time", "sampler_time",
-    "kv_capacity_seqs", "simulate_replica", "simulate_generation", "generation_speedup"
+    "kv_capacity_seqs", "simulate_replica", "RooflineCosts", "simulate_generation", "generation_speedup"
 ]

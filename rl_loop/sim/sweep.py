@@ -4,7 +4,8 @@
 - ``speedup_vs_acceptance``: a constant conditional acceptance rate from 0.3 to 0.95, at the preset's k
   and at the best k;
 - ``speedup_vs_scale``: the same global batch spread over more or fewer generation replicas (GPUs),
-  sync generation speedup and end-to-end (sync AR -> async speculative) speedup.
+  sync generation speedup and end-to-end (sync AR -> async speculative) speedup;
+- ``speedup_vs_async_split``: async speedup against the share of devices that generate.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from .step import simulate_step
 K_VALUES = tuple(range(1, 9))
 ACCEPTANCE_VALUES = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95)
 SCALE_FACTORS = (0.25, 0.5, 1.0, 2.0, 4.0)
+ASYNC_FRACTIONS = (0.375, 0.5, 0.5625, 0.625, 0.6875, 0.75, 0.875)
 
 
 def sweep_k(scn: Scenario, ks: tuple[int, ...] = K_VALUES) -> list[dict]:
@@ -58,6 +60,19 @@ def sweep_scale(scn: Scenario, factors: tuple[float, ...] = SCALE_FACTORS) -> li
         rows.append({"preset": scn.name, "gpus": s.setup.gpus, "generation_speedup": r["generation_speedup"],
                      "step_speedup": r["step_speedup"], "end_to_end_speedup": r["end_to_end_speedup"],
                      "async_speedup": r["async_speedup"]})
+    return rows
+
+
+def sweep_async_split(scn: Scenario, fractions: tuple[float, ...] = ASYNC_FRACTIONS) -> list[dict]:
+    """Async speedup (async AR -> async speculative) as the generation pool's share of devices varies:
+    once speculation makes generation faster than training, training sets the step."""
+    rows = []
+    for f in fractions:
+        setup = replace(scn.setup, async_gen_fraction=f)
+        ar, sp = simulate_step(setup, None, "async"), simulate_step(setup, scn.spec, "async")
+        rows.append({"preset": scn.name, "async_gen_fraction": f, "async_speedup": ar.step_time / sp.step_time,
+                     "generation_ar_s": ar.phases["generation"], "generation_spec_s": sp.phases["generation"],
+                     "train_s": ar.phases["logprob"] + ar.phases["training"]})
     return rows
 
 
@@ -108,7 +123,9 @@ def main(argv: list[str] | None = None) -> int:
                                         ("generation_speedup", "best_generation_speedup"),
                                         "conditional acceptance rate (constant)", False),
               "speedup_vs_scale": ({}, sweep_scale, "gpus", ("generation_speedup", "end_to_end_speedup"),
-                                   "GPUs (same global batch)", True)}
+                                   "GPUs (same global batch)", True),
+              "speedup_vs_async_split": ({}, sweep_async_split, "async_gen_fraction", ("async_speedup",),
+                                         "share of devices generating (async)", False)}
     for table, (groups, fn, x, ys, xlabel, log_x) in tables.items():
         for name in names:
             groups[name] = fn(PRESETS[name])
