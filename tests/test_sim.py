@@ -18,6 +18,7 @@ from rl_loop.sim.generation import (
     sampler_time,
     simulate_generation,
     simulate_replica,
+    steps_needed,
 )
 from rl_loop.sim.hardware import GB200, H100, H200, Hardware, get_hardware
 from rl_loop.sim.model import QWEN3_8B, QWEN3_235B_A22B, ModelSpec, eagle3_head
@@ -102,9 +103,25 @@ def test_expected_tokens_per_step():
 
 
 def test_schedule_admits_into_free_slots():
-    # Lengths 11, 5, 3 with tau = 2 need 5, 2, 1 steps (prefill emits the first token); 2 slots.
-    starts, ends = _schedule(np.array([11, 5, 3]), 2.0, 2)
+    # Every draft accepted, k = 1: 2 tokens per step. Lengths 11, 5, 3 need 5, 2, 1 steps (prefill emits
+    # the first token); 2 slots.
+    starts, ends = _schedule(np.array([11, 5, 3]), Speculation(k=1, acceptance=(1.0,)), 2)
     assert starts.tolist() == [0, 0, 2] and ends.tolist() == [5, 2, 3]
+    starts, ends = _schedule(np.array([11, 5, 3]), None, 1, prefill_emits=False)
+    assert starts.tolist() == [0, 11, 16] and ends.tolist() == [11, 16, 19]
+
+
+def test_random_acceptance_lengthens_the_tail():
+    spec = Speculation(k=3, acceptance=(0.6,))
+    p = spec.tokens_distribution()
+    assert p.sum() == pytest.approx(1.0) and p @ np.arange(1, 5) == pytest.approx(spec.expected_tokens())
+    todo = np.full(64, 40.0)
+    steps = steps_needed(todo, spec)
+    assert steps.mean() == pytest.approx(40 / spec.expected_tokens(), rel=0.15)
+    assert steps.max() > np.ceil(40 / spec.expected_tokens())  # the slowest of 64 is slower than average
+    big = steps_needed(np.full(4096, 5000.0), spec)  # normal approximation branch
+    assert big.mean() == pytest.approx(5000 / spec.expected_tokens(), rel=0.01)
+    assert steps_needed(np.array([0.0, 3.0]), None).tolist() == [0, 3]
 
 
 def test_replica_time_by_hand_with_only_step_overhead():

@@ -316,12 +316,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="runs/sim", help="directory for cpu_here.json (default runs/sim)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved measurement rounds (default 3)")
     parser.add_argument("--quick", action="store_true", help="a much smaller harness (smoke test)")
+    parser.add_argument("--target", choices=("harness", "engine"), default="harness",
+                        help="harness: the transformers harness, roofline from hardware micro-measurements; "
+                             "engine: rl_loop's RolloutEngine, priced from its components' micro-measurements")
+    parser.add_argument("--engine-state", default=None,
+                        help="engine target: cache the warm-started policy and drafter weights in this file")
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error("--rounds must be >= 1")
+    os.makedirs(args.out, exist_ok=True)
+    if args.target == "engine":
+        from .engine_costs import build_engine, compare_engine
+
+        cfg_e, state = build_engine(state_path=args.engine_state)
+        result = compare_engine(cfg_e, state, rounds=args.rounds)
+        path = os.path.join(args.out, "cpu_here_engine.json")
+        with open(path, "w") as f:
+            json.dump(result, f, indent=2, default=float)
+        print(format_table(result))
+        print(f"max |error|: {max(abs(r['error']) for r in result['speedups']) * 100:.1f}%  ->  {path}")
+        return 0
     cfg = QUICK_HARNESS if args.quick else DEFAULT_HARNESS
     result = compare(cfg, rounds=args.rounds)
-    os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "cpu_here.json")
     with open(path, "w") as f:
         json.dump(result, f, indent=2, default=float)

@@ -83,6 +83,16 @@ class Speculation:
             total += survive
         return total
 
+    def tokens_distribution(self) -> np.ndarray:
+        """P(a step emits j + 1 tokens) for j = 0..k accepted drafts."""
+        probs, survive = [], 1.0
+        for i in range(1, self.k + 1):
+            a = self.rate(i)
+            probs.append(survive * (1.0 - a))
+            survive *= a
+        probs.append(survive)
+        return np.asarray(probs)
+
     def with_k(self, k: int) -> Speculation:
         return replace(self, k=k)
 
@@ -221,12 +231,41 @@ class GenerationResult:
         return self.tokens / self.time
 
 
-def _schedule(lengths: np.ndarray, tau: float, slots: int, prefill_emits: bool = True) -> tuple[np.ndarray, np.ndarray]:
+MONTE_CARLO_DRAWS = 2_000_000
+
+
+def steps_needed(todo: np.ndarray, spec: Speculation | None, seed: int = 0) -> np.ndarray:
+    """Engine steps each request needs to emit ``todo`` tokens.
+
+    Without speculation a step emits one token. With it, a step emits 1..k + 1 tokens at random (the
+    acceptance curve), so requests of equal length finish at different steps and the slowest one, which
+    synchronous RL waits for, needs more than ``todo / tau`` steps. Sampled exactly (seeded) when cheap;
+    otherwise by the renewal-process normal approximation: mean ``n / tau``, variance ``n var / tau^3``.
+    """
+    todo = np.asarray(todo, dtype=np.float64)
+    if spec is None:
+        return np.ceil(todo - 1e-9).astype(np.int64)
+    rng = np.random.default_rng(seed)
+    p = spec.tokens_distribution()
+    sizes = np.arange(1, len(p) + 1)
+    tau = float(p @ sizes)
+    var = float(p @ sizes**2) - tau**2
+    max_steps = int(np.ceil(todo.max(initial=0.0)))
+    if todo.size * max_steps <= MONTE_CARLO_DRAWS:
+        emitted = np.cumsum(rng.choice(sizes, size=(todo.size, max(max_steps, 1)), p=p), axis=1)
+        return np.where(todo > 0, (emitted < todo[:, None]).sum(axis=1) + 1, 0).astype(np.int64)
+    mean = todo / tau
+    sd = np.sqrt(np.maximum(todo, 0.0) * var / tau**3)
+    return np.where(todo > 0, np.maximum(1, np.ceil(mean + sd * rng.standard_normal(todo.size))), 0).astype(np.int64)
+
+
+def _schedule(lengths: np.ndarray, spec: Speculation | None, slots: int,
+              prefill_emits: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """Start and end step of each request under FIFO admission into ``slots`` concurrent slots. When
-    prefill emits a request's first token (``prefill_emits``), a response of ``n`` tokens needs
-    ``ceil((n - 1) / tau)`` steps, otherwise ``ceil(n / tau)``."""
+    prefill emits a request's first token (``prefill_emits``), a response of ``n`` tokens needs the steps
+    to emit ``n - 1``, otherwise ``n`` (:func:`steps_needed`)."""
     todo = np.maximum(lengths - 1, 0) if prefill_emits else np.asarray(lengths, dtype=np.float64)
-    steps = np.ceil(todo / tau - 1e-9).astype(np.int64)
+    steps = steps_needed(todo, spec)
     starts = np.empty_like(steps)
     free = [0] * min(slots, len(lengths))
     heapq.heapify(free)
@@ -285,7 +324,7 @@ def simulate_replica(hw: Hardware, model: ModelSpec, par: Parallelism, workload:
     tau = spec.expected_tokens() if spec else 1.0
     k = spec.k if spec else 0
     growth = tau if spec is None or spec.kv_compaction else k + 1.0  # KV slots added per step
-    starts, ends = _schedule(np.asarray(lengths, dtype=np.float64), tau, slots, prefill_emits)
+    starts, ends = _schedule(np.asarray(lengths, dtype=np.float64), spec, slots, prefill_emits)
     horizon = int(ends.max())
     count = np.zeros(horizon + 1)
     offset = np.zeros(horizon + 1)  # sum over active of (prompt - start * growth); context = offset + t*growth*count
