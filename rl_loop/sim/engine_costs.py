@@ -46,24 +46,34 @@ def _fit(features: list[list[float]], times: list[float]) -> np.ndarray:
 class MeasuredCosts:
     """Step costs fitted from component micro-measurements (seconds; ``r`` = active requests):
 
-    target(r, n) = t0 + t1 r + t2 r n;  drafter(r, k) = d0 + d1 r + k (d2 + d3 r);
+    target(r, 1) = a0 + a1 r (autoregressive, no policy features);
+    target(r, n) = t0 + t1 r + t2 r n (verification, returning the drafter's policy features);
+    drafter(r, k) = d0 + d1 r + k (d2 + d3 r) + m (p0 + p1 r), m = ``pending - 1`` extra rows per request
+    that the first draft forward re-runs (the tokens emitted last step: ``pending`` = tokens per step);
     sampler(r, k) = s0 + s1 r (k + 1);  overhead(r, k) = c0 + c1 r (the drafter's commit, speculative only);
     prefill(r, P) = target(r, P - 1) + drafter admission.
     """
 
+    ar_coef: np.ndarray
     target_coef: np.ndarray
     drafter_coef: np.ndarray
     sampler_coef: np.ndarray
     commit_coef: np.ndarray
     admit_coef: np.ndarray
+    pending_coef: np.ndarray
+    pending: float = 1.0
 
     def target(self, count, tokens_per_seq, context):
+        if tokens_per_seq == 1:
+            a = self.ar_coef
+            return np.where(count > 0, a[0] + a[1] * count, 0.0)
         c = self.target_coef
         return np.where(count > 0, c[0] + c[1] * count + c[2] * count * tokens_per_seq, 0.0)
 
     def drafter(self, count, k, context):
-        c = self.drafter_coef
-        return np.where(count > 0, c[0] + c[1] * count + k * (c[2] + c[3] * count), 0.0)
+        c, p = self.drafter_coef, self.pending_coef
+        extra = max(self.pending - 1.0, 0.0) * (p[0] + p[1] * count)
+        return np.where(count > 0, c[0] + c[1] * count + k * (c[2] + c[3] * count) + extra, 0.0)
 
     def sampler(self, count, k):
         c = self.sampler_coef
@@ -114,8 +124,8 @@ def requests(cfg, s: dict, num_prompts: int, group: int, seed: int = 0) -> tuple
     return prompts, request_seeds(seed, 0, len(prompts))
 
 
-def measure_components(cfg, s: dict, prompts: list[list[int]], batches=(2, 8, 32), ks=(1, 3, 5),
-                       repeats: int = 5) -> tuple[MeasuredCosts, list[dict]]:
+def measure_components(cfg, s: dict, prompts: list[list[int]], batches=(2, 8, 16, 32), ks=(1, 3, 5),
+                       repeats: int = 7) -> tuple[MeasuredCosts, list[dict]]:
     """(a): time each engine component alone over ``batches`` x tokens / k; returns the fits and rows."""
     import specdec_kernels as sk
     from rl_loop.model import KVCache
@@ -127,21 +137,26 @@ def measure_components(cfg, s: dict, prompts: list[list[int]], batches=(2, 8, 32
     V = policy.config.vocab_size
     backend = verify_backend(cfg.verify_backend)
     gen = torch.Generator().manual_seed(0)
-    rows, feats = [], {"target": ([], []), "drafter": ([], []), "sampler": ([], []), "commit": ([], []),
-                       "admit": ([], [])}
+    rows, feats = [], {name: ([], []) for name in ("ar", "target", "drafter", "sampler", "commit", "admit",
+                                                      "pending")}
     width = max(map(len, prompts))
     for r in batches:
         batch = [prompts[i % len(prompts)] for i in range(r)]
         max_len = width + 192
         cache = KVCache(policy.config, r, max_len)
         start = torch.full((r,), width, dtype=torch.long)
-        for n in (1, 2, 4, 6):
+        ids = torch.zeros(r, 1, dtype=torch.long)
+        t = _cpu(lambda ids=ids, cache=cache, start=start: policy.step(ids, cache, None, start, width + 1), repeats)
+        feats["ar"][0].append([1.0, r])
+        feats["ar"][1].append(t)
+        rows.append({"component": "target forward (AR)", "requests": r, "tokens_per_request": 1, "measured_s": t})
+        for n in (2, 4, 6):
             ids = torch.zeros(r, n, dtype=torch.long)
             t = _cpu(lambda ids=ids, n=n, cache=cache, start=start: policy.step(ids, cache, None, start, width + n, hidden_layers=layers),
                      repeats)
             feats["target"][0].append([1.0, r, r * n])
             feats["target"][1].append(t)
-            rows.append({"component": "target forward", "requests": r, "tokens_per_request": n, "measured_s": t})
+            rows.append({"component": "target forward (verify)", "requests": r, "tokens_per_request": n, "measured_s": t})
         # drafter admission and proposals, from a real prefill
         pre = torch.zeros(r, width - 1, dtype=torch.long)
         for i, p in enumerate(batch):
@@ -161,7 +176,16 @@ def measure_components(cfg, s: dict, prompts: list[list[int]], batches=(2, 8, 32
             t = _cpu(lambda k=k, temp=temp: drafter.propose(None, k, temp, gen), min(repeats, 3))
             feats["drafter"][0].append([1.0, r, k, k * r])
             feats["drafter"][1].append(t)
-            rows.append({"component": "drafter propose", "requests": r, "k": k, "measured_s": t})
+            rows.append({"component": "drafter propose", "requests": r, "k": k, "pending": 1, "measured_s": t})
+            # after a step that accepted all k drafts, the first draft forward re-runs k + 1 rows
+            admit()
+            drafter.propose(None, k, temp, gen)
+            drafter.commit(None, [k] * r, [[1] * (k + 1)] * r,
+                           [torch.randn(r, k + 1, policy.config.hidden_size) for _ in layers])
+            t_full = _cpu(lambda k=k, temp=temp: drafter.propose(None, k, temp, gen), min(repeats, 3))
+            feats["pending"][0].append([k, k * r])
+            feats["pending"][1].append(max(t_full - t, 0.0))
+            rows.append({"component": "drafter propose", "requests": r, "k": k, "pending": k + 1, "measured_s": t_full})
             logits = torch.randn(r * (k + 1), V)
             drafts = torch.randint(0, V, (r * k,))
             q = torch.softmax(torch.randn(r * k, V), -1)
@@ -185,7 +209,8 @@ def measure_components(cfg, s: dict, prompts: list[list[int]], batches=(2, 8, 32
             seed=torch.arange(r, dtype=torch.int64), position=start, backend=backend, max_draft_len=0), repeats)
         feats["sampler"][0].append([1.0, r])
         feats["sampler"][1].append(t)
-    costs = MeasuredCosts(*(_fit(*feats[name]) for name in ("target", "drafter", "sampler", "commit", "admit")))
+    costs = MeasuredCosts(*(_fit(*feats[name]) for name in ("ar", "target", "drafter", "sampler", "commit", "admit",
+                                                            "pending")))
     return costs, rows
 
 
@@ -253,7 +278,7 @@ def compare_engine(cfg, s: dict, ks=(1, 3, 5), rounds: int = 3, request_sets: in
                      "measured_speedup": measured, "predicted_speedup": predicted, "error": predicted / measured - 1,
                      "measured_s": meas, "predicted_s": pred})
     return {"engine": "rl_loop.engine.RolloutEngine", "requests_per_set": max_batch, "request_sets": len(sets),
-            "components": components, "fits": {k: v.tolist() for k, v in vars(costs).items()},
+            "components": components, "fits": {k: np.asarray(v).tolist() for k, v in vars(costs).items()},
             "autoregressive": {"measured_s": ar_meas, "predicted_s": ar_pred}, "speedups": rows}
 
 
@@ -261,5 +286,6 @@ def predict(costs: MeasuredCosts, run: EngineRun, prompt_len: int, max_batch: in
     """Simulated seconds for ``run``'s responses (its lengths and acceptance) with the measured costs."""
     lengths = np.asarray(run.lengths, dtype=np.float64)
     spec = Speculation(k=run.k, acceptance=run.acceptance, draft_probs=True) if run.k else None
+    costs = replace(costs, pending=spec.expected_tokens() if spec else 1.0)
     wl = Workload(1, len(lengths), prompt_len, float(np.median(lengths)), 0.0, int(lengths.max()), max_batch)
     return simulate_replica(None, None, None, wl, lengths, spec, max_batch, costs=costs, prefill_emits=False).time
