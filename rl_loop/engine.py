@@ -220,9 +220,12 @@ class RolloutEngine:
         temp = torch.full((num_slots,), float(config.temperature))
         vocab = self.policy.config.vocab_size
         hidden_layers = self.drafter.hidden_layers if spec else ()
+        # Admit in chunks: one prefill per quarter of the slots, not one per finished request (prefill
+        # forwards are as expensive as decode forwards here, and idle slots cost almost nothing).
+        chunk = max(1, num_slots // 4)
         while True:
             free = [s for s in range(num_slots) if slot_req[s] < 0]
-            if free and queue:
+            if queue and (len(free) >= min(chunk, len(queue)) or len(free) == num_slots):
                 t0 = time.perf_counter()
                 admitted = [(s, queue.popleft()) for s in free[: len(queue)]]
                 slots = [s for s, _ in admitted]

@@ -65,10 +65,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)  # one fused op (float32 models)
 
 
 class Attention(nn.Module):
@@ -303,13 +300,14 @@ class Qwen3(nn.Module):
         slot = start[:, None] + ar[None, :]  # [R, n] cache slots of the new tokens
         # mask [R, 1, n, kv_len]: cached prefix, plus the new block under tree_mask (causal by default).
         keys = torch.arange(kv_len)
-        prefix = keys[None, None, :] < start[:, None, None]  # [R, 1, kv]
-        if tree_mask is None:
-            tree_mask = torch.ones(n, n, dtype=torch.bool).tril().expand(r, n, n)
-        rel = keys[None, :] - start[:, None]  # [R, kv]
-        in_block = (rel >= 0) & (rel < n)
-        block = tree_mask.gather(2, rel.clamp(0, n - 1)[:, None, :].expand(r, n, kv_len))
-        mask = (prefix | (in_block[:, None, :] & block))[:, None]
+        if tree_mask is None:  # causal: new token i sees every slot up to its own
+            mask = (keys[None, None, :] <= slot[:, :, None])[:, None]
+        else:
+            prefix = keys[None, None, :] < start[:, None, None]  # [R, 1, kv]
+            rel = keys[None, :] - start[:, None]  # [R, kv]
+            in_block = (rel >= 0) & (rel < n)
+            block = tree_mask.gather(2, rel.clamp(0, n - 1)[:, None, :].expand(r, n, kv_len))
+            mask = (prefix | (in_block[:, None, :] & block))[:, None]
         rr = (torch.arange(r) if rows is None else rows)[:, None].expand(r, n)
 
         def attend(q, k, v, kv):
