@@ -247,7 +247,7 @@ class Eagle3Drafter(SlotDrafter):
     def trainable(self) -> nn.Module:
         return self.head
 
-    def distill_loss(self, policy: Qwen3, ids: torch.Tensor, mask: torch.Tensor, unroll: int = 2) -> torch.Tensor:
+    def distill_loss(self, policy: Qwen3, ids: torch.Tensor, mask: torch.Tensor, unroll: int = 1) -> torch.Tensor:
         """Soft cross-entropy of the head to the policy, with ``unroll`` training-time-test steps.
 
         Row i (i = 0..T-2) pairs the policy feature at position i with token i + 1 and predicts the

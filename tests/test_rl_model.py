@@ -64,7 +64,26 @@ def test_cached_ragged_steps_match_the_full_forward(model, fused):
     model._fused = {}
 
 
-def test_tree_mask_step_matches_each_root_to_leaf_path(model):
+def test_fused_inference_weights_match_the_training_path(model):
+    ids = torch.randint(3, 21, (2, 9))
+    with torch.no_grad():
+        model._fused = {}
+        plain, _ = model(ids)
+        model.sync_inference_weights()
+        fused, _ = model(ids)
+        model.train()
+        train_mode, _ = model(ids)  # training never uses the fused copies
+        model.eval()
+    model._fused = {}
+    torch.testing.assert_close(fused, plain, atol=1e-4, rtol=1e-4)
+    assert torch.equal(train_mode, plain)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_tree_mask_step_matches_each_root_to_leaf_path(model, fused):
+    model._fused = {}
+    if fused:
+        model.sync_inference_weights()
     # tree over 5 new tokens after a 4-token prefix: 0 -> {1, 2}, 1 -> 3, 2 -> 4
     parent = [-1, 0, 0, 1, 2]
     depth = torch.tensor([[0, 1, 1, 2, 2]])
@@ -84,6 +103,7 @@ def test_tree_mask_step_matches_each_root_to_leaf_path(model):
             seq = torch.cat([prefix, nodes[:, path]], 1)
             full, _ = model(seq)
             torch.testing.assert_close(tree_logits[0, path], full[0, 4:], atol=1e-5, rtol=1e-5)
+    model._fused = {}
 
 
 def test_kv_len_beyond_the_cache_raises(model):
