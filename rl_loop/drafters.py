@@ -23,7 +23,7 @@ import time
 import torch
 from torch import nn
 
-from .engine import SlotDrafter, sample_draft
+from .engine import DraftSampler, SlotDrafter
 from .model import KVCache, ModelConfig, Qwen3, RMSNorm
 
 # ----------------------------------------------------------------------------------------------------
@@ -78,18 +78,18 @@ class DraftModelDrafter(SlotDrafter):
         start = self.length[idx]
         logits, _ = self.model.step(ids, self.cache, slots, start, int(start.max()) + width)
         last = logits[torch.arange(len(pend)), n_pend - 1]
-        stochastic = bool((temperature > 0).any())
+        sampler = DraftSampler(temperature, k, last.shape[-1], generator)
         base = start + n_pend
         self.base[idx] = base
         tokens, probs = [], []
         for j in range(k):
-            tok, q = sample_draft(last, temperature, generator, stochastic)
+            tok, q = sampler(last, j)
             tokens.append(tok)
             probs.append(q)
             if j + 1 < k:
                 logits, _ = self.model.step(tok[:, None], self.cache, slots, base + j, int(base.max()) + j + 1)
                 last = logits[:, 0]
-        return torch.stack(tokens, 1), (torch.stack(probs, 1) if stochastic else None)
+        return torch.stack(tokens, 1), (torch.stack(probs, 1) if sampler.stochastic else None)
 
     def commit(self, slots, num_accepted, outputs, hidden):
         slot_list = range(len(self.pending)) if slots is None else slots.tolist()
@@ -221,10 +221,10 @@ class Eagle3Drafter(SlotDrafter):
         last, g = logits[ar, n - 1], g[ar, n - 1]
         base = start + n
         self.length[idx] = base  # pending rows are verified: committed
-        stochastic = bool((temperature > 0).any())
+        sampler = DraftSampler(temperature, k, last.shape[-1], generator)
         tokens, probs = [], []
         for j in range(k):
-            tok, q = sample_draft(last, temperature, generator, stochastic)
+            tok, q = sampler(last, j)
             tokens.append(tok)
             probs.append(q)
             if j + 1 < k:
@@ -233,7 +233,7 @@ class Eagle3Drafter(SlotDrafter):
                                         depth=torch.ones(r, 1, dtype=torch.long), hidden_layers=(0,),
                                         inputs_embeds=x)
                 last, g = logits[:, 0], g[:, 0]
-        return torch.stack(tokens, 1), (torch.stack(probs, 1) if stochastic else None)
+        return torch.stack(tokens, 1), (torch.stack(probs, 1) if sampler.stochastic else None)
 
     @torch.no_grad()
     def commit(self, slots, num_accepted, outputs, hidden):
@@ -247,7 +247,7 @@ class Eagle3Drafter(SlotDrafter):
     def trainable(self) -> nn.Module:
         return self.head
 
-    def distill_loss(self, policy: Qwen3, ids: torch.Tensor, mask: torch.Tensor, unroll: int = 2) -> torch.Tensor:
+    def distill_loss(self, policy: Qwen3, ids: torch.Tensor, mask: torch.Tensor, unroll: int = 1) -> torch.Tensor:
         """Soft cross-entropy of the head to the policy, with ``unroll`` training-time-test steps.
 
         Row i (i = 0..T-2) pairs the policy feature at position i with token i + 1 and predicts the

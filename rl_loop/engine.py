@@ -154,21 +154,36 @@ class SlotDrafter:
         """Weight sync after a policy update (shared embeddings / heads); default: nothing shared."""
 
 
-def sample_draft(
-    logits: torch.Tensor, temperature: torch.Tensor, generator: torch.Generator, stochastic: bool
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Draft tokens [R] and distributions q [R, V] from draft logits [R, V] (greedy rows: argmax, one-hot q)."""
-    greedy = logits.argmax(-1)
-    if not stochastic:
-        return greedy, None
-    t = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
-    q = torch.softmax(logits / t[:, None], dim=-1)
-    u = torch.rand(q.shape, generator=generator).clamp_(min=1e-20)
-    sampled = torch.argmax(torch.log(q) - torch.log(-torch.log(u)), dim=-1)
-    is_greedy = temperature == 0
-    token = torch.where(is_greedy, greedy, sampled)
-    q = torch.where(is_greedy[:, None], torch.nn.functional.one_hot(greedy, q.shape[-1]).float(), q)
-    return token, q
+class DraftSampler:
+    """Samples draft tokens for one proposal of ``k`` steps over ``R`` rows with few ops per step.
+
+    The Gumbel noise of all k steps is drawn at once from ``generator``. Sampled rows draw
+    ``argmax(z / T + g)`` (Gumbel-max: a sample of q = softmax(z / T)) and report q; greedy rows
+    (temperature 0) take the argmax and report a one-hot q. When every row is greedy no q is built
+    (deterministic drafts). The drafter's randomness only changes acceptance, never the output law.
+    """
+
+    def __init__(self, temperature: torch.Tensor, k: int, vocab_size: int, generator: torch.Generator) -> None:
+        self.stochastic = bool((temperature > 0).any())
+        self.mixed = self.stochastic and bool((temperature == 0).any())
+        self.greedy_rows = temperature == 0
+        self.inv_t = torch.where(temperature > 0, 1.0 / temperature.clamp(min=1e-6), torch.ones_like(temperature))[:, None]
+        if self.stochastic:
+            u = torch.rand((k, temperature.numel(), vocab_size), generator=generator).clamp_(min=1e-20)
+            self.gumbel = -torch.log(-torch.log(u))
+
+    def __call__(self, logits: torch.Tensor, step: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Draft tokens [R] and q [R, V] (None for all-greedy batches) from draft logits [R, V]."""
+        if not self.stochastic:
+            return logits.argmax(-1), None
+        z = logits * self.inv_t
+        token = (z + self.gumbel[step]).argmax(-1)
+        q = torch.softmax(z, -1)
+        if self.mixed:
+            greedy = logits.argmax(-1)
+            token = torch.where(self.greedy_rows, greedy, token)
+            q = torch.where(self.greedy_rows[:, None], torch.nn.functional.one_hot(greedy, q.shape[-1]).float(), q)
+        return token, q
 
 
 class RolloutEngine:
@@ -220,9 +235,12 @@ class RolloutEngine:
         temp = torch.full((num_slots,), float(config.temperature))
         vocab = self.policy.config.vocab_size
         hidden_layers = self.drafter.hidden_layers if spec else ()
+        # Admit in chunks: one prefill per quarter of the slots, not one per finished request (prefill
+        # forwards are as expensive as decode forwards here, and idle slots cost almost nothing).
+        chunk = max(1, num_slots // 4)
         while True:
             free = [s for s in range(num_slots) if slot_req[s] < 0]
-            if free and queue:
+            if queue and (len(free) >= min(chunk, len(queue)) or len(free) == num_slots):
                 t0 = time.perf_counter()
                 admitted = [(s, queue.popleft()) for s in free[: len(queue)]]
                 slots = [s for s, _ in admitted]

@@ -34,8 +34,8 @@ class ModelConfig:
 
     vocab_size: int = 32
     hidden_size: int = 128
-    intermediate_size: int = 384
-    num_hidden_layers: int = 4
+    intermediate_size: int = 256
+    num_hidden_layers: int = 6
     num_attention_heads: int = 2
     num_key_value_heads: int = 1
     head_dim: int = 64
@@ -65,10 +65,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)  # one fused op (float32 models)
 
 
 class Attention(nn.Module):
@@ -163,8 +160,13 @@ class Qwen3(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)
         self.register_buffer("rope_cos", emb.cos(), persistent=False)
         self.register_buffer("rope_sin", emb.sin(), persistent=False)
+        # Inference path: q/k head dims interleaved as (j, j + D/2) pairs so RoPE is one complex multiply.
+        self.register_buffer("rope_cis", torch.polar(torch.ones_like(freqs), freqs), persistent=False)
+        half = c.head_dim // 2
+        self.register_buffer("rope_perm", torch.stack([torch.arange(half), torch.arange(half) + half], 1).flatten(),
+                             persistent=False)
         self.apply(self._init)
-        self._fused: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._fused: dict[int, tuple[torch.Tensor, ...]] = {}
 
     @staticmethod
     def _init(m: nn.Module) -> None:
@@ -173,32 +175,51 @@ class Qwen3(nn.Module):
 
     # ------------------------------------------------------------------------------------------------
     def _layer(
-        self, layer: DecoderLayer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-        attend, cache_kv: tuple[torch.Tensor, torch.Tensor] | None,
+        self, layer: DecoderLayer, x: torch.Tensor, rope: tuple, attend,
+        cache_kv: tuple[torch.Tensor, torch.Tensor] | None,
     ) -> torch.Tensor:
         c = self.config
         b, n, _ = x.shape
         attn = layer.self_attn
         h = layer.input_layernorm(x)
         fused = self._fused.get(id(layer)) if not self.training else None
-        if fused is not None:  # one matmul for q, k, v (inference only)
-            qkv = F.linear(h, fused[0])
+        if fused is not None:
+            # Inference: one matmul for q, k, v; q/k head dims are stored interleaved (see
+            # sync_inference_weights), so RoPE is a complex multiply. Attention scores are unchanged
+            # because q and k are permuted alike; the KV cache holds keys in this layout.
+            wqkv, wgu, qn, kn = fused
+            qkv = F.linear(h, wqkv)
             nq, nk = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
-            q, k, v = qkv[..., :nq], qkv[..., nq : nq + nk], qkv[..., nq + nk :]
+            half = c.head_dim // 2
+            q = F.rms_norm(qkv[..., :nq].reshape(b, n, -1, c.head_dim), (c.head_dim,), qn, c.rms_norm_eps)
+            k = F.rms_norm(qkv[..., nq : nq + nk].reshape(b, n, -1, c.head_dim), (c.head_dim,), kn, c.rms_norm_eps)
+            cis = rope[0]
+            q = torch.view_as_real(torch.view_as_complex(q.view(b, n, -1, half, 2)) * cis).view(b, n, -1, c.head_dim)
+            k = torch.view_as_real(torch.view_as_complex(k.view(b, n, -1, half, 2)) * cis).view(b, n, -1, c.head_dim)
+            q, k = q.transpose(1, 2), k.transpose(1, 2)
+            v = qkv[..., nq + nk :].reshape(b, n, -1, c.head_dim).transpose(1, 2)
         else:
-            q, k, v = attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)
-        q = attn.q_norm(q.reshape(b, n, c.num_attention_heads, c.head_dim)).transpose(1, 2)
-        k = attn.k_norm(k.reshape(b, n, c.num_key_value_heads, c.head_dim)).transpose(1, 2)
-        v = v.reshape(b, n, c.num_key_value_heads, c.head_dim).transpose(1, 2)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
+            cos, sin = rope
+            q = attn.q_norm(attn.q_proj(h).view(b, n, c.num_attention_heads, c.head_dim)).transpose(1, 2)
+            k = attn.k_norm(attn.k_proj(h).view(b, n, c.num_key_value_heads, c.head_dim)).transpose(1, 2)
+            v = attn.v_proj(h).view(b, n, c.num_key_value_heads, c.head_dim).transpose(1, 2)
+            q = q * cos + _rotate_half(q) * sin
+            k = k * cos + _rotate_half(k) * sin
         o = attend(q, k, v, cache_kv)
         x = x + attn.o_proj(o.transpose(1, 2).reshape(b, n, -1))
         h = layer.post_attention_layernorm(x)
         if fused is not None:
-            gate, up = F.linear(h, fused[1]).chunk(2, dim=-1)
+            gate, up = F.linear(h, wgu).chunk(2, dim=-1)
             return x + layer.mlp.down_proj(F.silu(gate) * up)
         return x + layer.mlp(h)
+
+    def _rope(self, positions: torch.Tensor, batched: bool) -> tuple:
+        """RoPE tables for ``positions`` ([T] or [R, n] when ``batched``) in the layout _layer expects."""
+        if self._fused and not self.training:
+            cis = self.rope_cis[positions]
+            return (cis[:, :, None, :] if batched else cis[None, :, None, :],)
+        cos, sin = self.rope_cos[positions], self.rope_sin[positions]
+        return (cos[:, None], sin[:, None]) if batched else (cos[None, None], sin[None, None])
 
     @torch.no_grad()
     def sync_inference_weights(self) -> None:
@@ -207,11 +228,18 @@ class Qwen3(nn.Module):
         Call after every optimizer step that should reach the rollout engine (the engine does this on
         weight sync); training mode never uses them.
         """
+        c, perm = self.config, self.rope_perm
+
+        def interleave(w: torch.Tensor) -> torch.Tensor:  # rows of each head reordered by rope_perm
+            return w.view(-1, c.head_dim, w.shape[-1])[:, perm].reshape(w.shape)
+
         self._fused = {
             id(layer): (
-                torch.cat([layer.self_attn.q_proj.weight, layer.self_attn.k_proj.weight,
+                torch.cat([interleave(layer.self_attn.q_proj.weight), interleave(layer.self_attn.k_proj.weight),
                            layer.self_attn.v_proj.weight]).detach().clone(),
                 torch.cat([layer.mlp.gate_proj.weight, layer.mlp.up_proj.weight]).detach().clone(),
+                layer.self_attn.q_norm.weight[perm].detach().clone(),
+                layer.self_attn.k_norm.weight[perm].detach().clone(),
             )
             for layer in self.model.layers
         }
@@ -241,21 +269,20 @@ class Qwen3(nn.Module):
             if t > self.config.max_position_embeddings:
                 raise ValueError(f"sequence has {t} positions, more than max_position_embeddings")
             positions = torch.arange(t)
-        cos = self.rope_cos[positions][None, None]
-        sin = self.rope_sin[positions][None, None]
+        rope = self._rope(positions, batched=False)
 
         def attend(q, k, v, _):
             if attn_mask is None:
                 return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
             return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, enable_gqa=True)
 
-        return self._run(x, cos, sin, attend, None, hidden_layers)
+        return self._run(x, rope, attend, None, hidden_layers)
 
-    def _run(self, x, cos, sin, attend, cache, hidden_layers):
+    def _run(self, x, rope, attend, cache, hidden_layers):
         hidden = {}
         for i, layer in enumerate(self.model.layers):
             kv = None if cache is None else (cache.k[i], cache.v[i])
-            x = self._layer(layer, x, cos, sin, attend, kv)
+            x = self._layer(layer, x, rope, attend, kv)
             if i in hidden_layers:
                 hidden[i] = x
         x = self.model.norm(x)
@@ -298,19 +325,24 @@ class Qwen3(nn.Module):
         if depth is None:
             depth = ar.expand(r, n)
         pos = start[:, None] + depth  # [R, n] RoPE positions
-        cos = self.rope_cos[pos][:, None]  # [R, 1, n, D]
-        sin = self.rope_sin[pos][:, None]
+        rope = self._rope(pos, batched=True)
         slot = start[:, None] + ar[None, :]  # [R, n] cache slots of the new tokens
         # mask [R, 1, n, kv_len]: cached prefix, plus the new block under tree_mask (causal by default).
         keys = torch.arange(kv_len)
-        prefix = keys[None, None, :] < start[:, None, None]  # [R, 1, kv]
-        if tree_mask is None:
-            tree_mask = torch.ones(n, n, dtype=torch.bool).tril().expand(r, n, n)
-        rel = keys[None, :] - start[:, None]  # [R, kv]
-        in_block = (rel >= 0) & (rel < n)
-        block = tree_mask.gather(2, rel.clamp(0, n - 1)[:, None, :].expand(r, n, kv_len))
-        mask = (prefix | (in_block[:, None, :] & block))[:, None]
+        if tree_mask is None:  # causal: new token i sees every slot up to its own
+            mask = (keys[None, None, :] <= slot[:, :, None])[:, None]
+        else:
+            prefix = keys[None, None, :] < start[:, None, None]  # [R, 1, kv]
+            rel = keys[None, :] - start[:, None]  # [R, kv]
+            in_block = (rel >= 0) & (rel < n)
+            block = tree_mask.gather(2, rel.clamp(0, n - 1)[:, None, :].expand(r, n, kv_len))
+            mask = (prefix | (in_block[:, None, :] & block))[:, None]
         rr = (torch.arange(r) if rows is None else rows)[:, None].expand(r, n)
+
+        # Explicit attention: for these tiny shapes (a few new rows against <= a few hundred keys) it is
+        # several times faster on CPU than the masked SDPA kernel, and the mask becomes one additive bias.
+        bias = torch.zeros(mask.shape, dtype=torch.float32).masked_fill_(~mask, float("-inf"))
+        scale = self.config.head_dim ** -0.5
 
         def attend(q, k, v, kv):
             kc, vc = kv
@@ -320,10 +352,18 @@ class Qwen3(nn.Module):
                 kc, vc = kc[:, :, :kv_len], vc[:, :, :kv_len]
             else:
                 kc, vc = kc[rows, :, :kv_len], vc[rows, :, :kv_len]
-            return F.scaled_dot_product_attention(q, kc, vc, attn_mask=mask, enable_gqa=True)
+            hq, hk = q.shape[1], kc.shape[1]
+            if hq != hk:  # grouped-query attention: query heads of one group share a key/value head
+                q = q.reshape(r, hk, (hq // hk) * n, -1)
+            att = torch.softmax(torch.matmul(q, kc.transpose(-1, -2)) * scale + bias_for(hq // hk), dim=-1)
+            o = torch.matmul(att, vc)
+            return o.reshape(r, hq, n, -1) if hq != hk else o
+
+        def bias_for(group: int) -> torch.Tensor:
+            return bias if group == 1 else bias.repeat(1, 1, group, 1)
 
         x = self.model.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
-        return self._run(x, cos, sin, attend, cache, hidden_layers)
+        return self._run(x, rope, attend, cache, hidden_layers)
 
 
 def num_parameters(model: nn.Module) -> int:

@@ -40,7 +40,7 @@ class RunConfig:
 
     out: str = "runs/latest"
     seed: int = 0
-    steps: int = 24
+    steps: int = 32
     pipeline: str = "sync"  # sync | async
     spec: str = "chain"  # none | chain | tree
     drafter: str = "eagle3"  # eagle3 | mtp | draft_model
@@ -56,21 +56,25 @@ class RunConfig:
     max_new_tokens: int = 48
     max_batch: int = 32
     # optimisation
-    lr: float = 3e-4
+    lr: float = 2e-5
     minibatches: int = 2
     clip_low: float = 0.2
     clip_high: float = 0.28
     kl_coef: float = 0.0
     dynamic_sampling: bool = True
+    # Divide advantages by the group's reward std (GRPO) or only centre them (Dr. GRPO). With a small
+    # format reward, std scaling blows up all-wrong groups (0.1 vs 0) to the size of correct-vs-wrong
+    # groups and reinforces wrong answers; centring keeps the format term a nudge.
+    scale_advantages: bool = False
     # warm starts and drafter adaptation
-    warm_start_steps: int = 400
+    warm_start_steps: int = 300
     warm_start_batch: int = 32
     warm_start_lr: float = 3e-3
-    drafter_warm_steps: int = 120
+    drafter_warm_steps: int = 80
     drafter_adapt_steps: int = 1  # online adaptation steps per RL step (0 disables)
     # measurement
     compare_every: int = 4  # AR rollouts of the same requests side by side every n steps (0: never)
-    num_val: int = 64
+    num_val: int = 128
     eval_every: int = 0  # 0: only at start and end
     equivalence: bool = True
     equivalence_prompts: int = 16
@@ -300,7 +304,7 @@ def rl_step(cfg: RunConfig, s: dict, step: int) -> dict:
         ar = engine.generate(prompts, seeds, cfg.generation(spec="none"))
         row.update(ar_gen_s=ar.stats.time_s, ar_gen_tokens=ar.stats.tokens)
     rewards = score(problems, rollouts, tok)
-    adv = grpo.group_advantages(rewards, cfg.group_size)
+    adv = grpo.group_advantages(rewards, cfg.group_size, scale=cfg.scale_advantages)
     keep = grpo.dynamic_sampling_mask(rewards, cfg.group_size) if cfg.dynamic_sampling else torch.ones_like(rewards, dtype=torch.bool)
     row.update(reward_mean=rewards.mean().item(), accuracy=(rewards == 1.0).float().mean().item(),
                kept_fraction=keep.float().mean().item(),

@@ -13,10 +13,12 @@ from collections.abc import Callable
 import torch
 
 from .reference import chain as _ref_chain
+from .reference import tree as _ref_tree
 from .reference.chain import ChainResult
 from .reference.philox import MAX_POSITION, MAX_VOCAB
+from .reference.tree import SIBLING_SAMPLING, TreeResult
 
-__all__ = ["ChainResult", "verify_chain", "available_backends", "LOGIT_DTYPES"]
+__all__ = ["ChainResult", "TreeResult", "verify_chain", "verify_tree", "available_backends", "LOGIT_DTYPES"]
 
 LOGIT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -59,7 +61,7 @@ def _resolve(backend: str, device: torch.device, op: str) -> Callable:
     if backend == "auto":
         backend = available_backends(device)[0]
     if backend == "reference":
-        return {"chain": _ref_chain.verify_chain}[op]
+        return {"chain": _ref_chain.verify_chain, "tree": _ref_tree.verify_tree}[op]
     if backend == "triton":
         if not _triton_usable(device):
             raise ValueError(
@@ -240,4 +242,149 @@ def verify_chain(
     return fn(
         target_logits.contiguous(), draft_token_ids.to(torch.int64).contiguous(), cu, draft_probs,
         temperature, top_k, top_p, seed, position, max_draft_len,
+    )
+
+
+# ----------------------------------------------------------------------------------------------------
+# verify_tree
+# ----------------------------------------------------------------------------------------------------
+
+def _check_tree_values(
+    node_token_ids: torch.Tensor,
+    parent: torch.Tensor,
+    cu: torch.Tensor,
+    vocab_size: int,
+    unique_siblings: bool,
+) -> torch.Tensor:
+    """Check the tree structure of a ragged batch; returns each node's depth [N] (int64)."""
+    num_nodes = parent.numel()
+    num_reqs = cu.numel() - 1
+    lengths = cu[1:] - cu[:-1]
+    _fail_if(cu[:1] != 0, "cu_num_nodes must start at 0")
+    _fail_if(lengths < 1, "cu_num_nodes must be strictly increasing: every request needs at least its root node")
+    _fail_if(cu[-1:] != num_nodes, f"cu_num_nodes[-1] must equal the number of nodes N = {num_nodes}")
+    device = parent.device
+    request = torch.repeat_interleave(torch.arange(num_reqs, device=device), lengths, output_size=num_nodes)
+    local = torch.arange(num_nodes, device=device) - cu[:-1][request]
+    par = parent.to(torch.int64)
+    is_first = local == 0
+    _fail_if(is_first & (par != -1), "parent: node 0 of each request must be its root (parent -1)")
+    _fail_if(~is_first & (par == -1),
+             "parent: only node 0 of each request may be a root (parent -1); the root must be at node 0")
+    _fail_if((par < -1) | (par >= lengths[request]), "parent: a parent index points out of its request")
+    _fail_if(~is_first & (par == local), "parent: a node is its own parent (cycle)")
+    _fail_if(~is_first & (par > local),
+             "parent: parents must point backwards (parent[i] < i within a request); a forward pointer can form a cycle")
+    tokens = node_token_ids.to(torch.int64)
+    _fail_if(~is_first & ((tokens < -1) | (tokens >= vocab_size)),
+             f"node_token_ids must be in [0, {vocab_size}) or -1 (placeholder) for non-root nodes")
+    if unique_siblings and num_nodes:
+        # (parent, token) pairs of real children must be distinct.
+        real = ~is_first & (tokens >= 0)
+        parent_global = cu[:-1][request] + par
+        key = torch.where(real, parent_global * (vocab_size + 1) + tokens, -1 - torch.arange(num_nodes, device=device))
+        sorted_key = torch.sort(key).values
+        _fail_if((sorted_key[1:] == sorted_key[:-1]) & (sorted_key[1:] >= 0),
+                 "node_token_ids: two siblings carry the same token; deterministic trees and trees drawn without "
+                 "replacement need distinct sibling tokens")
+    layout = _ref_tree.tree_layout(cu, torch.where(is_first, -1, par))
+    return _ref_tree.node_depth(layout)
+
+
+def verify_tree(
+    target_logits: torch.Tensor,
+    node_token_ids: torch.Tensor,
+    parent: torch.Tensor,
+    cu_num_nodes: torch.Tensor,
+    draft_probs: torch.Tensor | None = None,
+    temperature: torch.Tensor | None = None,
+    top_k: torch.Tensor | None = None,
+    top_p: torch.Tensor | None = None,
+    seed: torch.Tensor | None = None,
+    position: torch.Tensor | None = None,
+    sibling_sampling: str = "iid",
+    backend: str = "auto",
+    *,
+    max_depth: int | None = None,
+    validate: bool = True,
+) -> TreeResult:
+    """Losslessly verify a ragged batch of token trees against the target model's logits.
+
+    Args:
+        target_logits: [N, V] bf16/fp16/fp32; row i is the target distribution of the token after node i.
+            Request b owns nodes ``cu[b] ... cu[b+1] - 1``; its node 0 is the root (the last emitted token).
+        node_token_ids: [N] int32/int64 token of each node (the root's entry is ignored); -1 marks a
+            placeholder child (never accepted).
+        parent: [N] int32/int64 local index of each node's parent within its request, -1 at the root;
+            parents point backwards (parent[i] < i). Siblings are ordered by local index.
+        cu_num_nodes: [B + 1] int32/int64 cumulative node counts (every request has >= 1 node).
+        draft_probs: [N, V] float, row i the draft distribution q from which node i's children were drawn
+            (stochastic trees), or None for deterministic trees (top-k / greedy drafters, static trees).
+        temperature, top_k, top_p, seed: [B] as in ``verify_chain``.
+        position: [B] int64 absolute position of the token after each root (a depth-d node decides the
+            token at ``position + d``); default 0.
+        sibling_sampling: how siblings were drawn from q in stochastic trees: "iid" (SpecInfer multi-step
+            verification) or "without_replacement" (recursive rejection sampling). Ignored without
+            draft_probs.
+        backend: "auto" | "reference" | "triton" | "cpu" | "cuda".
+        max_depth: width of the outputs minus one; None computes the deepest node's depth (one host sync).
+            Nodes deeper than max_depth are ignored when ``validate=False``.
+        validate: check values (tree structure, ranges, duplicate siblings); False skips every check that
+            reads tensor values, for CUDA-graph capture. Kernels stay memory-safe either way.
+
+    Returns:
+        ``TreeResult(output_token_ids [B, D + 1] int32, accepted_nodes [B, D + 1] int32,
+        num_accepted [B] int32)`` with D = max_depth: the accepted path's tokens then one emitted token;
+        the accepted path's local node indices starting with the root 0; both -1 padded.
+    """
+    _check_logits("target_logits", target_logits)
+    device = target_logits.device
+    _check_tensor("cu_num_nodes", cu_num_nodes, 1, INDEX_DTYPES, device)
+    if cu_num_nodes.numel() < 1:
+        raise ValueError("cu_num_nodes must have B + 1 >= 1 entries")
+    _check_tensor("node_token_ids", node_token_ids, 1, INDEX_DTYPES, device)
+    _check_tensor("parent", parent, 1, INDEX_DTYPES, device)
+    num_reqs = cu_num_nodes.numel() - 1
+    num_rows, vocab_size = target_logits.shape
+    num_nodes = node_token_ids.numel()
+    if parent.numel() != num_nodes:
+        raise ValueError(f"parent must have one entry per node (N = {num_nodes}), got {parent.numel()}")
+    if num_rows != num_nodes:
+        raise ValueError(f"target_logits must have one row per node (N = {num_nodes}), got {num_rows}")
+    if not isinstance(sibling_sampling, str):
+        raise TypeError(f"sibling_sampling must be a str, got {type(sibling_sampling).__name__}")
+    if sibling_sampling not in SIBLING_SAMPLING:
+        raise ValueError(f"sibling_sampling must be one of {SIBLING_SAMPLING}, got {sibling_sampling!r}")
+    if draft_probs is not None:
+        _check_tensor("draft_probs", draft_probs, 2, FLOAT_DTYPES, device)
+        if tuple(draft_probs.shape) != (num_nodes, vocab_size):
+            raise ValueError(
+                f"draft_probs must have shape [N, V] = [{num_nodes}, {vocab_size}], got {tuple(draft_probs.shape)}"
+            )
+        draft_probs = draft_probs.contiguous()
+    temperature, top_k, top_p, seed, position = normalize_sampling_params(
+        num_reqs, device, temperature, top_k, top_p, seed, position, validate
+    )
+    cu = cu_num_nodes.to(torch.int64).contiguous()
+    if max_depth is not None and (isinstance(max_depth, bool) or not isinstance(max_depth, int) or max_depth < 0):
+        raise ValueError(f"max_depth must be a non-negative int, got {max_depth!r}")
+    depth = None
+    if validate:
+        unique = draft_probs is None or sibling_sampling == "without_replacement"
+        depth = _check_tree_values(node_token_ids, parent, cu, vocab_size, unique)
+        if draft_probs is not None:
+            _fail_if(~torch.isfinite(draft_probs) | (draft_probs < 0), "draft_probs must be finite and >= 0")
+    if max_depth is None:
+        if depth is None:
+            layout = _ref_tree.tree_layout(cu, parent.to(torch.int64))
+            depth = _ref_tree.node_depth(layout)
+        max_depth = int(depth.max()) if num_nodes else 0
+    elif validate and num_nodes:
+        _fail_if(depth > max_depth, f"max_depth={max_depth} is smaller than the deepest node's depth")
+    if validate and num_reqs:
+        _fail_if(position + max_depth > MAX_POSITION, f"position + max_depth must be <= {MAX_POSITION}")
+    fn = _resolve(backend, device, "tree")
+    return fn(
+        target_logits.contiguous(), node_token_ids.to(torch.int64).contiguous(), parent.to(torch.int64).contiguous(),
+        cu, draft_probs, temperature, top_k, top_p, seed, position, sibling_sampling, max_depth,
     )

@@ -41,6 +41,9 @@ __all__ = [
     "chi2_power",
     "sample_size_for_tv",
     "least_favourable_alternative",
+    "sample_size_for_point_mass",
+    "sample_size",
+    "SUITE_BUDGET",
 ]
 
 MIN_EXPECTED = 5.0
@@ -140,6 +143,11 @@ class FalsePositiveBudget:
             )
         self._claimed.append(name)
         return self.per_test_alpha
+
+
+SUITE_BUDGET = FalsePositiveBudget(total_alpha=1e-4, capacity=250)
+"""The project's exactness-suite budget: every seeded statistical test of a correct sampler, across all
+backends and ops, claims a slot; per-test alpha = 1e-4 / 250 = 4e-7."""
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -396,3 +404,28 @@ def least_favourable_alternative(p0, tv: float) -> np.ndarray:
     out = np.empty_like(p)
     out[order] = p[order] + delta
     return out
+
+
+def sample_size_for_point_mass(tv: float = 0.02, power: float = 0.999) -> int:
+    """Smallest n such that a sampler putting mass >= ``tv`` off a one-outcome law is caught w.p. >= power.
+
+    Any observed outcome of probability 0 gives p-value 0, so power = 1 - (1 - tv)^n.
+    """
+    if not 0 < tv < 1 or not 0 < power < 1:
+        raise ValueError("tv and power must be in (0, 1)")
+    return int(math.ceil(math.log1p(-power) / math.log1p(-tv)))
+
+
+def sample_size(probs, alpha: float, tv: float = 0.02, power: float = 0.999) -> int:
+    """Sample size for a goodness-of-fit test against the law ``probs`` (cells of probability 0 excluded).
+
+    One possible outcome: :func:`sample_size_for_point_mass`; else :func:`sample_size_for_tv` with
+    df = (number of cells of positive probability) - 1.
+    """
+    p = _as_float_array(probs, "probs")
+    support = int(np.count_nonzero(p > 0))
+    if support == 0:
+        raise ValueError("probs has no positive cell")
+    if support == 1:
+        return sample_size_for_point_mass(tv, power)
+    return sample_size_for_tv(tv, support - 1, alpha, power)

@@ -243,8 +243,8 @@ class SpeculativeRun:
 def _default_verifier(backend: str) -> Verifier:
     from .. import verify_chain
 
-    def verify(*args, **kwargs):
-        return verify_chain(*args, backend=backend, **kwargs)
+    def verify(*args):
+        return verify_chain(*args, backend=backend)
 
     return verify
 

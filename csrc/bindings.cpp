@@ -1,0 +1,96 @@
+// specdec_kernels._C: registers the specdec:: torch.library ops (CPU kernels always; CUDA kernels
+// when built with them) and exposes Python entry points with the reference backends' signatures.
+#include <pybind11/pybind11.h>
+#include <torch/extension.h>
+#include <torch/library.h>
+
+#include "cpu/cpu_kernels.h"
+#include "ops.h"
+
+namespace py = pybind11;
+
+TORCH_LIBRARY(specdec, m) {
+  m.def(specdec::kVerifyChainSchema);
+  m.def(specdec::kVerifyTreeSchema);
+}
+
+namespace {
+
+// Calls the op through the dispatcher (so every registered device works) and wraps the outputs in the
+// reference's result NamedTuple.
+py::object verify_chain(const at::Tensor& target_logits, const at::Tensor& draft_token_ids,
+                        const at::Tensor& cu_num_draft_tokens, const std::optional<at::Tensor>& draft_probs,
+                        const at::Tensor& temperature, const std::optional<at::Tensor>& top_k,
+                        const std::optional<at::Tensor>& top_p, const at::Tensor& seed, const at::Tensor& position,
+                        int64_t max_draft_len) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("specdec::verify_chain", "")
+                       .typed<std::tuple<at::Tensor, at::Tensor>(
+                           const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+                           const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
+                           const at::Tensor&, const at::Tensor&, int64_t)>();
+  std::tuple<at::Tensor, at::Tensor> res;
+  {
+    py::gil_scoped_release release;
+    res = op.call(target_logits, draft_token_ids, cu_num_draft_tokens, draft_probs, temperature, top_k, top_p, seed,
+                  position, max_draft_len);
+  }
+  py::object result_type = py::module_::import("specdec_kernels.reference.chain").attr("ChainResult");
+  return result_type(std::get<0>(res), std::get<1>(res));
+}
+
+py::object verify_tree(const at::Tensor& target_logits, const at::Tensor& node_token_ids, const at::Tensor& parent,
+                       const at::Tensor& cu_num_nodes, const std::optional<at::Tensor>& draft_probs,
+                       const at::Tensor& temperature, const std::optional<at::Tensor>& top_k,
+                       const std::optional<at::Tensor>& top_p, const at::Tensor& seed, const at::Tensor& position,
+                       const std::string& sibling_sampling, int64_t max_depth) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("specdec::verify_tree", "")
+                       .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+                           const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                           const std::optional<at::Tensor>&, const at::Tensor&, const std::optional<at::Tensor>&,
+                           const std::optional<at::Tensor>&, const at::Tensor&, const at::Tensor&, c10::string_view,
+                           int64_t)>();
+  std::tuple<at::Tensor, at::Tensor, at::Tensor> res;
+  {
+    py::gil_scoped_release release;
+    res = op.call(target_logits, node_token_ids, parent, cu_num_nodes, draft_probs, temperature, top_k, top_p, seed,
+                  position, sibling_sampling, max_depth);
+  }
+  py::object result_type = py::module_::import("specdec_kernels.reference.tree").attr("TreeResult");
+  return result_type(std::get<0>(res), std::get<1>(res), std::get<2>(res));
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "specdec-kernels native kernels (torch.ops.specdec.*)";
+#if defined(SPECDEC_WITH_CUDA)
+  m.attr("DEVICES") = py::make_tuple("cpu", "cuda");
+#else
+  m.attr("DEVICES") = py::make_tuple("cpu");
+#endif
+  m.attr("CPU_ISA") = specdec::cpu::isa_name();
+  const char* doc =
+      "Chain verification on validated, normalised inputs (see specdec_kernels.verify_chain); same "
+      "signature and result as specdec_kernels.reference.chain.verify_chain.";
+  const char* tree_doc =
+      "Tree verification on validated, normalised inputs (see specdec_kernels.verify_tree); same "
+      "signature and result as specdec_kernels.reference.tree.verify_tree.";
+  m.def("verify_tree_cpu", &verify_tree, tree_doc, py::arg("target_logits_"), py::arg("node_token_ids"),
+        py::arg("parent"), py::arg("cu_num_nodes"), py::arg("draft_probs"), py::arg("temperature"),
+        py::arg("top_k"), py::arg("top_p"), py::arg("seed"), py::arg("position"), py::arg("sibling_sampling"),
+        py::arg("max_depth"));
+  m.def("verify_chain_cpu", &verify_chain, doc, py::arg("target_logits_"), py::arg("draft_token_ids"),
+        py::arg("cu_num_draft_tokens"), py::arg("draft_probs"), py::arg("temperature"), py::arg("top_k"),
+        py::arg("top_p"), py::arg("seed"), py::arg("position"), py::arg("max_draft_len"));
+#if defined(SPECDEC_WITH_CUDA)
+  m.def("verify_chain_cuda", &verify_chain, doc, py::arg("target_logits_"), py::arg("draft_token_ids"),
+        py::arg("cu_num_draft_tokens"), py::arg("draft_probs"), py::arg("temperature"), py::arg("top_k"),
+        py::arg("top_p"), py::arg("seed"), py::arg("position"), py::arg("max_draft_len"));
+  m.def("verify_tree_cuda", &verify_tree, tree_doc, py::arg("target_logits_"), py::arg("node_token_ids"),
+        py::arg("parent"), py::arg("cu_num_nodes"), py::arg("draft_probs"), py::arg("temperature"),
+        py::arg("top_k"), py::arg("top_p"), py::arg("seed"), py::arg("position"), py::arg("sibling_sampling"),
+        py::arg("max_depth"));
+#endif
+}

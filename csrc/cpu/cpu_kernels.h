@@ -1,0 +1,27 @@
+// Host kernel entry points (framework-free): the run-time instruction-set choice and the OpenMP
+// drivers of the chain and tree walks.
+#pragma once
+
+#include "specdec/chain.h"
+#include "specdec/tree.h"
+#include "specdec/types.h"
+
+namespace specdec::cpu {
+
+RowKernels row_kernels_generic();
+#if defined(SPECDEC_HAVE_X86_ISAS)
+RowKernels row_kernels_avx2();
+RowKernels row_kernels_avx512();
+#endif
+
+// The widest build the running CPU supports ("avx512", "avx2" or "generic"), chosen once.
+const char* isa_name();
+const RowKernels& row_kernels();
+
+// Chain verification of a whole batch with OpenMP; out_tokens must be pre-filled with -1.
+void verify_chain(const ChainArgs& a);
+
+// Tree verification of a whole batch with OpenMP; outputs must be pre-filled with -1.
+void verify_tree(const TreeArgs& a);
+
+}  // namespace specdec::cpu

@@ -1,0 +1,35 @@
+// Run-time choice of the host kernel build: baseline x86-64 plus AVX2 and AVX-512 variants of the
+// hot loops (identical results), the widest one the running CPU supports.
+#include "cpu_kernels.h"
+
+namespace specdec::cpu {
+namespace {
+
+struct Choice {
+  const char* name;
+  RowKernels kernels;
+};
+
+Choice detect() {
+#if defined(SPECDEC_HAVE_X86_ISAS)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl")) {
+    return {"avx512", row_kernels_avx512()};
+  }
+  if (__builtin_cpu_supports("avx2")) return {"avx2", row_kernels_avx2()};
+#endif
+  return {"generic", row_kernels_generic()};
+}
+
+const Choice& choice() {
+  static const Choice c = detect();
+  return c;
+}
+
+}  // namespace
+
+const char* isa_name() { return choice().name; }
+const RowKernels& row_kernels() { return choice().kernels; }
+
+}  // namespace specdec::cpu

@@ -1,0 +1,86 @@
+// Executors for the host walks: a vocabulary reduction runs serially (one request per thread) or
+// split across OpenMP threads (small batches: every core works on the same row).
+#pragma once
+
+#include <omp.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "specdec/chain.h"
+#include "specdec/types.h"
+
+namespace specdec::cpu {
+
+inline constexpr int64_t kSliceAlign = 64;  // slices hold whole row_ops chunks
+
+struct SerialExec {
+  int64_t vocab;
+  template <class F>
+  ArgMax argmax(F f) { return f(0, vocab); }
+  template <class F>
+  double sum(F f) { return f(0, vocab); }
+  template <class F>
+  ResidualResult residual(F f) { return f(0, vocab); }
+};
+
+struct SplitExec {
+  int64_t vocab;
+  int threads;
+
+  int64_t bound(int t) const {
+    const int64_t chunks = (vocab + kSliceAlign - 1) / kSliceAlign;
+    return std::min<int64_t>(vocab, (chunks * t / threads) * kSliceAlign);
+  }
+  template <class R, class F, class C>
+  R reduce(F f, R init, C combine) {
+    std::vector<R> part(threads, init);
+#pragma omp parallel num_threads(threads)
+    {
+      const int t = omp_get_thread_num();
+      const int n = omp_get_num_threads();
+      if (n == threads) {
+        part[t] = f(bound(t), bound(t + 1));
+      } else if (t == 0) {
+        part[0] = f(0, vocab);  // the runtime gave fewer threads: one does the whole row
+      }
+    }
+    R acc = init;
+    for (const R& p : part) acc = combine(acc, p);
+    return acc;
+  }
+  template <class F>
+  ArgMax argmax(F f) { return reduce<ArgMax>(f, kArgMaxInit, better_of); }
+  template <class F>
+  double sum(F f) { return reduce<double>(f, 0.0, [](double x, double y) { return x + y; }); }
+  template <class F>
+  ResidualResult residual(F f) {
+    return reduce<ResidualResult>(f, ResidualResult{kArgMaxInit, false}, [](ResidualResult x, ResidualResult y) {
+      return ResidualResult{better_of(x.best, y.best), x.any_positive || y.any_positive};
+    });
+  }
+};
+
+// Runs walk(b, exec, scratch) for every request: request-parallel when the batch covers the threads
+// twice over, otherwise one request at a time with each row split across the threads.
+template <class Walk>
+void for_each_request(int64_t num_reqs, int64_t vocab, Walk walk) {
+  const int threads = omp_get_max_threads();
+  if (threads <= 1 || num_reqs >= 2 * threads || vocab < 16 * kSliceAlign) {
+#pragma omp parallel num_threads(threads)
+    {
+      RowScratch scratch;
+      scratch.z.resize(vocab);
+      SerialExec exec{vocab};
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t b = 0; b < num_reqs; ++b) walk(b, exec, scratch);
+    }
+  } else {
+    RowScratch scratch;
+    scratch.z.resize(vocab);
+    SplitExec exec{vocab, threads};
+    for (int64_t b = 0; b < num_reqs; ++b) walk(b, exec, scratch);
+  }
+}
+
+}  // namespace specdec::cpu

@@ -1,0 +1,14 @@
+// One instruction-set build of the hot row loops (compiled with SPECDEC_CPU_ISA = generic, avx2 or
+// avx512 and the matching -m flags; see CMakeLists.txt).
+#include "specdec/row_ops.h"
+
+#include "cpu_kernels.h"
+
+#define SPECDEC_CAT2(a, b) a##b
+#define SPECDEC_CAT(a, b) SPECDEC_CAT2(a, b)
+
+namespace specdec::cpu {
+
+RowKernels SPECDEC_CAT(row_kernels_, SPECDEC_CPU_ISA)() { return make_row_kernels(); }
+
+}  // namespace specdec::cpu

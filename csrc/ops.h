@@ -1,0 +1,16 @@
+// Schemas of the specdec:: torch ops (one place for bindings.cpp and the device implementations).
+#pragma once
+
+namespace specdec {
+
+inline constexpr const char* kVerifyChainSchema =
+    "verify_chain(Tensor target_logits, Tensor draft_token_ids, Tensor cu_num_draft_tokens, "
+    "Tensor? draft_probs, Tensor temperature, Tensor? top_k, Tensor? top_p, Tensor seed, Tensor position, "
+    "int max_draft_len) -> (Tensor, Tensor)";
+
+inline constexpr const char* kVerifyTreeSchema =
+    "verify_tree(Tensor target_logits, Tensor node_token_ids, Tensor parent, Tensor cu_num_nodes, "
+    "Tensor? draft_probs, Tensor temperature, Tensor? top_k, Tensor? top_p, Tensor seed, Tensor position, "
+    "str sibling_sampling, int max_depth) -> (Tensor, Tensor, Tensor)";
+
+}  // namespace specdec
