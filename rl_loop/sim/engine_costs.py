@@ -88,19 +88,18 @@ class MeasuredCosts:
         return float(self.target(np.asarray(float(num_seqs)), max(prompt_len - 1, 1), 0.0) + a[0] + a[1] * num_seqs)
 
 
-def build_engine(warm_start_steps: int = 400, drafter_warm_steps: int = 120, drafter: str = "eagle3",
-                 seed: int = 0, state_path: str | None = None) -> tuple[object, dict]:
-    """rl_loop's default policy and drafter, warm-started as ``python -m rl_loop`` does. With
-    ``state_path``, weights saved by an earlier call are loaded instead (and saved there if absent)."""
+def build_engine(drafter: str = "eagle3", seed: int = 0, state_path: str | None = None) -> tuple[object, dict]:
+    """rl_loop's default policy and drafter, warm-started as ``python -m rl_loop`` does (its defaults).
+    With ``state_path``, weights saved by an earlier call are loaded instead (and saved there if absent)."""
     import os
 
     from rl_loop.train import RunConfig, setup
 
     cached = state_path is not None and os.path.exists(state_path)
-    cfg = RunConfig(out=tempfile.mkdtemp(prefix="sim-engine-"), seed=seed,
-                    warm_start_steps=0 if cached else warm_start_steps,
-                    drafter_warm_steps=0 if cached else drafter_warm_steps, drafter=drafter, progress=False,
+    cfg = RunConfig(out=tempfile.mkdtemp(prefix="sim-engine-"), seed=seed, drafter=drafter, progress=False,
                     plots=False, num_threads=1)
+    if cached:
+        cfg = replace(cfg, warm_start_steps=0, drafter_warm_steps=0)
     s = setup(cfg, lambda row: None)
     if cached:
         state = torch.load(state_path, weights_only=False)
@@ -277,7 +276,14 @@ def compare_engine(cfg, s: dict, ks=(1, 3, 5), rounds: int = 3, request_sets: in
                      "tokens_per_step": float(np.mean([x.tokens_per_step for x in runs])),
                      "measured_speedup": measured, "predicted_speedup": predicted, "error": predicted / measured - 1,
                      "measured_s": meas, "predicted_s": pred})
-    return {"engine": "rl_loop.engine.RolloutEngine", "requests_per_set": max_batch, "request_sets": len(sets),
+    from dataclasses import asdict
+
+    import specdec_kernels as sk
+    from rl_loop.train import verify_backend
+
+    return {"engine": "rl_loop.engine.RolloutEngine", "policy": asdict(s["policy"].config),
+            "verify_backend": verify_backend(cfg.verify_backend), "backends": sk.available_backends("cpu"),
+            "requests_per_set": max_batch, "request_sets": len(sets),
             "components": components, "fits": {k: np.asarray(v).tolist() for k, v in vars(costs).items()},
             "autoregressive": {"measured_s": ar_meas, "predicted_s": ar_pred}, "speedups": rows}
 
