@@ -123,6 +123,7 @@ def requests(cfg, s: dict, num_prompts: int, group: int, seed: int = 0) -> tuple
     return prompts, request_seeds(seed, 0, len(prompts))
 
 
+@torch.no_grad()  # as inside RolloutEngine.generate: no autograd bookkeeping
 def measure_components(cfg, s: dict, prompts: list[list[int]], batches=(2, 8, 16, 32), ks=(1, 3, 5),
                        repeats: int = 7) -> tuple[MeasuredCosts, list[dict]]:
     """(a): time each engine component alone over ``batches`` x tokens / k; returns the fits and rows."""
