@@ -1,0 +1,298 @@
+"""rl_loop's own rollout engine, priced component by component, and its measured speedups.
+
+(a) Micro-measurements on the real policy and drafter, each called alone exactly as the engine calls it:
+    the policy forward (``Qwen3.step``) against the number of requests and tokens per request, the
+    drafter's ``propose`` (k drafts) and ``commit``, and ``verify_chain``. Linear fits of these give a
+    :class:`MeasuredCosts` that the simulator uses in place of the roofline.
+(b) A short run of ``RolloutEngine.generate``: the same requests autoregressively and with chain
+    speculation for each k, interleaved, timed with the thread's CPU clock. The measured acceptance
+    curve and response lengths of each run are the simulator's workload inputs; the simulator predicts the
+    throughput ratio (tokens/s, as ``rl_loop`` reports ``rollout_speedup``), and the two are compared.
+
+Not priced: the engine's per-request Python bookkeeping between components (list updates per emitted
+token), which no component call includes.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+
+from .generation import Speculation, Workload, simulate_replica
+
+
+def _cpu(fn: Callable[[], object], repeats: int) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.thread_time()
+        fn()
+        best = min(best, time.thread_time() - t)
+    return best
+
+
+def _fit(features: list[list[float]], times: list[float]) -> np.ndarray:
+    """Non-negative-ish least squares: ordinary least squares with negative coefficients clipped to 0."""
+    coef, *_ = np.linalg.lstsq(np.asarray(features, dtype=np.float64), np.asarray(times), rcond=None)
+    return np.maximum(coef, 0.0)
+
+
+@dataclass
+class MeasuredCosts:
+    """Step costs fitted from component micro-measurements (seconds; ``r`` = active requests):
+
+    target(r, 1) = a0 + a1 r (autoregressive, no policy features);
+    target(r, n) = t0 + t1 r + t2 r n (verification, returning the drafter's policy features);
+    drafter(r, k) = d0 + d1 r + k (d2 + d3 r) + m (p0 + p1 r), m = ``pending - 1`` extra rows per request
+    that the first draft forward re-runs (the tokens emitted last step: ``pending`` = tokens per step);
+    sampler(r, k) = s0 + s1 r (k + 1);  overhead(r, k) = c0 + c1 r (the drafter's commit, speculative only);
+    prefill(r, P) = target(r, P - 1) + drafter admission.
+    """
+
+    ar_coef: np.ndarray
+    target_coef: np.ndarray
+    drafter_coef: np.ndarray
+    sampler_coef: np.ndarray
+    commit_coef: np.ndarray
+    admit_coef: np.ndarray
+    pending_coef: np.ndarray
+    pending: float = 1.0
+
+    def target(self, count, tokens_per_seq, context):
+        if tokens_per_seq == 1:
+            a = self.ar_coef
+            return np.where(count > 0, a[0] + a[1] * count, 0.0)
+        c = self.target_coef
+        return np.where(count > 0, c[0] + c[1] * count + c[2] * count * tokens_per_seq, 0.0)
+
+    def drafter(self, count, k, context):
+        c, p = self.drafter_coef, self.pending_coef
+        extra = max(self.pending - 1.0, 0.0) * (p[0] + p[1] * count)
+        return np.where(count > 0, c[0] + c[1] * count + k * (c[2] + c[3] * count) + extra, 0.0)
+
+    def sampler(self, count, k):
+        c = self.sampler_coef
+        return np.where(count > 0, c[0] + c[1] * count * (k + 1), 0.0)
+
+    def overhead(self, count, k):
+        c = self.commit_coef
+        return np.where((count > 0) & (k > 0), c[0] + c[1] * count, 0.0)
+
+    def prefill(self, num_seqs, prompt_len):
+        a = self.admit_coef
+        return float(self.target(np.asarray(float(num_seqs)), max(prompt_len - 1, 1), 0.0) + a[0] + a[1] * num_seqs)
+
+
+def build_engine(drafter: str = "eagle3", seed: int = 0, state_path: str | None = None) -> tuple[object, dict]:
+    """rl_loop's default policy and drafter, warm-started as ``python -m rl_loop`` does (its defaults).
+    With ``state_path``, weights saved by an earlier call are loaded instead (and saved there if absent)."""
+    import os
+
+    from rl_loop.train import RunConfig, setup
+
+    cached = state_path is not None and os.path.exists(state_path)
+    cfg = RunConfig(out=tempfile.mkdtemp(prefix="sim-engine-"), seed=seed, drafter=drafter, progress=False,
+                    plots=False, num_threads=1)
+    if cached:
+        cfg = replace(cfg, warm_start_steps=0, drafter_warm_steps=0)
+    s = setup(cfg, lambda row: None)
+    if cached:
+        state = torch.load(state_path, weights_only=False)
+        s["policy"].load_state_dict(state["policy"])
+        s["drafter"].trainable().load_state_dict(state["drafter"])
+        s["engine"].sync()
+    elif state_path is not None:
+        torch.save({"policy": s["policy"].state_dict(), "drafter": s["drafter"].trainable().state_dict()}, state_path)
+    return cfg, s
+
+
+def requests(cfg, s: dict, num_prompts: int, group: int, seed: int = 0) -> tuple[list[list[int]], list[int]]:
+    """``num_prompts x group`` prompts (token ids) from the training split and their Philox seeds."""
+    import random
+
+    from rl_loop.train import request_seeds
+
+    rng = random.Random(f"sim/{seed}")
+    problems = [p for p in rng.sample(s["train"], num_prompts) for _ in range(group)]
+    prompts = [s["tok"].encode(p.prompt, bos=True) for p in problems]
+    return prompts, request_seeds(seed, 0, len(prompts))
+
+
+@torch.no_grad()  # as inside RolloutEngine.generate: no autograd bookkeeping
+def measure_components(cfg, s: dict, prompts: list[list[int]], batches=(2, 8, 16, 32), ks=(1, 3, 5),
+                       repeats: int = 7) -> tuple[MeasuredCosts, list[dict]]:
+    """(a): time each engine component alone over ``batches`` x tokens / k; returns the fits and rows."""
+    import specdec_kernels as sk
+    from rl_loop.model import KVCache
+    from rl_loop.train import verify_backend
+
+    torch.set_num_threads(1)
+    policy, drafter = s["policy"], s["drafter"]
+    layers = drafter.hidden_layers
+    V = policy.config.vocab_size
+    backend = verify_backend(cfg.verify_backend)
+    gen = torch.Generator().manual_seed(0)
+    rows, feats = [], {name: ([], []) for name in ("ar", "target", "drafter", "sampler", "commit", "admit",
+                                                      "pending")}
+    width = max(map(len, prompts))
+    for r in batches:
+        batch = [prompts[i % len(prompts)] for i in range(r)]
+        max_len = width + 192
+        cache = KVCache(policy.config, r, max_len)
+        start = torch.full((r,), width, dtype=torch.long)
+        ids = torch.zeros(r, 1, dtype=torch.long)
+        t = _cpu(lambda ids=ids, cache=cache, start=start: policy.step(ids, cache, None, start, width + 1), repeats)
+        feats["ar"][0].append([1.0, r])
+        feats["ar"][1].append(t)
+        rows.append({"component": "target forward (AR)", "requests": r, "tokens_per_request": 1, "measured_s": t})
+        for n in (2, 4, 6):
+            ids = torch.zeros(r, n, dtype=torch.long)
+            t = _cpu(lambda ids=ids, n=n, cache=cache, start=start: policy.step(ids, cache, None, start, width + n, hidden_layers=layers),
+                     repeats)
+            feats["target"][0].append([1.0, r, r * n])
+            feats["target"][1].append(t)
+            rows.append({"component": "target forward (verify)", "requests": r, "tokens_per_request": n, "measured_s": t})
+        # drafter admission and proposals, from a real prefill
+        pre = torch.zeros(r, width - 1, dtype=torch.long)
+        for i, p in enumerate(batch):
+            pre[i, : len(p) - 1] = torch.tensor(p[:-1])
+        _, hidden = policy.step(pre, cache, None, torch.zeros(r, dtype=torch.long), width - 1, hidden_layers=layers)
+
+        def admit(batch=batch, hidden=hidden, r=r, max_len=max_len):
+            drafter.reset(r, max_len)
+            drafter.admit(list(range(r)), batch, hidden)
+
+        t = _cpu(admit, repeats)
+        feats["admit"][0].append([1.0, r])
+        feats["admit"][1].append(t)
+        temp = torch.ones(r)
+        for k in ks:
+            admit()
+            t = _cpu(lambda k=k, temp=temp: drafter.propose(None, k, temp, gen), min(repeats, 3))
+            feats["drafter"][0].append([1.0, r, k, k * r])
+            feats["drafter"][1].append(t)
+            rows.append({"component": "drafter propose", "requests": r, "k": k, "pending": 1, "measured_s": t})
+            # after a step that accepted all k drafts, the first draft forward re-runs k + 1 rows
+            admit()
+            drafter.propose(None, k, temp, gen)
+            drafter.commit(None, [k] * r, [[1] * (k + 1)] * r,
+                           [torch.randn(r, k + 1, policy.config.hidden_size) for _ in layers])
+            t_full = _cpu(lambda k=k, temp=temp: drafter.propose(None, k, temp, gen), min(repeats, 3))
+            feats["pending"][0].append([k, k * r])
+            feats["pending"][1].append(max(t_full - t, 0.0))
+            rows.append({"component": "drafter propose", "requests": r, "k": k, "pending": k + 1, "measured_s": t_full})
+            logits = torch.randn(r * (k + 1), V)
+            drafts = torch.randint(0, V, (r * k,))
+            q = torch.softmax(torch.randn(r * k, V), -1)
+            cu = torch.arange(r + 1) * k
+            seeds = torch.arange(r, dtype=torch.int64)
+            t = _cpu(lambda logits=logits, drafts=drafts, q=q, cu=cu, seeds=seeds, temp=temp, k=k, start=start: sk.verify_chain(
+                logits, drafts, cu, draft_probs=q, temperature=temp, seed=seeds, position=start,
+                backend=backend, max_draft_len=k), repeats)
+            feats["sampler"][0].append([1.0, r * (k + 1)])
+            feats["sampler"][1].append(t)
+            rows.append({"component": "verify_chain", "requests": r, "k": k, "measured_s": t})
+            hid = [torch.randn(r, k + 1, policy.config.hidden_size) for _ in layers]
+            outs = [[1] * (k + 1)] * r
+            t = _cpu(lambda hid=hid, outs=outs, k=k, r=r: drafter.commit(None, [k] * r, outs, hid), repeats)
+            feats["commit"][0].append([1.0, r])
+            feats["commit"][1].append(t)
+        # AR sampling: verify_chain with no drafts
+        logits = torch.randn(r, V)
+        t = _cpu(lambda logits=logits, r=r, start=start: sk.verify_chain(
+            logits, torch.empty(0, dtype=torch.long), torch.zeros(r + 1, dtype=torch.long), temperature=torch.ones(r),
+            seed=torch.arange(r, dtype=torch.int64), position=start, backend=backend, max_draft_len=0), repeats)
+        feats["sampler"][0].append([1.0, r])
+        feats["sampler"][1].append(t)
+    costs = MeasuredCosts(*(_fit(*feats[name]) for name in ("ar", "target", "drafter", "sampler", "commit", "admit",
+                                                            "pending")))
+    return costs, rows
+
+
+@dataclass
+class EngineRun:
+    k: int
+    cpu_s: float
+    tokens: int
+    lengths: list[int]
+    acceptance: tuple[float, ...]
+    tokens_per_step: float
+
+
+def run_engine(cfg, s: dict, prompts, seeds, k: int, max_new_tokens: int, max_batch: int) -> EngineRun:
+    """(b): one ``RolloutEngine.generate`` call (k = 0: autoregressive), timed with the thread CPU clock."""
+    from rl_loop.train import verify_backend
+
+    gen = replace(cfg.generation(spec="none" if k == 0 else "chain"), k=max(k, 1), max_new_tokens=max_new_tokens,
+                  max_batch=max_batch, backend=verify_backend(cfg.verify_backend))
+    t = time.thread_time()
+    out = s["engine"].generate(prompts, seeds, gen)
+    cpu = time.thread_time() - t
+    st = out.stats
+    lengths = [len(r) + int(f) for r, f in zip(out.response_ids, out.finished, strict=True)]
+    reached = [st.rounds] + st.accepted_at[:-1] if k else []
+    acc = tuple(a / max(b, 1) for a, b in zip(st.accepted_at, reached, strict=True)) if k else ()
+    return EngineRun(k, cpu, st.tokens, lengths, acc, st.mean_accepted_length)
+
+
+def compare_engine(cfg, s: dict, ks=(1, 3, 5), rounds: int = 3, request_sets: int = 4, group: int = 8,
+                   prompts_per_set: int = 4, max_new_tokens: int = 48, log: Callable[[str], None] = print) -> dict:
+    """(a) + (b): component costs, then AR and speculative runs (interleaved, ``rounds`` times, minimum
+    CPU time per request set), and the simulator's prediction of each rollout speedup."""
+    torch.set_num_threads(1)
+    sets = [requests(cfg, s, prompts_per_set, group, seed=i) for i in range(request_sets)]
+    max_batch = prompts_per_set * group
+    costs, components = measure_components(cfg, s, sets[0][0])
+    log(f"fitted component costs: {costs}")
+    best: dict[tuple[int, int], EngineRun] = {}
+    for r in range(rounds):
+        for k in (0, *ks):
+            total = 0.0
+            for i, (prompts, seeds) in enumerate(sets):
+                run = run_engine(cfg, s, prompts, seeds, k, max_new_tokens, max_batch)
+                total += run.cpu_s
+                if (k, i) not in best or run.cpu_s < best[k, i].cpu_s:
+                    best[k, i] = run
+            log(f"  round {r} k={k}: {total:.3f} s CPU")
+    prompt_len = max(len(p) for prompts, _ in sets for p in prompts)
+
+    def totals(k: int) -> tuple[float, float, int]:
+        runs = [best[k, i] for i in range(len(sets))]
+        return (sum(x.cpu_s for x in runs), sum(predict(costs, x, prompt_len, max_batch) for x in runs),
+                sum(x.tokens for x in runs))
+
+    ar_meas, ar_pred, ar_tok = totals(0)
+    rows = []
+    for k in ks:
+        meas, pred, tok = totals(k)
+        runs = [best[k, i] for i in range(len(sets))]
+        measured = (tok / meas) / (ar_tok / ar_meas)
+        predicted = (tok / pred) / (ar_tok / ar_pred)
+        rows.append({"k": k, "acceptance": [float(np.mean([x.acceptance[j] for x in runs])) for j in range(k)],
+                     "tokens_per_step": float(np.mean([x.tokens_per_step for x in runs])),
+                     "measured_speedup": measured, "predicted_speedup": predicted, "error": predicted / measured - 1,
+                     "measured_s": meas, "predicted_s": pred})
+    from dataclasses import asdict
+
+    import specdec_kernels as sk
+    from rl_loop.train import verify_backend
+
+    return {"engine": "rl_loop.engine.RolloutEngine", "policy": asdict(s["policy"].config),
+            "verify_backend": verify_backend(cfg.verify_backend), "backends": sk.available_backends("cpu"),
+            "requests_per_set": max_batch, "request_sets": len(sets),
+            "components": components, "fits": {k: np.asarray(v).tolist() for k, v in vars(costs).items()},
+            "autoregressive": {"measured_s": ar_meas, "predicted_s": ar_pred}, "speedups": rows}
+
+
+def predict(costs: MeasuredCosts, run: EngineRun, prompt_len: int, max_batch: int) -> float:
+    """Simulated seconds for ``run``'s responses (its lengths and acceptance) with the measured costs."""
+    lengths = np.asarray(run.lengths, dtype=np.float64)
+    spec = Speculation(k=run.k, acceptance=run.acceptance, draft_probs=True) if run.k else None
+    costs = replace(costs, pending=spec.expected_tokens() if spec else 1.0)
+    wl = Workload(1, len(lengths), prompt_len, float(np.median(lengths)), 0.0, int(lengths.max()), max_batch)
+    return simulate_replica(None, None, None, wl, lengths, spec, max_batch, costs=costs, prefill_emits=False).time

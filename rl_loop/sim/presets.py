@@ -1,0 +1,168 @@
+"""Named scenarios: the paper's 8B and 235B setups, with every workload input stated as an assumption.
+
+The workload inputs (acceptance curves, response lengths, batch sizes) are not fitted to the paper's
+outputs; each is chosen from what the setup implies and documented beside it. ``PAPER`` holds the
+paper's figures so that every simulated number can be printed next to the one it should reproduce.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from .generation import Parallelism, Speculation, Workload
+from .hardware import GB200, Hardware
+from .model import QWEN3_8B, QWEN3_235B_A22B, ModelSpec, eagle3_head
+from .step import StepSetup, simulate_step
+
+K_RANGE = tuple(range(1, 9))
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A step setup plus speculation settings (``spec.k`` is the default draft length)."""
+
+    name: str
+    description: str
+    setup: StepSetup
+    spec: Speculation
+    assumptions: tuple[str, ...] = ()
+    paper: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def hardware(self) -> Hardware:
+        return self.setup.hardware
+
+    @property
+    def model(self) -> ModelSpec:
+        return self.setup.model
+
+    def with_k(self, k: int) -> Scenario:
+        return replace(self, spec=self.spec.with_k(k))
+
+    def with_acceptance(self, acceptance: tuple[float, ...]) -> Scenario:
+        return replace(self, spec=replace(self.spec, acceptance=tuple(acceptance)))
+
+
+def evaluate(scn: Scenario, k: int | None = None, k_range: tuple[int, ...] = K_RANGE) -> dict:
+    """Simulate ``scn`` at draft length ``k`` (default: the scenario's) and find the best k.
+
+    Returns generation/step speedups (sync, autoregressive -> speculative), the async speedup
+    (async autoregressive -> async speculative), the end-to-end speedup (sync autoregressive -> async
+    speculative), ``best_k`` (highest generation speedup over ``k_range``), the per-k generation
+    speedups and the phase times.
+    """
+    k = scn.spec.k if k is None else k
+    spec = scn.spec.with_k(k)
+    setup = scn.setup
+    sync_ar = simulate_step(setup, None, "sync")
+    sync_sp = simulate_step(setup, spec, "sync")
+    async_ar = simulate_step(setup, None, "async")
+    async_sp = simulate_step(setup, spec, "async")
+    gen_ar = sync_ar.phases["generation"]
+    by_k = {}
+    for kk in k_range:
+        t = sync_sp.phases["generation"] if kk == k else simulate_step(setup, spec.with_k(kk), "sync").phases["generation"]
+        by_k[kk] = gen_ar / t
+    best_k = max(by_k, key=by_k.get)
+    return {
+        "preset": scn.name,
+        "k": k,
+        "tokens_per_step": spec.expected_tokens(),
+        "generation_speedup": gen_ar / sync_sp.phases["generation"],
+        "step_speedup": sync_ar.step_time / sync_sp.step_time,
+        "async_speedup": async_ar.step_time / async_sp.step_time,
+        "end_to_end_speedup": sync_ar.step_time / async_sp.step_time,
+        "best_k": best_k,
+        "generation_speedup_by_k": by_k,
+        "generation_fraction_ar": sync_ar.generation_fraction,
+        "phases_sync_ar": sync_ar.phases,
+        "phases_sync_spec": sync_sp.phases,
+        "phases_async_ar": async_ar.phases,
+        "phases_async_spec": async_sp.phases,
+        "mean_batch_ar": sync_ar.generation.mean_batch,
+    }
+
+
+# ----------------------------------------------------------------------------------------------------
+# The paper's setups
+# ----------------------------------------------------------------------------------------------------
+
+_8B_COMMON = (
+    "hardware: GB200 datasheet peaks; 80% of HBM bandwidth and 70% of dense BF16 peak achieved in decode, "
+    "40% MFU in training, 45% in log-prob recomputation",
+    "host costs per engine step: 1 ms scheduling, +1 ms speculation bookkeeping, +150 us per proposed "
+    "token; CUDA graphs up to 512 tokens per forward",
+    "layout: Qwen3-8B BF16, one replica per GPU (TP=1) x 32; training on the same 32 GPUs (colocated); "
+    "async: 16 GPUs generate, 16 train",
+    "drafter: EAGLE-3 head (one Qwen3-8B layer, 3h x h fusion, 32k draft vocabulary), deterministic drafts",
+    "batch: 256 prompts x 16 samples = 4096 responses per step, 128 per GPU, admitted as KV capacity allows",
+)
+
+PAPER_8B_THINK = Scenario(
+    name="paper-8b-think",
+    description="Qwen3-8B, RL-Think (continue RL of a reasoning model), 32 GB200, synchronous GRPO",
+    setup=StepSetup(
+        hardware=GB200, model=QWEN3_8B, gen_par=Parallelism(tp=1, ep=1, replicas=32),
+        workload=Workload(num_prompts=256, samples_per_prompt=16, prompt_len=512, response_median=4000,
+                          response_sigma=0.7, max_response_len=16384),
+    ),
+    spec=Speculation(k=3, acceptance=(0.60, 0.55, 0.50, 0.46, 0.43, 0.40, 0.38, 0.36),
+                     drafter=eagle3_head(QWEN3_8B)),
+    assumptions=_8B_COMMON + (
+        "responses: log-normal, median 4000 tokens, sigma 0.7, cap 16384 (long reasoning traces, ~2% hit the cap)",
+        "acceptance (conditional, by draft position): 0.60, 0.55, 0.50, 0.46, 0.43, ... -> 2.1 tokens/step at "
+        "k = 3: a generic EAGLE-3 draft at temperature 1 on long reasoning traces",
+    ),
+    paper={"generation_speedup": 1.54, "step_speedup": 1.35, "best_k": 3, "async_speedup": 1.24},
+)
+
+PAPER_8B_ZERO = Scenario(
+    name="paper-8b-zero",
+    description="Qwen3-8B-Base, RL-Zero (learn reasoning from a base model), 32 GB200, synchronous GRPO",
+    setup=replace(PAPER_8B_THINK.setup, workload=Workload(
+        num_prompts=256, samples_per_prompt=16, prompt_len=256, response_median=1500, response_sigma=0.7,
+        max_response_len=8192)),
+    spec=Speculation(k=3, acceptance=(0.70, 0.63, 0.57, 0.52, 0.48, 0.45, 0.42, 0.40),
+                     drafter=eagle3_head(QWEN3_8B)),
+    assumptions=_8B_COMMON + (
+        "responses: log-normal, median 1500 tokens, sigma 0.7, cap 8192 (a base model's shorter traces)",
+        "acceptance (conditional): 0.70, 0.63, 0.57, 0.52, 0.48, ... -> 2.4 tokens/step at k = 3: a "
+        "domain-aligned draft (trained on math RL data) on simpler traces",
+    ),
+    paper={"generation_speedup": 1.77, "step_speedup": 1.41, "best_k": 3},
+)
+
+PAPER_235B = Scenario(
+    name="paper-235b",
+    description="Qwen3-235B-A22B (MoE), 2048 GB200, sync autoregressive vs async speculative GRPO",
+    setup=StepSetup(
+        hardware=GB200.with_(train_mfu=0.30, logprob_mfu=0.35), model=QWEN3_235B_A22B,
+        gen_par=Parallelism(tp=1, ep=16, replicas=128),
+        workload=Workload(num_prompts=2048, samples_per_prompt=16, prompt_len=512, response_median=4000,
+                          response_sigma=0.7, max_response_len=16384),
+    ),
+    spec=Speculation(k=5, acceptance=(0.80,), drafter=eagle3_head(QWEN3_235B_A22B)),
+    assumptions=(
+        "hardware: GB200 as for 8B; MoE training at 30% MFU and log-probs at 35% (all-to-all heavy)",
+        "layout: generation replicas of 16 GPUs (EP=16, attention data-parallel), 128 of them; training on "
+        "all 2048 (sync) or 1024 (async, the other 1024 generate)",
+        "batch: 2048 prompts x 16 samples = 32768 responses, 256 per replica; lengths as RL-Think",
+        "drafter: EAGLE-3 head; 'best settings' = a well-aligned drafter, constant conditional acceptance "
+        "0.80 (MTP-class), best k from the sweep",
+        "routing: uniform over experts (every expert is read at these batch sizes)",
+    ),
+    paper={"generation_speedup_min": 3.5, "end_to_end_speedup": 2.5},
+)
+
+PRESETS: dict[str, Scenario] = {s.name: s for s in (PAPER_8B_THINK, PAPER_8B_ZERO, PAPER_235B)}
+
+
+def get_preset(name: str) -> Scenario:
+    """A scenario by name; ``cpu-here`` is calibrated on this machine (slow: micro-measurements)."""
+    if name == "cpu-here":
+        from .calibrate import cpu_here_scenario
+
+        return cpu_here_scenario()
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; known: {sorted(PRESETS) + ['cpu-here']}")
+    return PRESETS[name]

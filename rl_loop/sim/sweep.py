@@ -1,0 +1,140 @@
+"""``python -m rl_loop.sim sweep``: tables (CSV, Markdown) and plots of the projected speedups.
+
+- ``speedup_vs_k``: generation and step speedup for k = 1..8, per preset;
+- ``speedup_vs_acceptance``: a constant conditional acceptance rate from 0.3 to 0.95, at the preset's k
+  and at the best k;
+- ``speedup_vs_scale``: the same global batch spread over more or fewer generation replicas (GPUs),
+  sync generation speedup and end-to-end (sync AR -> async speculative) speedup;
+- ``speedup_vs_async_split``: async speedup against the share of devices that generate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+from dataclasses import replace
+
+from .presets import PRESETS, Scenario, evaluate
+from .step import simulate_step
+
+K_VALUES = tuple(range(1, 9))
+ACCEPTANCE_VALUES = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95)
+SCALE_FACTORS = (0.25, 0.5, 1.0, 2.0, 4.0)
+ASYNC_FRACTIONS = (0.375, 0.5, 0.5625, 0.625, 0.6875, 0.75, 0.875)
+
+
+def sweep_k(scn: Scenario, ks: tuple[int, ...] = K_VALUES) -> list[dict]:
+    """Generation and step speedup (sync) at each k."""
+    ar = simulate_step(scn.setup, None, "sync")
+    rows = []
+    for k in ks:
+        sp = simulate_step(scn.setup, scn.spec.with_k(k), "sync")
+        rows.append({"preset": scn.name, "k": k, "tokens_per_step": scn.spec.with_k(k).expected_tokens(),
+                     "generation_speedup": ar.phases["generation"] / sp.phases["generation"],
+                     "step_speedup": ar.step_time / sp.step_time})
+    return rows
+
+
+def sweep_acceptance(scn: Scenario, rates: tuple[float, ...] = ACCEPTANCE_VALUES,
+                     ks: tuple[int, ...] = K_VALUES) -> list[dict]:
+    """Generation speedup at the preset's k and at the best k, for constant acceptance rates."""
+    ar = simulate_step(scn.setup, None, "sync").phases["generation"]
+    rows = []
+    for a in rates:
+        s = scn.with_acceptance((a,))
+        by_k = {k: ar / simulate_step(s.setup, s.spec.with_k(k), "sync").phases["generation"] for k in ks}
+        best = max(by_k, key=by_k.get)
+        rows.append({"preset": scn.name, "acceptance": a, "k": scn.spec.k,
+                     "generation_speedup": by_k[scn.spec.k], "best_k": best, "best_generation_speedup": by_k[best]})
+    return rows
+
+
+def sweep_scale(scn: Scenario, factors: tuple[float, ...] = SCALE_FACTORS) -> list[dict]:
+    """Speedups when the same rollouts run on ``factor`` times the preset's generation replicas."""
+    rows = []
+    for f in factors:
+        replicas = max(2, round(scn.setup.gen_par.replicas * f))
+        s = replace(scn, setup=replace(scn.setup, gen_par=replace(scn.setup.gen_par, replicas=replicas)))
+        r = evaluate(s, k_range=(scn.spec.k,))
+        rows.append({"preset": scn.name, "gpus": s.setup.gpus, "generation_speedup": r["generation_speedup"],
+                     "step_speedup": r["step_speedup"], "end_to_end_speedup": r["end_to_end_speedup"],
+                     "async_speedup": r["async_speedup"]})
+    return rows
+
+
+def sweep_async_split(scn: Scenario, fractions: tuple[float, ...] = ASYNC_FRACTIONS) -> list[dict]:
+    """Async speedup (async AR -> async speculative) as the generation pool's share of devices varies:
+    once speculation makes generation faster than training, training sets the step."""
+    rows = []
+    for f in fractions:
+        setup = replace(scn.setup, async_gen_fraction=f)
+        ar, sp = simulate_step(setup, None, "async"), simulate_step(setup, scn.spec, "async")
+        rows.append({"preset": scn.name, "async_gen_fraction": f, "async_speedup": ar.step_time / sp.step_time,
+                     "generation_ar_s": ar.phases["generation"], "generation_spec_s": sp.phases["generation"],
+                     "train_s": ar.phases["logprob"] + ar.phases["training"]})
+    return rows
+
+
+def _write(rows: list[dict], out: str, name: str) -> None:
+    with open(os.path.join(out, f"{name}.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    with open(os.path.join(out, f"{name}.md"), "w") as f:
+        f.write("| " + " | ".join(rows[0]) + " |\n|" + "---|" * len(rows[0]) + "\n")
+        for r in rows:
+            f.write("| " + " | ".join(f"{v:.3f}" if isinstance(v, float) else str(v) for v in r.values()) + " |\n")
+
+
+def _plot(groups: dict[str, list[dict]], x: str, ys: tuple[str, ...], path: str, xlabel: str, log_x: bool = False) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, rows in groups.items():
+        for y in ys:
+            ax.plot([r[x] for r in rows], [r[y] for r in rows], marker="o", label=f"{name} {y.replace('_', ' ')}")
+    ax.axhline(1.0, color="gray", lw=0.8, ls="--")
+    if log_x:
+        ax.set_xscale("log", base=2)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("speedup (x)")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m rl_loop.sim sweep", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", action="append", choices=sorted(PRESETS),
+                        help="preset(s) to sweep (repeatable; default: all paper presets)")
+    parser.add_argument("--out", default="runs/sim/sweep", help="output directory (default runs/sim/sweep)")
+    parser.add_argument("--no-plots", action="store_true", help="tables only")
+    args = parser.parse_args(argv)
+    names = args.preset or sorted(PRESETS)
+    os.makedirs(args.out, exist_ok=True)
+    tables = {"speedup_vs_k": ({}, sweep_k, "k", ("generation_speedup", "step_speedup"), "draft length k", False),
+              "speedup_vs_acceptance": ({}, sweep_acceptance, "acceptance",
+                                        ("generation_speedup", "best_generation_speedup"),
+                                        "conditional acceptance rate (constant)", False),
+              "speedup_vs_scale": ({}, sweep_scale, "gpus", ("generation_speedup", "end_to_end_speedup"),
+                                   "GPUs (same global batch)", True),
+              "speedup_vs_async_split": ({}, sweep_async_split, "async_gen_fraction", ("async_speedup",),
+                                         "share of devices generating (async)", False)}
+    for table, (groups, fn, x, ys, xlabel, log_x) in tables.items():
+        for name in names:
+            groups[name] = fn(PRESETS[name])
+        _write([r for rows in groups.values() for r in rows], args.out, table)
+        if not args.no_plots:
+            _plot(groups, x, ys, os.path.join(args.out, f"{table}.png"), xlabel, log_x)
+        print(f"wrote {os.path.join(args.out, table)}.csv/.md" + ("" if args.no_plots else "/.png"))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,428 @@
+"""The GRPO training loop (sync pipeline): generate -> log-probs -> train, with speculative rollouts.
+
+One frozen :class:`RunConfig` holds every knob; :func:`run` reads top to bottom:
+
+1. build the task splits, tokenizer, policy (supervised warm start) and drafter (distilled from the policy);
+2. for each step: sample prompts, generate ``group_size`` responses per prompt with the rollout engine
+   (speculative by default), score them, compute group-normalised advantages, drop all-equal groups
+   (dynamic sampling), recompute old log-probs with the trainer's policy, take clipped GRPO gradient
+   steps, push the new weights to the engine (weight sync) and adapt the drafter on the fresh rollouts;
+   every ``compare_every`` steps also generate the same requests autoregressively, side by side;
+3. evaluate greedy validation accuracy at the start and the end, run the AR-vs-speculative equivalence
+   check on the final policy, write ``summary.json``, ``metrics.jsonl``, plots and a checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+from dataclasses import asdict, dataclass, field, replace
+
+import torch
+
+from . import grpo
+from .drafters import build_drafter, distill, problem_batches
+from .engine import GenerationConfig, RolloutEngine, Rollouts, RolloutStats
+from .model import ModelConfig, Qwen3, save_pretrained, supervised_warm_start
+from .task import CharTokenizer, Problem, TaskConfig, make_splits, reward
+
+REQUIRED_SUMMARY_KEYS = (
+    "rollout_speedup", "step_speedup", "mean_accepted_length", "acceptance_by_position", "equivalence_pass",
+    "equivalence_min_pvalue", "val_accuracy_start", "val_accuracy_end", "k",
+)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Every knob of a run (the CLI maps its flags onto these fields)."""
+
+    out: str = "runs/latest"
+    seed: int = 0
+    steps: int = 32
+    pipeline: str = "sync"  # sync | async
+    spec: str = "chain"  # none | chain | tree
+    drafter: str = "eagle3"  # eagle3 | mtp | draft_model
+    k: int = 3
+    backend: str = "own"  # own | vllm
+    verify_backend: str = "default"  # specdec_kernels backend; "default": native if built, else reference
+    model: ModelConfig = field(default_factory=ModelConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    # rollouts
+    prompts_per_step: int = 8
+    group_size: int = 8
+    temperature: float = 1.0
+    max_new_tokens: int = 48
+    max_batch: int = 32
+    # optimisation
+    lr: float = 2e-5
+    minibatches: int = 2
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    kl_coef: float = 0.0
+    dynamic_sampling: bool = True
+    # Divide advantages by the group's reward std (GRPO) or only centre them (Dr. GRPO). With a small
+    # format reward, std scaling blows up all-wrong groups (0.1 vs 0) to the size of correct-vs-wrong
+    # groups and reinforces wrong answers; centring keeps the format term a nudge.
+    scale_advantages: bool = False
+    # warm starts and drafter adaptation
+    warm_start_steps: int = 300
+    warm_start_batch: int = 32
+    warm_start_lr: float = 3e-3
+    drafter_warm_steps: int = 80
+    drafter_adapt_steps: int = 1  # online adaptation steps per RL step (0 disables)
+    # measurement
+    compare_every: int = 4  # AR rollouts of the same requests side by side every n steps (0: never)
+    num_val: int = 128
+    eval_every: int = 0  # 0: only at start and end
+    equivalence: bool = True
+    equivalence_prompts: int = 16
+    equivalence_samples: int = 24
+    checkpoint_every: int = 8
+    resume: bool = False
+    num_threads: int = 1
+    plots: bool = True
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        choices = {"pipeline": ("sync", "async"), "spec": ("none", "chain", "tree"),
+                   "drafter": ("eagle3", "mtp", "draft_model"), "backend": ("own", "vllm")}
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        if self.steps < 0 or self.k < 1 or self.group_size < 2 or self.prompts_per_step < 1:
+            raise ValueError("steps >= 0, k >= 1, group_size >= 2 and prompts_per_step >= 1 are required")
+
+    def generation(self, spec: str | None = None, temperature: float | None = None) -> GenerationConfig:
+        return GenerationConfig(
+            max_new_tokens=self.max_new_tokens, spec=self.spec if spec is None else spec, k=self.k,
+            temperature=self.temperature if temperature is None else temperature, max_batch=self.max_batch,
+            backend=verify_backend(self.verify_backend),
+        )
+
+
+def tiny_config(**overrides) -> RunConfig:
+    """A seconds-long configuration for tests and smoke runs."""
+    base = RunConfig(
+        steps=1, model=ModelConfig(num_hidden_layers=2, intermediate_size=128),
+        task=TaskConfig(num_train=256, num_val=16, difficulties=(1,)), prompts_per_step=2, group_size=4,
+        max_new_tokens=24, warm_start_steps=20, drafter_warm_steps=5, num_val=8, compare_every=1,
+        equivalence_prompts=2, equivalence_samples=8, checkpoint_every=1, plots=False, progress=False,
+    )
+    return replace(base, **overrides)
+
+
+def verify_backend(name: str) -> str:
+    """The verification backend: "default" = the native CPU kernels when built, else the reference.
+
+    The Triton backend runs in the interpreter on CPU (orders of magnitude slower), so it is never
+    picked implicitly here.
+    """
+    if name != "default":
+        return name
+    import specdec_kernels as sk
+
+    return "cpu" if "cpu" in sk.available_backends("cpu") else "reference"
+
+
+# ----------------------------------------------------------------------------------------------------
+# Pieces of a step
+# ----------------------------------------------------------------------------------------------------
+
+def request_seeds(run_seed: int, step: int, n: int) -> list[int]:
+    """Distinct int64 Philox keys for the n requests of a step (reproducible from the run seed)."""
+    rng = random.Random(f"{run_seed}/{step}")
+    return [rng.getrandbits(63) for _ in range(n)]
+
+
+def build_batch(
+    prompts: list[list[int]], responses: list[list[int]], finished: list[bool], tok: CharTokenizer
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids [N, T] padded prompt + response (+ EOS), mask [N, T - 1]: logits row j predicts a response token)."""
+    seqs = [p + r + ([tok.eos_id] if f else []) for p, r, f in zip(prompts, responses, finished, strict=True)]
+    t = max(map(len, seqs))
+    ids = torch.full((len(seqs), t), tok.pad_id, dtype=torch.long)
+    mask = torch.zeros(len(seqs), t - 1, dtype=torch.bool)
+    for i, (s, p) in enumerate(zip(seqs, prompts, strict=True)):
+        ids[i, : len(s)] = torch.tensor(s)
+        mask[i, len(p) - 1 : len(s) - 1] = True
+    return ids, mask
+
+
+def policy_log_probs(policy: Qwen3, ids: torch.Tensor) -> torch.Tensor:
+    """[N, T - 1] log-probability of each next token under the policy."""
+    logits, _ = policy(ids)
+    return grpo.token_log_probs(logits[:, :-1], ids[:, 1:])
+
+
+def evaluate(engine: RolloutEngine, problems: list[Problem], tok: CharTokenizer, gen: GenerationConfig) -> float:
+    """Greedy (temperature 0) accuracy on ``problems``; speculation is lossless, so any spec mode works."""
+    prompts = [tok.encode(p.prompt, bos=True) for p in problems]
+    out = engine.generate(prompts, [0] * len(prompts), replace(gen, temperature=0.0))
+    rewards = [reward(p, tok.decode(r), f) for p, r, f in zip(problems, out.response_ids, out.finished, strict=True)]
+    return sum(r == 1.0 for r in rewards) / max(len(rewards), 1)
+
+
+def score(problems: list[Problem], rollouts: Rollouts, tok: CharTokenizer) -> torch.Tensor:
+    return torch.tensor([reward(p, tok.decode(r), f) for p, r, f in
+                         zip(problems, rollouts.response_ids, rollouts.finished, strict=True)])
+
+
+def train_on_batch(
+    policy: Qwen3, opt: torch.optim.Optimizer, ids: torch.Tensor, mask: torch.Tensor, adv: torch.Tensor,
+    cfg: RunConfig, ref: Qwen3 | None,
+) -> dict:
+    """Recompute old log-probs, then ``cfg.minibatches`` clipped GRPO steps over the batch."""
+    t0 = time.perf_counter()
+    policy.eval()
+    with torch.no_grad():
+        old = policy_log_probs(policy, ids)
+        ref_lp = policy_log_probs(ref, ids) if ref is not None and cfg.kl_coef > 0 else None
+    t1 = time.perf_counter()
+    policy.train()
+    order = torch.randperm(ids.shape[0], generator=torch.Generator().manual_seed(cfg.seed))
+    stats = []
+    for chunk in order.chunk(cfg.minibatches):
+        lp = policy_log_probs(policy, ids[chunk])
+        out = grpo.grpo_loss(lp, old[chunk], adv[chunk], mask[chunk], cfg.clip_low, cfg.clip_high,
+                             None if ref_lp is None else ref_lp[chunk], cfg.kl_coef)
+        opt.zero_grad(set_to_none=True)
+        out.loss.backward()
+        torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
+        opt.step()
+        stats.append([out.loss.item(), out.clip_fraction.item(), out.mean_ratio.item(), out.kl.item()])
+    policy.eval()
+    mean = [sum(s[i] for s in stats) / len(stats) for i in range(4)]
+    return {"loss": mean[0], "clip_fraction": mean[1], "ratio": mean[2], "kl": mean[3],
+            "logprob_s": t1 - t0, "train_s": time.perf_counter() - t1}
+
+
+# ----------------------------------------------------------------------------------------------------
+# The run
+# ----------------------------------------------------------------------------------------------------
+
+def _progress(iterable, enabled: bool, **kw):
+    if not enabled:
+        return iterable
+    from tqdm import tqdm
+
+    return tqdm(iterable, **kw)
+
+
+def setup(cfg: RunConfig, log) -> dict:
+    """Tokenizer, splits, warm-started policy and drafter, engine and optimizer (or restored from OUT)."""
+    torch.manual_seed(cfg.seed)
+    tok = CharTokenizer()
+    train_set, val_set = make_splits(replace(cfg.task, seed=cfg.seed))
+    policy = Qwen3(cfg.model)
+    ckpt_path = os.path.join(cfg.out, "checkpoint.pt")
+    ckpt = torch.load(ckpt_path, weights_only=False) if cfg.resume and os.path.exists(ckpt_path) else None
+    timings = {}
+    if ckpt is None:
+        t0 = time.perf_counter()
+        losses = supervised_warm_start(policy, train_set, tok, cfg.warm_start_steps, cfg.warm_start_batch,
+                                       cfg.warm_start_lr, cfg.seed)
+        timings["warm_start_s"] = time.perf_counter() - t0
+        log({"event": "warm_start", "loss_first": losses[0] if losses else None,
+             "loss_last": losses[-1] if losses else None, "seconds": timings["warm_start_s"]})
+    else:
+        policy.load_state_dict(ckpt["policy"])
+    policy.eval()
+    drafter = None
+    if cfg.spec != "none":
+        drafter = build_drafter(cfg.drafter, policy, cfg.seed)
+        if ckpt is None:
+            t0 = time.perf_counter()
+            for p in policy.parameters():
+                p.requires_grad_(False)
+            losses = distill(drafter, policy, problem_batches(train_set, tok, cfg.warm_start_batch, cfg.seed + 1),
+                             cfg.drafter_warm_steps)
+            for p in policy.parameters():
+                p.requires_grad_(True)
+            timings["drafter_warm_s"] = time.perf_counter() - t0
+            log({"event": "drafter_warm_start", "loss_first": losses[0] if losses else None,
+                 "loss_last": losses[-1] if losses else None, "seconds": timings["drafter_warm_s"]})
+        else:
+            drafter.trainable().load_state_dict(ckpt["drafter"])
+    engine = RolloutEngine(policy, drafter, tok.eos_id)
+    opt = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=0.0, betas=(0.9, 0.99))
+    drafter_opt = None
+    if drafter is not None:
+        params = [p for p in drafter.trainable().parameters() if p.requires_grad]
+        drafter_opt = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.0, betas=(0.9, 0.98))
+    ref = None
+    if cfg.kl_coef > 0:
+        ref = Qwen3(cfg.model)
+        ref.load_state_dict(policy.state_dict() if ckpt is None else ckpt["ref"])
+        ref.eval()
+    state = {"step": 0, "metrics": [], "val_accuracy_start": None, "spec_stats": RolloutStats(k=cfg.k),
+             "cmp": {"spec_tokens": 0, "spec_s": 0.0, "ar_tokens": 0, "ar_s": 0.0, "spec_step_s": 0.0,
+                     "ar_step_s": 0.0}}
+    if ckpt is not None:
+        opt.load_state_dict(ckpt["opt"])
+        if drafter_opt is not None and ckpt.get("drafter_opt") is not None:
+            drafter_opt.load_state_dict(ckpt["drafter_opt"])
+        state.update(step=ckpt["step"], val_accuracy_start=ckpt["val_accuracy_start"], cmp=ckpt["cmp"])
+        state["spec_stats"] = ckpt["spec_stats"]
+        timings = ckpt.get("timings", {})
+    return dict(tok=tok, train=train_set, val=val_set[: cfg.num_val], policy=policy, drafter=drafter,
+                engine=engine, opt=opt, drafter_opt=drafter_opt, ref=ref, state=state, timings=timings)
+
+
+def save_checkpoint(cfg: RunConfig, s: dict) -> None:
+    st = s["state"]
+    ckpt = {
+        "step": st["step"], "policy": s["policy"].state_dict(), "opt": s["opt"].state_dict(),
+        "drafter": None if s["drafter"] is None else s["drafter"].trainable().state_dict(),
+        "drafter_opt": None if s["drafter_opt"] is None else s["drafter_opt"].state_dict(),
+        "ref": None if s["ref"] is None else s["ref"].state_dict(),
+        "val_accuracy_start": st["val_accuracy_start"], "cmp": st["cmp"], "spec_stats": st["spec_stats"],
+        "timings": s["timings"], "config": asdict(cfg),
+    }
+    tmp = os.path.join(cfg.out, "checkpoint.pt.tmp")
+    torch.save(ckpt, tmp)
+    os.replace(tmp, os.path.join(cfg.out, "checkpoint.pt"))
+
+
+def rl_step(cfg: RunConfig, s: dict, step: int) -> dict:
+    """One sync GRPO step; returns its metrics row."""
+    tok, engine, policy = s["tok"], s["engine"], s["policy"]
+    rng = random.Random(f"prompts/{cfg.seed}/{step}")
+    problems = [p for p in rng.sample(s["train"], cfg.prompts_per_step) for _ in range(cfg.group_size)]
+    prompts = [tok.encode(p.prompt, bos=True) for p in problems]
+    seeds = request_seeds(cfg.seed, step, len(prompts))
+    gen = cfg.generation()
+    rollouts = engine.generate(prompts, seeds, gen)
+    row: dict = {"step": step, "gen_s": rollouts.stats.time_s, "gen_tokens": rollouts.stats.tokens}
+    if gen.spec != "none":
+        s["state"]["spec_stats"].merge(rollouts.stats)
+        row.update(mean_accepted_length=rollouts.stats.mean_accepted_length,
+                   acceptance_by_position=rollouts.stats.acceptance_by_position)
+    compare = gen.spec != "none" and cfg.compare_every > 0 and step % cfg.compare_every == 0
+    if compare:  # the same requests, same policy snapshot, autoregressive: timing side by side
+        ar = engine.generate(prompts, seeds, cfg.generation(spec="none"))
+        row.update(ar_gen_s=ar.stats.time_s, ar_gen_tokens=ar.stats.tokens)
+    rewards = score(problems, rollouts, tok)
+    adv = grpo.group_advantages(rewards, cfg.group_size, scale=cfg.scale_advantages)
+    keep = grpo.dynamic_sampling_mask(rewards, cfg.group_size) if cfg.dynamic_sampling else torch.ones_like(rewards, dtype=torch.bool)
+    row.update(reward_mean=rewards.mean().item(), accuracy=(rewards == 1.0).float().mean().item(),
+               kept_fraction=keep.float().mean().item(),
+               response_length=sum(map(len, rollouts.response_ids)) / len(prompts))
+    train_stats = {"loss": 0.0, "clip_fraction": 0.0, "ratio": 1.0, "kl": 0.0, "logprob_s": 0.0, "train_s": 0.0}
+    if keep.any():
+        idx = keep.nonzero().squeeze(1).tolist()
+        ids, mask = build_batch([prompts[i] for i in idx], [rollouts.response_ids[i] for i in idx],
+                                [rollouts.finished[i] for i in idx], tok)
+        train_stats = train_on_batch(policy, s["opt"], ids, mask, adv[keep], cfg, s["ref"])
+    row.update(train_stats)
+    t0 = time.perf_counter()
+    engine.sync()  # weight sync: the engine and the drafter see the new policy
+    drafter_s = 0.0
+    if s["drafter"] is not None and cfg.drafter_adapt_steps > 0:
+        ids, mask = build_batch(prompts, rollouts.response_ids, rollouts.finished, tok)
+        for p in policy.parameters():
+            p.requires_grad_(False)
+        losses = distill(s["drafter"], policy, lambda: (ids, mask), cfg.drafter_adapt_steps,
+                         optimizer=s["drafter_opt"])
+        for p in policy.parameters():
+            p.requires_grad_(True)
+        row["drafter_loss"] = losses[-1]
+    drafter_s = time.perf_counter() - t0
+    row["sync_adapt_s"] = drafter_s
+    row["step_s"] = row["gen_s"] + row["logprob_s"] + row["train_s"] + drafter_s
+    if compare:
+        cmp = s["state"]["cmp"]
+        cmp["spec_tokens"] += rollouts.stats.tokens
+        cmp["spec_s"] += rollouts.stats.time_s
+        cmp["ar_tokens"] += row["ar_gen_tokens"]
+        cmp["ar_s"] += row["ar_gen_s"]
+        cmp["spec_step_s"] += row["step_s"]
+        # the autoregressive step: same training work, AR generation, no drafter to adapt
+        cmp["ar_step_s"] += row["ar_gen_s"] + row["logprob_s"] + row["train_s"]
+        row["rollout_speedup"] = (rollouts.stats.tokens_per_s / max(ar.stats.tokens_per_s, 1e-9))
+    return row
+
+
+def run(cfg: RunConfig) -> dict:
+    """Run the whole pipeline; returns the summary dict (also written to ``OUT/summary.json``)."""
+    if cfg.backend == "vllm":
+        raise NotImplementedError("--backend vllm is not implemented in rl_loop yet (use --backend own)")
+    if cfg.spec == "tree":
+        raise NotImplementedError("--spec tree is not implemented in rl_loop yet (use --spec chain)")
+    if cfg.pipeline == "async":
+        from .async_pipeline import run_async
+
+        return run_async(cfg)
+    torch.set_num_threads(cfg.num_threads)
+    os.makedirs(cfg.out, exist_ok=True)
+    t_run = time.perf_counter()
+    metrics_path = os.path.join(cfg.out, "metrics.jsonl")
+    if not cfg.resume and os.path.exists(metrics_path):
+        os.remove(metrics_path)
+
+    def log(row: dict) -> None:
+        with open(metrics_path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+    s = setup(cfg, log)
+    st = s["state"]
+    gen = cfg.generation()
+    if st["val_accuracy_start"] is None:
+        st["val_accuracy_start"] = evaluate(s["engine"], s["val"], s["tok"], gen)
+        log({"event": "eval", "step": 0, "val_accuracy": st["val_accuracy_start"]})
+    for step in _progress(range(st["step"], cfg.steps), cfg.progress, desc="grpo", initial=st["step"],
+                          total=cfg.steps):
+        row = rl_step(cfg, s, step)
+        if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:
+            row["val_accuracy"] = evaluate(s["engine"], s["val"], s["tok"], gen)
+        log(row)
+        st["step"] = step + 1
+        if cfg.checkpoint_every and st["step"] % cfg.checkpoint_every == 0:
+            save_checkpoint(cfg, s)
+    val_end = evaluate(s["engine"], s["val"], s["tok"], gen)
+    log({"event": "eval", "step": cfg.steps, "val_accuracy": val_end})
+    save_checkpoint(cfg, s)
+    save_pretrained(s["policy"], os.path.join(cfg.out, "policy"), s["tok"])
+
+    eq = {"equivalence_pass": None, "equivalence_min_pvalue": None}
+    if cfg.equivalence and s["drafter"] is not None:
+        from .equivalence import EquivalenceConfig, check_equivalence
+
+        eq_cfg = EquivalenceConfig(num_prompts=cfg.equivalence_prompts, samples_per_prompt=cfg.equivalence_samples,
+                                   seed=cfg.seed, generation=gen)
+        result = check_equivalence(s["engine"], s["val"], s["tok"], eq_cfg)
+        with open(os.path.join(cfg.out, "equivalence.json"), "w") as f:
+            json.dump(result, f, indent=1)
+        eq = {"equivalence_pass": result["pass"], "equivalence_min_pvalue": result["min_pvalue"]}
+
+    spec_stats: RolloutStats = st["spec_stats"]
+    cmp = st["cmp"]
+    summary = {
+        "rollout_speedup": (cmp["spec_tokens"] / cmp["spec_s"]) / (cmp["ar_tokens"] / cmp["ar_s"])
+        if cmp["spec_s"] > 0 and cmp["ar_s"] > 0 else None,
+        "step_speedup": cmp["ar_step_s"] / cmp["spec_step_s"] if cmp["spec_step_s"] > 0 else None,
+        "mean_accepted_length": spec_stats.mean_accepted_length if spec_stats.rounds else None,
+        "acceptance_by_position": spec_stats.acceptance_by_position if spec_stats.rounds else None,
+        **eq,
+        "val_accuracy_start": st["val_accuracy_start"],
+        "val_accuracy_end": val_end,
+        "k": cfg.k,
+        "spec": cfg.spec, "drafter": cfg.drafter, "pipeline": cfg.pipeline, "backend": cfg.backend,
+        "verify_backend": gen.backend, "steps": cfg.steps, "seed": cfg.seed,
+        "spec_tokens_per_s": cmp["spec_tokens"] / cmp["spec_s"] if cmp["spec_s"] else None,
+        "ar_tokens_per_s": cmp["ar_tokens"] / cmp["ar_s"] if cmp["ar_s"] else None,
+        "time_breakdown_s": {
+            "generation": spec_stats.time_s, "draft": spec_stats.draft_s, "target_forward": spec_stats.target_s,
+            "verify": spec_stats.verify_s, "prefill": spec_stats.prefill_s,
+        },
+        **s["timings"],
+        "wall_s": time.perf_counter() - t_run,
+    }
+    with open(os.path.join(cfg.out, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+    if cfg.plots:
+        from .plots import make_plots
+
+        make_plots(cfg.out)
+    return summary
