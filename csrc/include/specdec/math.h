@@ -68,11 +68,21 @@ SPECDEC_HD float exp_f32(float x) {
   return out;
 }
 
-// NaN -> -inf (never sampled), +inf -> float32 max, as reference/sampling.py's sanitize.
+// NaN -> -inf (never sampled), +inf -> float32 max, as reference/sampling.py's sanitize. The + 0.0f
+// turns -0 into +0 (equal values), so that order keys of equal values are equal too.
 SPECDEC_HD float sanitize(float z) {
   z = z != z ? -kInf : z;
-  return z > kFloat32Max ? kFloat32Max : z;
+  return (z > kFloat32Max ? kFloat32Max : z) + 0.0f;
 }
+
+// Order-preserving map float -> uint32 (for finite values and +-inf; -0 and +0 map apart but compare
+// equal as floats, which is all the thresholds use).
+SPECDEC_HD uint32_t order_key(float x) {
+  const uint32_t b = float_bits(x);
+  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+SPECDEC_HD float key_value(uint32_t k) { return bits_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k); }
 
 // Gumbel noise term of gumbel_argmax: log(-log(u)), rounded step by step exactly like the reference
 // (float32 log, negate, float32 log). The score is then logit - gumbel_log_term(u).

@@ -86,7 +86,7 @@ struct LaneArgMax {
 
 inline simd::f32v sanitize_v(simd::f32v z) {
   z = z != z ? -kInf : z;
-  return z > kFloat32Max ? kFloat32Max : z;
+  return (z > kFloat32Max ? kFloat32Max : z) + 0.0f;
 }
 
 // Greedy: argmax of the sanitized logits over [v0, v1).

@@ -15,15 +15,6 @@
 
 SPECDEC_NS_BEGIN
 
-// Order-preserving map float -> uint32 (for finite values and +-inf; -0 and +0 map apart but compare
-// equal as floats, which is all the thresholds use).
-SPECDEC_HD uint32_t order_key(float x) {
-  const uint32_t b = float_bits(x);
-  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
-}
-
-SPECDEC_HD float key_value(uint32_t k) { return bits_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k); }
-
 // The k-th largest value of z[0, n) counting multiplicity (1 <= k <= n). `scratch` is reused storage.
 inline float kth_largest(const float* z, int64_t n, int64_t k, std::vector<float>& scratch) {
   scratch.assign(z, z + n);
