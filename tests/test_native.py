@@ -133,6 +133,7 @@ CHAIN_CASES = [
     dict(V=777, dtype=torch.float32, probs=True, specials=True),
     dict(V=777, dtype=torch.float32, probs=False, specials=True, top_k=True, top_p=True),
     dict(V=64, dtype=torch.float32, probs=True, greedy_frac=0.0, scale=0.01),  # near-uniform targets
+    dict(V=20011, dtype=torch.float32, probs=False, greedy_frac=0.0, scale=12.0),  # peaked: sparse candidates
 ]
 
 
