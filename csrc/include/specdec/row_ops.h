@@ -193,8 +193,13 @@ inline ArgMax gumbel_argmax_impl(const float* z, const PhiloxKey& key, int64_t p
     const float cm = chunk_max(zc, kChunk);
     if (cm == -kInf || cm + kGumbelBound < s.bound) continue;
     const float floor = s.bound - kGumbelBound;  // z below this cannot reach the bound
+    simd::i32v live_v = {};
+    for (int i = 0; i < kChunk; i += simd::W) {
+      const simd::f32v x = simd::load(zc + i);
+      live_v -= (x >= floor) & (x != -kInf);  // true lanes are -1
+    }
     int live = 0;
-    for (int i = 0; i < kChunk; ++i) live += (zc[i] >= floor && zc[i] != -kInf) ? 1 : 0;
+    for (int l = 0; l < simd::W; ++l) live += live_v[l];
     if (live > kChunk / 4) {
       s.flush();  // keep lane indices increasing for the dense update
       gumbel_terms(key, s.hi, stream, base, g);
