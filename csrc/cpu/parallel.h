@@ -70,14 +70,12 @@ void for_each_request(int64_t num_reqs, int64_t vocab, Walk walk) {
 #pragma omp parallel num_threads(threads)
     {
       RowScratch scratch;
-      scratch.z.resize(vocab);
       SerialExec exec{vocab};
 #pragma omp for schedule(dynamic, 1)
       for (int64_t b = 0; b < num_reqs; ++b) walk(b, exec, scratch);
     }
   } else {
     RowScratch scratch;
-    scratch.z.resize(vocab);
     SplitExec exec{vocab, threads};
     for (int64_t b = 0; b < num_reqs; ++b) walk(b, exec, scratch);
   }
