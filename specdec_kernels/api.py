@@ -15,8 +15,8 @@ import torch
 from .reference import chain as _ref_chain
 from .reference import tree as _ref_tree
 from .reference.chain import ChainResult
-from .reference.tree import SIBLING_SAMPLING, TreeResult
 from .reference.philox import MAX_POSITION, MAX_VOCAB
+from .reference.tree import SIBLING_SAMPLING, TreeResult
 
 __all__ = ["ChainResult", "TreeResult", "verify_chain", "verify_tree", "available_backends", "LOGIT_DTYPES"]
 

@@ -8,6 +8,8 @@ import os
 import pytest
 import torch
 
+from specdec_kernels import available_backends
+
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 TRITON_RUNNABLE = HAS_TRITON and (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -15,3 +17,25 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 requires_triton = pytest.mark.skipif(
     not TRITON_RUNNABLE, reason="needs triton and a GPU, or TRITON_INTERPRET=1 on CPU"
 )
+
+# ----------------------------------------------------------------------------------------------------
+# Statistical exactness suite (tests/test_chain_law.py, test_mutants.py, test_chain_properties.py).
+# A backend joins the suite by adding its name to STAT_READY_BACKENDS (one-line change); it then runs
+# wherever available_backends(DEVICE) offers it (inputs move to DEVICE). Under the Triton interpreter
+# only the cases marked cheap run.
+# ----------------------------------------------------------------------------------------------------
+STAT_READY_BACKENDS = ("reference",)
+STAT_BACKENDS = [b for b in available_backends(DEVICE) if b in STAT_READY_BACKENDS]
+INTERPRETED_TRITON = HAS_TRITON and not torch.cuda.is_available()
+
+
+@pytest.fixture(scope="session", params=STAT_BACKENDS)
+def backend(request) -> str:
+    """Backend under test in the statistical exactness suite."""
+    return request.param
+
+
+def skip_if_interpreter_expensive(backend: str, cheap: bool) -> None:
+    """Skip a case too slow for the Triton interpreter (it runs on GPU machines)."""
+    if backend == "triton" and INTERPRETED_TRITON and not cheap:
+        pytest.skip("too slow under TRITON_INTERPRET=1; runs where CUDA is available")

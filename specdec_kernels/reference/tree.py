@@ -29,8 +29,8 @@ Outputs: the accepted path's tokens followed by the emitted token, the local ind
 path ``[0, path...]`` (for KV-cache compaction) and the number of accepted nodes.
 
 The walk loops over depths and sibling slots in Python but is vectorised over requests and never loops
-over the vocabulary; it evaluates only the rows on each request's path. One host sync (the widest
-sibling group) sizes the sibling loop.
+over the vocabulary; it evaluates only the rows on each request's path, for the requests still walking.
+Host syncs: one sizes the sibling loop (the widest sibling group), one per depth drops finished requests.
 """
 
 from __future__ import annotations
@@ -94,6 +94,7 @@ def tree_layout(cu_num_nodes: torch.Tensor, parent: torch.Tensor) -> TreeLayout:
     group_start = torch.cumsum(counts, 0) - counts
     sibling_slot = torch.empty(num_nodes, dtype=torch.int64, device=device)
     sibling_slot[order] = index - group_start[sorted_key]
+    sibling_slot = torch.where(is_root, 0, sibling_slot)
     first_child = torch.full((num_nodes + 1,), num_nodes, dtype=torch.int64, device=device)
     first_child = first_child.scatter_reduce(0, key, index, reduce="amin")[:num_nodes]
     first_child = torch.where(first_child == num_nodes, -1, first_child)
@@ -218,43 +219,50 @@ def verify_tree(
     v = torch.arange(vocab_size, device=device)
     slots = torch.arange(table.shape[1], device=device)
 
-    cur = cu_num_nodes[:-1].to(torch.int64).clone()  # global index of each request's current node
-    active = torch.ones(num_reqs, dtype=torch.bool, device=device)
+    # ``live`` holds the requests still walking and ``cur`` their current node (global index).
+    live = torch.arange(num_reqs, device=device)
+    cur = cu_num_nodes[:-1].to(torch.int64).clone()
     for d in range(width):
         logits = target_logits_[cur]
-        z = target_logits(logits, temp, top_k, top_p)
+        greedy = is_greedy[live]
+        z = target_logits(
+            logits, temp[live], None if top_k is None else top_k[live], None if top_p is None else top_p[live]
+        )
         greedy_token = torch.argmax(greedy_logits(logits), dim=-1)
         kids = table[cur] if d < max_depth else torch.full_like(table[cur], -1)
         is_leaf = kids[:, 0] < 0
         kid_valid = (kids >= 0) & token_valid[kids.clamp(min=0)]
         kid_token = torch.where(kid_valid, tokens[kids.clamp(min=0)], -1)
 
-        pos = position + d
+        req_seed = seed[live]
+        pos = position[live] + d
         stream = torch.where(is_leaf, philox.STREAM_BONUS, philox.STREAM_RECOVERY)
-        noise = philox.rand(seed[:, None], (pos[:, None] << 32) | (stream[:, None] << 30) | v[None, :])
+        noise = philox.rand(req_seed[:, None], (pos[:, None] << 32) | (stream[:, None] << 30) | v[None, :])
         sampled = gumbel_argmax(z, noise)  # y ~ p with this node's noise
 
         # Deterministic walk (greedy requests, deterministic trees, leaves): first child with token y.
-        y = torch.where(is_greedy, greedy_token, sampled)
+        y = torch.where(greedy, greedy_token, sampled)
         match = kid_valid & (kid_token == y[:, None])
         slot = torch.where(match, slots, slots.numel()).min(dim=-1).values
         slot = torch.where(slot < slots.numel(), slot, -1)
         if draft_probs is not None:
             q = draft_probs[cur].float()
             sto_slot, sto_token = recursive_rejection(
-                z, q, kid_token, kid_valid, seed, pos, noise, sibling_sampling
+                z, q, kid_token, kid_valid, req_seed, pos, noise, sibling_sampling
             )
-            stochastic = ~is_greedy & ~is_leaf
+            stochastic = ~greedy & ~is_leaf
             slot = torch.where(stochastic, sto_slot, slot)
             y = torch.where(stochastic, sto_token, y)
 
         child = torch.where(slot >= 0, kids.gather(-1, slot.clamp(min=0)[:, None]).squeeze(-1), -1)
-        accept = active & (child >= 0)
-        stop = active & (child < 0)
-        out[:, d] = torch.where(accept, tokens[child.clamp(min=0)], torch.where(stop, y, out[:, d]))
+        accept = child >= 0
+        out[live, d] = torch.where(accept, tokens[child.clamp(min=0)], y)
         if d + 1 < width:
-            path[:, d + 1] = torch.where(accept, layout.local[child.clamp(min=0)], -1)
-        num_accepted = torch.where(stop, d, num_accepted)
-        cur = torch.where(accept, child, cur)
-        active = accept
+            path[live, d + 1] = torch.where(accept, layout.local[child.clamp(min=0)], -1)
+        num_accepted[live] = torch.where(accept, num_accepted[live], d)
+        keep = torch.nonzero(accept).flatten()  # one host sync per depth: only live requests go on
+        if keep.numel() == 0:
+            break
+        live = live[keep]
+        cur = child[keep]
     return TreeResult(out.to(torch.int32), path.to(torch.int32), num_accepted.to(torch.int32))

@@ -1,14 +1,13 @@
 """Toy Markov targets and drafters for tree verification, with their exactly enumerated laws.
 
 A toy Markov model over a vocabulary of V tokens is a [V, V] logits table: the next token's logits
-given the last token t are ``table[t]``. Its autoregressive law under (temperature, top-k, top-p) is
-computed exactly by enumerating sequences, which makes whole-sequence exactness tests possible; the
-expected accepted length of target-only verification on a deterministic tree is computed exactly too.
+given the last token t are ``table[t]`` (the first-order ``toy_models.MarkovModel``, whose exact
+sequence law ``toy_models.sequence_law`` the tree tests compare against). This module adds what trees
+need: a drafter with the tree-builder interface, speculative generation with draft trees, and the exact
+expected accepted length of target-only verification on a deterministic tree.
 """
 
 from __future__ import annotations
-
-import itertools
 
 import torch
 
@@ -51,21 +50,6 @@ def transition_matrix(table: torch.Tensor, temperature: float, top_k: int = 0, t
     return probs.double()
 
 
-def sequence_law(transition: torch.Tensor, first_token: int, length: int) -> torch.Tensor:
-    """[V ** length] float64 exact law of the next ``length`` tokens after ``first_token`` (row-major)."""
-    vocab_size = transition.shape[0]
-    law = transition[first_token].clone()
-    for _ in range(length - 1):
-        law = (law[:, None] * transition[torch.arange(vocab_size).repeat(law.numel() // vocab_size)]).flatten()
-    return law
-
-
-def sequence_index(seqs: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """[R] row-major index of [R, L] token sequences (as in :func:`sequence_law`)."""
-    weights = vocab_size ** torch.arange(seqs.shape[1] - 1, -1, -1)
-    return (seqs.to(torch.int64) * weights).sum(-1)
-
-
 def expected_accepted_length(tree: DraftTree, transition: torch.Tensor) -> torch.Tensor:
     """[B] exact mean accepted length of target-only verification of a deterministic tree: the sum over
     non-root nodes of the target probability of the node's path."""
@@ -83,6 +67,62 @@ def expected_accepted_length(tree: DraftTree, transition: torch.Tensor) -> torch
     return prob[:, 1:].sum(-1)
 
 
-def all_sequences(vocab_size: int, length: int) -> torch.Tensor:
-    """[V ** length, length] every sequence in row-major order."""
-    return torch.tensor(list(itertools.product(range(vocab_size), repeat=length)))
+def generate_with_trees(
+    target_table: torch.Tensor,
+    draft_table: torch.Tensor,
+    paths: list[tuple[int, ...]],
+    tree_sampling: str | None,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    first_token: int,
+    length: int,
+    num_seqs: int,
+    seed: int,
+    verify_sampling: str | None = None,
+    validate: bool = True,
+    backend: str = "reference",
+    advance_position: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Speculative generation of ``num_seqs`` sequences of ``length`` tokens with tree drafting.
+
+    Every round builds one static tree (``paths``) per sequence from its last token with the Markov
+    drafter (top-k tokens when ``tree_sampling`` is None, else siblings drawn "iid" or
+    "without_replacement"), verifies it with ``verify_tree`` against the Markov target and appends the
+    emitted tokens. ``verify_sampling`` overrides the sibling_sampling told to the verifier (to plant a
+    mismatch); ``advance_position=False`` plants reused randomness. Returns ([num_seqs, length] tokens,
+    [rounds] mean accepted length per round).
+    """
+    from ..api import verify_tree
+    from ..drafters.tree_builder import TreeTopology, build_static_tree
+
+    gen = torch.Generator().manual_seed(seed)
+    drafter = MarkovDrafter(draft_table)
+    topology = TreeTopology.from_paths(paths)
+    seqs = torch.full((num_seqs, length), -1, dtype=torch.int64)
+    filled = torch.zeros(num_seqs, dtype=torch.int64)
+    last = torch.full((num_seqs, 1), first_token, dtype=torch.int64)
+    req_seed = torch.randint(0, 2**62, (num_seqs,), generator=gen)
+    temp = torch.full((num_seqs,), float(temperature))
+    tk = torch.full((num_seqs,), top_k, dtype=torch.int32) if top_k else None
+    tp = torch.full((num_seqs,), float(top_p)) if top_p < 1 else None
+    accepted = []
+    while bool((filled < length).any()):
+        tree = build_static_tree(drafter, last, topology, tree_sampling, gen)
+        logits = target_table[tree.node_token_ids]
+        pos = filled if advance_position else torch.zeros_like(filled)
+        res = verify_tree(
+            logits, tree.node_token_ids, tree.parent, tree.cu_num_nodes, tree.draft_probs, temp, tk, tp,
+            req_seed, pos, sibling_sampling=verify_sampling or tree.sibling_sampling or "iid",
+            backend=backend, validate=validate,
+        )
+        out = res.output_token_ids.to(torch.int64)
+        count = res.num_accepted.to(torch.int64) + 1
+        accepted.append(res.num_accepted.double().mean())
+        cols = filled[:, None] + torch.arange(out.shape[1])
+        ok = (torch.arange(out.shape[1])[None, :] < count[:, None]) & (cols < length)
+        rows = torch.arange(num_seqs)[:, None].expand_as(cols)
+        seqs[rows[ok], cols[ok]] = out[ok]
+        last = out.gather(1, (count - 1)[:, None])
+        filled = filled + count
+    return seqs, torch.stack(accepted)

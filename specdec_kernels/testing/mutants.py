@@ -1,0 +1,197 @@
+"""Planted-bug chain samplers: small modified copies of the reference, to prove the suite can fail.
+
+:func:`mutant_chain` is the reference chain verification (``reference/chain.py``) with one planted bug
+switched on by name; :func:`mutant_verifier` wraps it in ``verify_chain``'s public signature so the
+exactness checks that run real backends run it unchanged. Each bug is one a sampler author could make:
+
+- ``unnormalised_residual``: the recovery token is drawn by inverse CDF from max(0, p - q) *without*
+  dividing by its mass (uniform compared to the unnormalised cumulative sum; overflow -> last token).
+- ``coin_reused``: one acceptance coin per request (position of the first draft) for every draft row.
+- ``draft_temperature_missing``: the target is tempered but the draft law is taken untempered
+  (q^T renormalised, which undoes the temperature the drafter sampled with).
+- ``bonus_wrong_row``: the bonus token is sampled from the previous (last draft) row.
+- ``residual_q_minus_p``: recovery from norm(max(0, q - p)) instead of norm(max(0, p - q)).
+- ``greedy_sampled``: greedy requests (temperature 0) are sampled at temperature 1.
+- ``deterministic_resample_with_draft``: deterministic drafts accepted with probability p(x), and on
+  rejection a fresh sample from p (which can be x again) instead of p without x.
+- ``ratio_inverted``: stochastic drafts accepted with probability min(1, q(x) / p(x)).
+- ``biased_first_token``: the design-point bug. With probability eps = 0.02 / m (its own uniform, on
+  stream 3) the first row rejects and emits a sample from p restricted to its most likely tokens (those
+  with less than half of the mass strictly above them; m = mass of the others). The first token's law
+  is then the least favourable alternative at total-variation distance exactly 0.02 (mass moved in
+  proportion to p, see ``stats.least_favourable_alternative``): the smallest, hardest-to-see error the
+  suite's sample sizes are chosen to catch with power 0.999.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..api import normalize_sampling_params
+from ..reference import philox
+from ..reference.chain import ChainResult, gumbel_argmax, row_layout
+from ..reference.sampling import greedy_logits, softmax, target_logits
+
+__all__ = ["MUTANTS", "mutant_chain", "mutant_verifier"]
+
+MUTANTS = (
+    "unnormalised_residual",
+    "coin_reused",
+    "draft_temperature_missing",
+    "bonus_wrong_row",
+    "residual_q_minus_p",
+    "greedy_sampled",
+    "deterministic_resample_with_draft",
+    "ratio_inverted",
+    "biased_first_token",
+)
+BIAS_TV = 0.02
+STREAM_BIAS = 3
+
+
+def mutant_chain(
+    bug: str,
+    target_logits_: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    cu_num_draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor | None,
+    top_p: torch.Tensor | None,
+    seed: torch.Tensor,
+    position: torch.Tensor,
+    max_draft_len: int,
+) -> ChainResult:
+    """``reference.chain.verify_chain`` (normalised inputs) with the planted bug ``bug`` (see MUTANTS)."""
+    if bug not in MUTANTS:
+        raise ValueError(f"bug must be one of {MUTANTS}, got {bug!r}")
+    num_rows, vocab_size = target_logits_.shape
+    num_reqs = cu_num_draft_tokens.numel() - 1
+    device = target_logits_.device
+    layout = row_layout(cu_num_draft_tokens, num_rows)
+    req = layout.request
+
+    if bug == "greedy_sampled":
+        temperature = torch.where(temperature == 0, torch.ones_like(temperature), temperature)
+    logits_rows = target_logits_
+    if bug == "bonus_wrong_row":
+        prev = torch.where(layout.is_bonus & (layout.local > 0), torch.arange(num_rows, device=device) - 1,
+                           torch.arange(num_rows, device=device))
+        logits_rows = target_logits_[prev]
+
+    is_greedy = (temperature[req] == 0)[:, None]
+    row_temp = torch.where(temperature[req] == 0, torch.ones_like(temperature[req]), temperature[req])
+    z = target_logits(
+        logits_rows, row_temp,
+        None if top_k is None else top_k[req],
+        None if top_p is None else top_p[req],
+    )
+    greedy_tokens = torch.argmax(greedy_logits(target_logits_), dim=-1)
+
+    row_seed = seed[req]
+    row_pos = position[req] + layout.local
+    stream = torch.where(layout.is_bonus, philox.STREAM_BONUS, philox.STREAM_RECOVERY)
+    v = torch.arange(vocab_size, device=device)
+    offset = (row_pos[:, None] << 32) | (stream[:, None] << 30) | v[None, :]
+    noise = philox.rand(row_seed[:, None], offset)
+
+    has_draft = ~layout.is_bonus
+    if num_rows > num_reqs:
+        draft = torch.where(has_draft, draft_token_ids.to(torch.int64)[layout.draft_index], -1)
+    else:
+        draft = torch.full((num_rows,), -1, dtype=torch.int64, device=device)
+    draft_valid = has_draft & (draft >= 0) & (draft < vocab_size)
+    safe_draft = torch.where(draft_valid, draft, 0)
+    coin_pos = position[req] if bug == "coin_reused" else row_pos
+    coin = philox.coins(row_seed, coin_pos)
+
+    sampled = gumbel_argmax(z, noise)
+    if draft_probs is None:
+        if bug == "deterministic_resample_with_draft":
+            p = softmax(z)
+            p_x = p.gather(-1, safe_draft[:, None]).squeeze(-1)
+            random_accept = draft_valid & (coin < p_x)
+        else:
+            random_accept = draft_valid & (sampled == draft)
+        recovered = sampled
+    else:
+        p = softmax(z)
+        q = torch.zeros_like(p)
+        if num_rows > num_reqs:
+            q = torch.where(has_draft[:, None], draft_probs.float()[layout.draft_index], q)
+        if bug == "draft_temperature_missing":
+            q = q ** row_temp[:, None]
+            q = q / q.sum(-1, keepdim=True).clamp(min=1e-30)
+        p_x = p.gather(-1, safe_draft[:, None]).squeeze(-1)
+        q_x = q.gather(-1, safe_draft[:, None]).squeeze(-1)
+        if bug == "ratio_inverted":
+            random_accept = draft_valid & (coin * p_x < q_x)
+        else:
+            random_accept = draft_valid & (coin * q_x < p_x)
+        residual = torch.clamp(q - p if bug == "residual_q_minus_p" else p - q, min=0.0)
+        residual_empty = (residual.max(dim=-1).values <= 0)[:, None]
+        if bug == "unnormalised_residual":
+            cdf = torch.cumsum(residual, dim=-1)
+            idx = torch.searchsorted(cdf, noise[:, :1].contiguous(), right=True).squeeze(-1)
+            resampled = torch.where(residual_empty[:, 0], sampled, idx.clamp(max=vocab_size - 1))
+        else:
+            log_residual = torch.where(residual_empty, z, torch.log(residual))
+            resampled = gumbel_argmax(log_residual, noise)
+        recovered = torch.where(layout.is_bonus, sampled, resampled)
+
+    if bug == "biased_first_token":
+        p = softmax(z)
+        sorted_p, order = torch.sort(p, dim=-1, descending=True)
+        top_sorted = (torch.cumsum(sorted_p, dim=-1) - sorted_p) < 0.5
+        top = torch.zeros_like(top_sorted).scatter(-1, order, top_sorted)
+        rest_mass = (p * ~top).sum(-1)
+        eps = torch.where(rest_mass > 0, (BIAS_TV / rest_mass.clamp(min=1e-30)).clamp(max=1.0), 0.0)
+        u = philox.rand(row_seed, philox.make_offset(row_pos, STREAM_BIAS, vocab_size))
+        bias_noise = philox.rand(row_seed[:, None], philox.make_offset(row_pos[:, None], STREAM_BIAS, v[None, :]))
+        top_log_p = torch.where(top, torch.log(p), torch.full_like(p, float("-inf")))
+        biased = (layout.local == 0) & (u < eps)
+        random_accept = random_accept & ~biased
+        recovered = torch.where(biased, gumbel_argmax(top_log_p, bias_noise), recovered)
+
+    accept = torch.where(is_greedy[:, 0], draft_valid & (greedy_tokens == draft), random_accept)
+    token = torch.where(is_greedy[:, 0], greedy_tokens, recovered)
+
+    rejected_local = torch.where(accept, torch.full_like(layout.local, num_rows + 1), layout.local)
+    first_reject = torch.full((num_reqs,), num_rows + 1, dtype=torch.int64, device=device)
+    num_accepted = first_reject.scatter_reduce(0, req, rejected_local, reduce="amin")
+
+    width = max_draft_len + 1
+    out = torch.full((num_reqs, width), -1, dtype=torch.int64, device=device)
+    emit = layout.local <= num_accepted[req]
+    value = torch.where(layout.local < num_accepted[req], draft, token)
+    col = layout.local.clamp(max=width - 1)
+    flat = torch.where(emit, req * width + col, num_reqs * width)
+    out_flat = torch.cat([out.view(-1), out.new_full((1,), -1)])
+    out_flat = out_flat.scatter(0, flat, torch.where(emit, value, -1))
+    out = out_flat[:-1].view(num_reqs, width)
+    return ChainResult(out.to(torch.int32), num_accepted.to(torch.int32))
+
+
+def mutant_verifier(bug: str):
+    """A callable with ``verify_chain``'s positional signature that runs :func:`mutant_chain` with ``bug``.
+
+    Inputs are normalised like the public API (dtypes, defaults) but not range-checked.
+    """
+    if bug not in MUTANTS:
+        raise ValueError(f"bug must be one of {MUTANTS}, got {bug!r}")
+
+    def verify(target_logits, draft_token_ids, cu_num_draft_tokens, draft_probs=None, temperature=None,
+               top_k=None, top_p=None, seed=None, position=None, backend=None, **_):
+        num_reqs = cu_num_draft_tokens.numel() - 1
+        cu = cu_num_draft_tokens.to(torch.int64)
+        temperature, top_k, top_p, seed, position = normalize_sampling_params(
+            num_reqs, target_logits.device, temperature, top_k, top_p, seed, position, validate=False
+        )
+        max_draft_len = int((cu[1:] - cu[:-1]).max()) if num_reqs else 0
+        return mutant_chain(
+            bug, target_logits.contiguous(), draft_token_ids.to(torch.int64), cu, draft_probs,
+            temperature, top_k, top_p, seed, position, max_draft_len,
+        )
+
+    verify.__name__ = f"mutant_{bug}"
+    return verify
