@@ -11,6 +11,8 @@ One run measures, side by side on the same inputs and threads, and prints ratios
 - ``must-read bandwidth``: bytes of the logits rows an exact verifier has to read (each request's rows
   up to and including its first rejection, from our result) divided by our time.
 
+Caches are evicted before every timed call (a 256 MiB write), so every variant reads from memory.
+
 Scenarios: greedy and random sampling, drafts either independent of the target ("reject": most
 requests stop at row 0) or equal to the target argmax ("accept": most rows are read), logits either
 standard normal ("flat": no chunk can be skipped) or an LLM-like spread ("peaked", scale 4 plus a few
@@ -30,11 +32,22 @@ import torch
 
 import specdec_kernels as sk
 
+_EVICT = torch.empty(0)
+
+
+def _evict_caches() -> None:
+    """Write a buffer larger than the last-level cache so that every timed call reads from memory."""
+    global _EVICT
+    if _EVICT.numel() == 0:
+        _EVICT = torch.empty(64 << 20)  # 256 MiB
+    _EVICT.fill_(1.0)
+
 
 def _time(fn, reps: int) -> float:
     fn()  # warm-up
     times = []
     for _ in range(reps):
+        _evict_caches()
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
