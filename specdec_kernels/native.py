@@ -14,7 +14,8 @@ from collections.abc import Callable
 
 _MISSING_MESSAGE = (
     "specdec_kernels was installed without its native extension (specdec_kernels._C): {reason}. "
-    "Reinstall with a C++ compiler available (pip install -e . builds it; SPECDEC_SKIP_NATIVE=1 skips it), "
+    "Reinstall with a C++ compiler and torch available (pip install --no-build-isolation -e . builds it; "
+    "SPECDEC_SKIP_NATIVE=1 skips it), "
     "or use backend='triton' / 'reference'."
 )
 
