@@ -2,6 +2,9 @@
 
 A missing extension is not an error at import time: ``available()`` is False, ``backend="auto"`` falls
 back to the next backend, and asking for a native backend explicitly raises one clear message.
+
+Loading the extension registers the ``torch.ops.specdec.*`` ops (CPU, and CUDA when built with it);
+this module adds their fake (meta) implementations so that they trace under ``torch.compile``.
 """
 
 from __future__ import annotations
@@ -11,7 +14,8 @@ from collections.abc import Callable
 
 _MISSING_MESSAGE = (
     "specdec_kernels was installed without its native extension (specdec_kernels._C): {reason}. "
-    "Reinstall with a C++ compiler available (pip install -e . builds it; SPECDEC_SKIP_NATIVE=1 skips it), "
+    "Reinstall with a C++ compiler and torch available (pip install --no-build-isolation -e . builds it; "
+    "SPECDEC_SKIP_NATIVE=1 skips it), "
     "or use backend='triton' / 'reference'."
 )
 
@@ -26,7 +30,33 @@ def _load():
             _module = importlib.import_module("specdec_kernels._C")
         except ImportError as exc:  # not built, or built against another torch
             _error = str(exc)
+        else:
+            _register_fakes()
     return _module
+
+
+def _register_fakes() -> None:
+    """Shape-only implementations of the specdec ops for FakeTensor tracing (torch.compile)."""
+    import torch
+
+    def chain_fake(target_logits, draft_token_ids, cu_num_draft_tokens, draft_probs, temperature, top_k, top_p,
+                   seed, position, max_draft_len):
+        num_reqs = cu_num_draft_tokens.shape[0] - 1
+        out = target_logits.new_empty((num_reqs, max_draft_len + 1), dtype=torch.int32)
+        return out, target_logits.new_empty((num_reqs,), dtype=torch.int32)
+
+    def tree_fake(target_logits, node_token_ids, parent, cu_num_nodes, draft_probs, temperature, top_k, top_p,
+                  seed, position, sibling_sampling, max_depth):
+        num_reqs = cu_num_nodes.shape[0] - 1
+        out = target_logits.new_empty((num_reqs, max_depth + 1), dtype=torch.int32)
+        nodes = target_logits.new_empty((num_reqs, max_depth + 1), dtype=torch.int32)
+        return out, nodes, target_logits.new_empty((num_reqs,), dtype=torch.int32)
+
+    for name, fn in (("specdec::verify_chain", chain_fake), ("specdec::verify_tree", tree_fake)):
+        try:
+            torch.library.register_fake(name, fn)
+        except RuntimeError:  # already registered (module reloaded)
+            pass
 
 
 def available() -> bool:

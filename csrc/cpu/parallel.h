@@ -12,7 +12,8 @@
 
 namespace specdec::cpu {
 
-inline constexpr int64_t kSliceAlign = 64;  // slices hold whole row_ops chunks
+inline constexpr int64_t kSliceAlign = 64;     // slices hold whole row_ops chunks
+inline constexpr int64_t kSerialWork = 1 << 16;  // requests x vocabulary below which no threads start
 
 struct SerialExec {
   int64_t vocab;
@@ -65,19 +66,24 @@ struct SplitExec {
 // twice over, otherwise one request at a time with each row split across the threads.
 template <class Walk>
 void for_each_request(int64_t num_reqs, int64_t vocab, Walk walk) {
+  // Small batches of small rows run on the calling thread: waking a thread team costs more than the work.
+  if (num_reqs * vocab < kSerialWork) {
+    RowScratch scratch;
+    SerialExec exec{vocab};
+    for (int64_t b = 0; b < num_reqs; ++b) walk(b, exec, scratch);
+    return;
+  }
   const int threads = omp_get_max_threads();
   if (threads <= 1 || num_reqs >= 2 * threads || vocab < 16 * kSliceAlign) {
 #pragma omp parallel num_threads(threads)
     {
       RowScratch scratch;
-      scratch.z.resize(vocab);
       SerialExec exec{vocab};
 #pragma omp for schedule(dynamic, 1)
       for (int64_t b = 0; b < num_reqs; ++b) walk(b, exec, scratch);
     }
   } else {
     RowScratch scratch;
-    scratch.z.resize(vocab);
     SplitExec exec{vocab, threads};
     for (int64_t b = 0; b < num_reqs; ++b) walk(b, exec, scratch);
   }

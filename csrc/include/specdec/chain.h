@@ -58,6 +58,7 @@ struct RowScratch {
 template <class Exec>
 ArgMax prepare_row(const RowKernels& K, Exec& exec, const void* row, DType dtype, float temperature,
                    const int32_t* top_k, const float* top_p, int64_t req, int64_t V, RowScratch& s) {
+  if (static_cast<int64_t>(s.z.size()) < V) s.z.resize(V);  // greedy-only batches never allocate it
   float* z = s.z.data();
   const ArgMax mx = exec.argmax([&](int64_t v0, int64_t v1) { return K.scale_row(row, dtype, temperature, z, v0, v1); });
   if (top_k != nullptr) {

@@ -1,6 +1,6 @@
-// log and exp for float32 inputs, evaluated in double and rounded once, so that results are the
-// correctly rounded float32 value except in rare halfway cases (the reference's torch.log / torch.exp
-// are within 1 ulp of it, so tokens can differ only at floating-point near-ties).
+// log and exp for float32 inputs, within about 1 ulp of the exact value like the reference's torch.log /
+// torch.exp (so tokens can differ from the reference only at floating-point near-ties). log is pure
+// float32 (it runs twice per vocabulary entry in Gumbel-max); exp is evaluated in double and rounded once.
 // Straight-line code with selects instead of branches: loops over these vectorise with -O3, and the
 // results are identical on every ISA and on the GPU (no contraction: build with -ffp-contract=off).
 #pragma once
@@ -11,7 +11,9 @@ SPECDEC_NS_BEGIN
 
 constexpr float kInf = __builtin_huge_valf();
 
-// Natural log of x >= 0: log(0) = -inf, log(inf) = inf; subnormals handled.
+// Natural log of x >= 0 in float32 arithmetic (Cephes' logf polynomial, within ~1 ulp like torch's
+// log): log(0) = -inf, log(inf) = inf; subnormals handled. The SIMD twin in simd.h performs the same
+// operations in the same order, so every host build and the GPU round identically.
 SPECDEC_HD float log_f32(float x) {
   const bool sub = x < 1.17549435e-38f;
   const float xs = sub ? x * 8388608.0f : x;  // 2^23, exact
@@ -21,19 +23,23 @@ SPECDEC_HD float log_f32(float x) {
   const bool big = m > 1.41421356f;
   m = big ? m * 0.5f : m;
   e += big ? 1 : 0;
-  // log(m) = 2 atanh(s), s = (m - 1) / (m + 1), |s| <= 0.1716: series to s^15 gives ~1e-13 relative.
-  const double md = static_cast<double>(m);
-  const double s = (md - 1.0) / (md + 1.0);
-  const double s2 = s * s;
-  double poly = 1.0 / 15.0;
-  poly = poly * s2 + 1.0 / 13.0;
-  poly = poly * s2 + 1.0 / 11.0;
-  poly = poly * s2 + 1.0 / 9.0;
-  poly = poly * s2 + 1.0 / 7.0;
-  poly = poly * s2 + 1.0 / 5.0;
-  poly = poly * s2 + 1.0 / 3.0;
-  const double r = static_cast<double>(e) * 0.69314718055994530942 + 2.0 * s + 2.0 * s * s2 * poly;
-  float out = static_cast<float>(r);
+  const float f = m - 1.0f;  // exact (Sterbenz)
+  const float z = f * f;
+  float y = 7.0376836292e-2f;
+  y = y * f - 1.1514610310e-1f;
+  y = y * f + 1.1676998740e-1f;
+  y = y * f - 1.2420140846e-1f;
+  y = y * f + 1.4249322787e-1f;
+  y = y * f - 1.6668057665e-1f;
+  y = y * f + 2.0000714765e-1f;
+  y = y * f - 2.4999993993e-1f;
+  y = y * f + 3.3333331174e-1f;
+  y = y * f * z;
+  const float ef = static_cast<float>(e);
+  y = y + -2.12194440e-4f * ef;
+  y = y + -0.5f * z;
+  float out = f + y;
+  out = out + 0.693359375f * ef;
   out = x == 0.0f ? -kInf : out;
   out = x == kInf ? kInf : out;
   return out;
@@ -68,11 +74,21 @@ SPECDEC_HD float exp_f32(float x) {
   return out;
 }
 
-// NaN -> -inf (never sampled), +inf -> float32 max, as reference/sampling.py's sanitize.
+// NaN -> -inf (never sampled), +inf -> float32 max, as reference/sampling.py's sanitize. The + 0.0f
+// turns -0 into +0 (equal values), so that order keys of equal values are equal too.
 SPECDEC_HD float sanitize(float z) {
   z = z != z ? -kInf : z;
-  return z > kFloat32Max ? kFloat32Max : z;
+  return (z > kFloat32Max ? kFloat32Max : z) + 0.0f;
 }
+
+// Order-preserving map float -> uint32 (for finite values and +-inf; -0 and +0 map apart but compare
+// equal as floats, which is all the thresholds use).
+SPECDEC_HD uint32_t order_key(float x) {
+  const uint32_t b = float_bits(x);
+  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+SPECDEC_HD float key_value(uint32_t k) { return bits_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k); }
 
 // Gumbel noise term of gumbel_argmax: log(-log(u)), rounded step by step exactly like the reference
 // (float32 log, negate, float32 log). The score is then logit - gumbel_log_term(u).

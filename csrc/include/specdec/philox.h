@@ -49,7 +49,7 @@ SPECDEC_HD uint32_t philox_word(const PhiloxKey& key, uint32_t c0, uint32_t c1) 
   uint32_t c2 = 0, c3 = 0;
 #if defined(__CUDA_ARCH__)
 #pragma unroll
-#elif defined(__GNUC__) && !defined(__clang__)
+#elif defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
 #pragma GCC unroll 10
 #endif
   for (int r = 0; r < kPhiloxRounds; ++r) {

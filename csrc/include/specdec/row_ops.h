@@ -68,6 +68,12 @@ struct LaneArgMax {
     value = take ? x : value;
     index = take ? simd::iota_i32() + base : index;
   }
+  // Arbitrary indices (compacted candidates): ties go to the lower index whatever the order.
+  void update(simd::f32v x, simd::i32v idx) {
+    const simd::i32v take = (x > value) | ((x == value) & (idx < index));
+    value = take ? x : value;
+    index = take ? idx : index;
+  }
   float max() const {
     float m = -kInf;
     for (int l = 0; l < simd::W; ++l) m = value[l] > m ? value[l] : m;
@@ -86,7 +92,7 @@ struct LaneArgMax {
 
 inline simd::f32v sanitize_v(simd::f32v z) {
   z = z != z ? -kInf : z;
-  return z > kFloat32Max ? kFloat32Max : z;
+  return (z > kFloat32Max ? kFloat32Max : z) + 0.0f;
 }
 
 // Greedy: argmax of the sanitized logits over [v0, v1).
@@ -145,27 +151,76 @@ inline const float* padded_chunk(const float* z, int64_t base, int n, float* buf
 }
 
 // argmax_v z_v - log(-log u_v) over [v0, v1), starting from `start` (a real candidate anywhere in the
-// row, or the initial value) and skipping chunks whose largest logit cannot beat the running best.
+// row, or the initial value). Elements with z + kGumbelBound below the running best cannot win and get
+// no Philox draw: whole chunks are skipped, and sparse survivors of a chunk are compacted into full
+// SIMD vectors, so peaked rows cost little more than one read.
+struct GumbelSearch {
+  const PhiloxKey& key;
+  uint32_t hi;
+  uint32_t lo;  // stream bits of the counter
+  LaneArgMax acc;
+  float bound;
+  alignas(64) float cand_z[kChunk];
+  alignas(64) int32_t cand_i[kChunk];
+  int num_cand = 0;
+
+  void flush() {
+    for (int g = 0; g < num_cand; g += simd::W) {
+      simd::f32v zv;
+      simd::i32v iv;
+      for (int l = 0; l < simd::W; ++l) {
+        const bool live = g + l < num_cand;
+        zv[l] = live ? cand_z[g + l] : -kInf;
+        iv[l] = live ? cand_i[g + l] : 0;
+      }
+      const simd::u32v w = simd::philox_word(key, reinterpret_cast<const simd::u32v&>(iv) + lo, hi);
+      acc.update(zv - simd::log_f32(-simd::log_f32(simd::philox_uniform(w))), iv);
+    }
+    num_cand = 0;
+    const float m = acc.max();
+    bound = m > bound ? m : bound;
+  }
+};
+
 inline ArgMax gumbel_argmax_impl(const float* z, const PhiloxKey& key, int64_t position, int stream, int64_t v0,
                                  int64_t v1, ArgMax start) {
-  const uint32_t hi = philox_offset_hi(position);
+  GumbelSearch s{key, philox_offset_hi(position), philox_offset_lo(stream, 0), LaneArgMax(), start.value};
   alignas(64) float g[kChunk];
   alignas(64) float pad[kChunk];
-  LaneArgMax acc;
-  float bound = start.value;  // a value some candidate reaches: chunks that cannot reach it are skipped
   for (int64_t base = v0; base < v1; base += kChunk) {
     const int n = static_cast<int>(v1 - base < kChunk ? v1 - base : kChunk);
     const float* zc = padded_chunk(z, base, n, pad);
     const float cm = chunk_max(zc, kChunk);
-    if (cm == -kInf || cm + kGumbelBound < bound) continue;
-    gumbel_terms(key, hi, stream, base, g);
+    if (cm == -kInf || cm + kGumbelBound < s.bound) continue;
+    const float floor = s.bound - kGumbelBound;  // z below this cannot reach the bound
+    simd::i32v live_v = {};
     for (int i = 0; i < kChunk; i += simd::W) {
-      acc.update(simd::load(zc + i) - simd::load(g + i), static_cast<int32_t>(base + i));
+      const simd::f32v x = simd::load(zc + i);
+      live_v -= (x >= floor) & (x != -kInf);  // true lanes are -1
     }
-    const float m = acc.max();
-    bound = m > bound ? m : bound;
+    int live = 0;
+    for (int l = 0; l < simd::W; ++l) live += live_v[l];
+    if (live > kChunk / 4) {
+      s.flush();  // keep lane indices increasing for the dense update
+      gumbel_terms(key, s.hi, stream, base, g);
+      for (int i = 0; i < kChunk; i += simd::W) {
+        s.acc.update(simd::load(zc + i) - simd::load(g + i), static_cast<int32_t>(base + i));
+      }
+      const float m = s.acc.max();
+      s.bound = m > s.bound ? m : s.bound;
+      continue;
+    }
+    if (s.num_cand + live > kChunk) s.flush();
+    for (int i = 0; i < kChunk; ++i) {
+      if (zc[i] >= floor && zc[i] != -kInf) {
+        s.cand_z[s.num_cand] = zc[i];
+        s.cand_i[s.num_cand] = static_cast<int32_t>(base + i);
+        ++s.num_cand;
+      }
+    }
   }
-  return better(start, acc.result());
+  s.flush();
+  return better(start, s.acc.result());
 }
 
 // Sum of exp(z - m) over [v0, v1), accumulated in double.

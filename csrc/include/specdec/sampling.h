@@ -15,15 +15,6 @@
 
 SPECDEC_NS_BEGIN
 
-// Order-preserving map float -> uint32 (for finite values and +-inf; -0 and +0 map apart but compare
-// equal as floats, which is all the thresholds use).
-SPECDEC_HD uint32_t order_key(float x) {
-  const uint32_t b = float_bits(x);
-  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
-}
-
-SPECDEC_HD float key_value(uint32_t k) { return bits_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k); }
-
 // The k-th largest value of z[0, n) counting multiplicity (1 <= k <= n). `scratch` is reused storage.
 inline float kth_largest(const float* z, int64_t n, int64_t k, std::vector<float>& scratch) {
   scratch.assign(z, z + n);
@@ -41,7 +32,36 @@ struct TopPScratch {
   std::vector<float> values;
 };
 
+// Walks the tie groups of values sorted descending, starting with `cum` mass above them; returns the last
+// kept value (+inf if none).
+inline float walk_top_p_groups(const std::vector<float>& values, double cum, float zmax, float limit) {
+  float threshold = kInf;
+  size_t i = 0;
+  while (i < values.size()) {
+    const float v = values[i];
+    const float w = exp_f32(v - zmax);
+    // Reference: exclusive = float(inclusive cumsum) - w at the first element of the tie group.
+    const float exclusive = static_cast<float>(cum + static_cast<double>(w)) - w;
+    if (!(exclusive < limit)) break;
+    threshold = v;
+    size_t j = i;
+    while (j < values.size() && values[j] == v) {
+      cum += static_cast<double>(exp_f32(values[j] - zmax));
+      ++j;
+    }
+    i = j;
+  }
+  return threshold;
+}
+
 inline float top_p_threshold(const float* z, int64_t n, float zmax, float top_p, TopPScratch& s) {
+  if (n <= 4096) {  // small rows: sort them outright
+    s.values.assign(z, z + n);
+    std::sort(s.values.begin(), s.values.end(), [](float a, float b) { return a > b; });
+    double total_d = 0.0;
+    for (const float v : s.values) total_d += static_cast<double>(exp_f32(v - zmax));
+    return walk_top_p_groups(s.values, 0.0, zmax, top_p * static_cast<float>(total_d));
+  }
   constexpr int kBuckets = 1 << 16;
   s.bucket_mass.assign(kBuckets, 0.0);
   double total_d = 0.0;
@@ -73,23 +93,7 @@ inline float top_p_threshold(const float* z, int64_t n, float zmax, float top_p,
     if (static_cast<int>(order_key(z[i]) >> 16) == chosen) s.values.push_back(z[i]);
   }
   std::sort(s.values.begin(), s.values.end(), [](float a, float b) { return a > b; });
-  double cum = chosen_before;
-  float threshold = kInf;
-  size_t i = 0;
-  while (i < s.values.size()) {
-    const float v = s.values[i];
-    const float w = exp_f32(v - zmax);
-    // Reference: exclusive = float(inclusive cumsum) - w at the first element of the tie group.
-    const float exclusive = static_cast<float>(cum + static_cast<double>(w)) - w;
-    if (!(exclusive < limit)) break;
-    threshold = v;
-    size_t j = i;
-    while (j < s.values.size() && s.values[j] == v) {
-      cum += static_cast<double>(exp_f32(s.values[j] - zmax));
-      ++j;
-    }
-    i = j;
-  }
+  float threshold = walk_top_p_groups(s.values, chosen_before, zmax, limit);
   if (threshold == kInf && previous >= 0) {
     // Rounding put the boundary exactly at the bucket edge: every group of the previous bucket is kept.
     for (int64_t k = 0; k < n; ++k) {

@@ -14,6 +14,8 @@
 #include <immintrin.h>
 #endif
 
+#define SPECDEC_SIMD_INLINE inline __attribute__((always_inline))
+
 SPECDEC_NS_BEGIN
 namespace simd {
 
@@ -32,27 +34,27 @@ typedef double f64v __attribute__((vector_size(8 * W)));
 typedef int64_t i64v __attribute__((vector_size(8 * W)));
 typedef uint64_t u64v __attribute__((vector_size(8 * W)));
 
-inline f32v load(const float* p) {
+SPECDEC_SIMD_INLINE f32v load(const float* p) {
   f32v v;
   __builtin_memcpy(&v, p, sizeof(v));
   return v;
 }
-inline void store(float* p, f32v v) { __builtin_memcpy(p, &v, sizeof(v)); }
+SPECDEC_SIMD_INLINE void store(float* p, f32v v) { __builtin_memcpy(p, &v, sizeof(v)); }
 
-inline u32v iota() {
+SPECDEC_SIMD_INLINE u32v iota() {
   u32v v;
   for (int l = 0; l < W; ++l) v[l] = static_cast<uint32_t>(l);
   return v;
 }
 
-inline i32v iota_i32() {
+SPECDEC_SIMD_INLINE i32v iota_i32() {
   i32v v;
   for (int l = 0; l < W; ++l) v[l] = l;
   return v;
 }
 
 // (hi, lo) words of a * c for every lane.
-inline void mulhilo(uint32_t a, u32v c, u32v& hi, u32v& lo) {
+SPECDEC_SIMD_INLINE void mulhilo(uint32_t a, u32v c, u32v& hi, u32v& lo) {
 #if defined(__AVX512F__)
   __m512i x;
   __builtin_memcpy(&x, &c, sizeof(x));
@@ -81,12 +83,17 @@ inline void mulhilo(uint32_t a, u32v c, u32v& hi, u32v& lo) {
 }
 
 // philox_word for W consecutive counters c0 (same key and c1).
-inline u32v philox_word(const PhiloxKey& key, u32v c0, uint32_t c1_scalar) {
-  u32v c1 = c0 * 0u + c1_scalar;
-  u32v c2 = c0 * 0u, c3 = c0 * 0u;
-#pragma GCC unroll 10
-  for (int r = 0; r < kPhiloxRounds; ++r) {
-    u32v hb, lb, ha, la;
+SPECDEC_SIMD_INLINE u32v philox_word(const PhiloxKey& key, u32v c0, uint32_t c1_scalar) {
+  // Round 0 has c2 = c3 = 0, so its first product is zero.
+  u32v ha, la;
+  mulhilo(kPhiloxRoundA, c0, ha, la);
+  u32v c1 = c0 * 0u;  // lo(B * 0)
+  u32v c2 = ha ^ key.k1[0];
+  u32v c3 = la;
+  c0 = c1 + (c1_scalar ^ key.k0[0]);
+#pragma GCC unroll 9
+  for (int r = 1; r < kPhiloxRounds; ++r) {
+    u32v hb, lb;
     mulhilo(kPhiloxRoundB, c2, hb, lb);
     mulhilo(kPhiloxRoundA, c0, ha, la);
     const u32v n0 = hb ^ c1 ^ key.k0[r];
@@ -99,45 +106,49 @@ inline u32v philox_word(const PhiloxKey& key, u32v c0, uint32_t c1_scalar) {
   return c0;
 }
 
-inline f32v philox_uniform(u32v w) {
+SPECDEC_SIMD_INLINE f32v philox_uniform(u32v w) {
   const u32v folded = w >= 0x80000000u ? ~w : w;
   return __builtin_convertvector(reinterpret_cast<const i32v&>(folded), f32v) * kUniformScale;
 }
 
-// log_f32 of math.h, lane-wise.
-inline f32v log_f32(f32v x) {
+// log_f32 of math.h, lane-wise (same operations, same order).
+SPECDEC_SIMD_INLINE f32v log_f32(f32v x) {
   const i32v sub = x < 1.17549435e-38f;
   const f32v xs = sub ? x * 8388608.0f : x;
   u32v bits;
   __builtin_memcpy(&bits, &xs, sizeof(bits));
   i32v e;
   __builtin_memcpy(&e, &bits, sizeof(e));
-  e = (e >> 23) - 127 - (sub & 23);
+  e = ((e >> 23) & 0xff) - 127 - (sub & 23);
   u32v mb = (bits & 0x007fffffu) | 0x3f800000u;
   f32v m;
   __builtin_memcpy(&m, &mb, sizeof(m));
   const i32v big = m > 1.41421356f;
   m = big ? m * 0.5f : m;
   e = e - big;  // big is -1 where true
-  const f64v md = __builtin_convertvector(m, f64v);
-  const f64v s = (md - 1.0) / (md + 1.0);
-  const f64v s2 = s * s;
-  f64v poly = s2 * (1.0 / 15.0) + 1.0 / 13.0;
-  poly = poly * s2 + 1.0 / 11.0;
-  poly = poly * s2 + 1.0 / 9.0;
-  poly = poly * s2 + 1.0 / 7.0;
-  poly = poly * s2 + 1.0 / 5.0;
-  poly = poly * s2 + 1.0 / 3.0;
-  const f64v ed = __builtin_convertvector(e, f64v);
-  const f64v r = ed * 0.69314718055994530942 + 2.0 * s + 2.0 * s * s2 * poly;
-  f32v out = __builtin_convertvector(r, f32v);
+  const f32v f = m - 1.0f;
+  const f32v z = f * f;
+  f32v y = f * 7.0376836292e-2f - 1.1514610310e-1f;
+  y = y * f + 1.1676998740e-1f;
+  y = y * f - 1.2420140846e-1f;
+  y = y * f + 1.4249322787e-1f;
+  y = y * f - 1.6668057665e-1f;
+  y = y * f + 2.0000714765e-1f;
+  y = y * f - 2.4999993993e-1f;
+  y = y * f + 3.3333331174e-1f;
+  y = y * f * z;
+  const f32v ef = __builtin_convertvector(e, f32v);
+  y = y + -2.12194440e-4f * ef;
+  y = y + -0.5f * z;
+  f32v out = f + y;
+  out = out + 0.693359375f * ef;
   out = x == 0.0f ? -kInf : out;
   out = x == kInf ? kInf : out;
   return out;
 }
 
 // exp_f32 of math.h, lane-wise.
-inline f32v exp_f32(f32v x) {
+SPECDEC_SIMD_INLINE f32v exp_f32(f32v x) {
   f32v xc = x < -110.0f ? -110.0f : x;
   xc = xc > 90.0f ? 90.0f : xc;
   const f64v xd = __builtin_convertvector(xc, f64v);

@@ -1,0 +1,300 @@
+// CUDA chain verification (DESIGN.md §2-§4), exactly the rules of reference/chain.py.
+//
+// Every row's decision depends only on that row (stateless Philox), so the GPU decides all rows in
+// parallel and a final per-request pass keeps the prefix up to the first rejection:
+//   1. threshold_kernel  (rows with top-k/top-p only): exact truncation thresholds by bisection on
+//                         order keys, one block per row;
+//   2. row_pass_kernel   grid (slices, rows): ONE pass over each logits row with 16-byte loads:
+//                         greedy argmax, or the Gumbel-max sample of the truncated target (deterministic
+//                         drafts need nothing else), plus the online-softmax (max, sum) of stochastic rows;
+//   3. decide_kernel     per row: combine slices; stochastic rows draw the acceptance coin;
+//   4. residual_kernel   grid (slices, rows), stochastic rows that rejected only: recovery sample from
+//                         norm(max(0, p - q));
+//   5. assemble_kernel   per request: accepted prefix, then the recovery or bonus token.
+// Splitting the vocabulary across blocks keeps the whole GPU busy at small batch sizes.
+#pragma once
+
+#include <cstdint>
+
+#include "common.h"
+#include "cuda_api.h"
+#include "cuda_common.cuh"
+#include "math.h"
+#include "philox.h"
+
+SPECDEC_NS_BEGIN
+namespace dev {
+
+struct RowInfo {
+  int64_t req, local, k;
+  bool bonus;
+  int64_t draft;  // -1 for bonus rows and placeholders
+};
+
+__device__ __forceinline__ RowInfo row_info(const CudaChainArgs& a, int64_t r) {
+  // Request b owns rows cu[b] + b ... cu[b + 1] + b: binary search on cu[b] + b <= r.
+  int64_t lo = 0, hi = a.num_reqs - 1;
+  while (lo < hi) {
+    const int64_t mid = (lo + hi + 1) >> 1;
+    if (a.cu[mid] + mid <= r) lo = mid; else hi = mid - 1;
+  }
+  RowInfo info;
+  info.req = lo;
+  info.local = r - (a.cu[lo] + lo);
+  info.k = a.cu[lo + 1] - a.cu[lo];
+  info.bonus = info.local >= info.k;
+  const int64_t d = info.bonus ? -1 : a.draft_ids[a.cu[lo] + info.local];
+  info.draft = (d >= 0 && d < a.vocab) ? d : -1;
+  return info;
+}
+
+__device__ __forceinline__ float truncated(float x, float temperature, uint32_t lo_key) {
+  const float z = sanitize(x / temperature);
+  return order_key(z) >= lo_key ? z : -kInf;
+}
+
+// --- 1. thresholds ------------------------------------------------------------------------------------
+
+// Number of z with order key >= t, and the mass of z with key > t (exp(z - zmax)), over one row.
+template <DType D>
+__device__ void key_stats(const void* row, int64_t V, float temperature, uint32_t lo_key, uint32_t t, float zmax,
+                          bool want_mass, int64_t& count, double& mass, double* smem) {
+  double c = 0.0, m = 0.0;
+  for_each_elem<D>(row, 0, V, [&](int64_t, float x) {
+    const float z = truncated(x, temperature, lo_key);
+    const uint32_t key = order_key(z);
+    c += key >= t ? 1.0 : 0.0;
+    if (want_mass && key > t) m += static_cast<double>(exp_f32(z - zmax));
+  });
+  count = static_cast<int64_t>(block_sum(c, smem));
+  mass = want_mass ? block_sum(m, smem) : 0.0;
+}
+
+template <DType D>
+__global__ void threshold_kernel(CudaChainArgs a, ChainRowState* state) {
+  __shared__ double smem[32];
+  __shared__ DevArgMax amax[32];
+  const int64_t r = blockIdx.x;
+  const RowInfo info = row_info(a, r);
+  const float temp = a.temperature[info.req];
+  uint32_t lo_key = 0;
+  const int32_t k = a.top_k != nullptr ? a.top_k[info.req] : 0;
+  const float top_p = a.top_p != nullptr ? a.top_p[info.req] : 1.0f;
+  const bool use_k = temp != 0.0f && k > 0 && k < a.vocab;
+  const bool use_p = temp != 0.0f && top_p < 1.0f;
+  const void* row = static_cast<const char*>(a.logits) + r * a.vocab * (a.logits_dtype == DType::kFloat32 ? 4 : 2);
+  int64_t count;
+  double mass;
+  if (use_k) {
+    // Largest t with count(key >= t) >= k: the key of the k-th largest value.
+    uint32_t lo = 0, hi = 0xffffffffu;
+    while (lo < hi) {
+      const uint32_t mid = lo + (hi - lo + 1) / 2;
+      key_stats<D>(row, a.vocab, temp, 0, mid, 0.0f, false, count, mass, smem);
+      if (count >= k) lo = mid; else hi = mid - 1;
+    }
+    lo_key = lo;
+  }
+  if (use_p) {
+    DevArgMax best{-kInf, 0x7fffffff};
+    for_each_elem<D>(row, 0, a.vocab, [&](int64_t v, float x) {
+      best = better(best, DevArgMax{truncated(x, temp, lo_key), static_cast<int32_t>(v)});
+    });
+    const float zmax = block_argmax(best, amax).value;
+    if (zmax != -kInf) {
+      key_stats<D>(row, a.vocab, temp, lo_key, 0, zmax, true, count, mass, smem);
+      const double total_d = mass + 0.0;  // mass of key > 0: every finite or -inf value (weights of -inf are 0)
+      const float limit = top_p * static_cast<float>(total_d);
+      // Smallest t with mass(key > t) < limit: keep iff key >= t.
+      uint32_t lo = lo_key, hi = 0xffffffffu;
+      while (lo < hi) {
+        const uint32_t mid = lo + (hi - lo) / 2;
+        key_stats<D>(row, a.vocab, temp, lo_key, mid, zmax, true, count, mass, smem);
+        if (static_cast<float>(mass) < limit) hi = mid; else lo = mid + 1;
+      }
+      lo_key = lo;
+    }
+  }
+  if (threadIdx.x == 0) state[r].lo_key = lo_key;
+}
+
+// --- 2. one pass over each row -------------------------------------------------------------------------
+
+template <DType D>
+__global__ void row_pass_kernel(CudaChainArgs a, int64_t slice, const ChainRowState* state,
+                                ChainRowPartial* partial) {
+  __shared__ DevArgMax amax[32];
+  __shared__ double smem[32];
+  const int64_t r = blockIdx.y;
+  const int64_t v0 = static_cast<int64_t>(blockIdx.x) * slice;
+  const int64_t v1 = v0 + slice < a.vocab ? v0 + slice : a.vocab;
+  const RowInfo info = row_info(a, r);
+  const float temp = a.temperature[info.req];
+  const void* row = static_cast<const char*>(a.logits) + r * a.vocab * (a.logits_dtype == DType::kFloat32 ? 4 : 2);
+  DevArgMax pick{-kInf, 0x7fffffff};
+  float m = -kInf;
+  double s = 0.0;
+  if (temp == 0.0f) {
+    for_each_elem<D>(row, v0, v1, [&](int64_t v, float x) {
+      pick = better(pick, DevArgMax{sanitize(x), static_cast<int32_t>(v)});
+    });
+  } else {
+    const uint32_t lo_key = state[r].lo_key;
+    const bool stochastic = a.draft_probs != nullptr && !info.bonus;
+    const PhiloxKey key = philox_key(a.seed[info.req]);
+    const uint32_t hi = philox_offset_hi(a.position[info.req] + info.local);
+    const int stream = info.bonus ? kStreamBonus : kStreamRecovery;
+    for_each_elem<D>(row, v0, v1, [&](int64_t v, float x) {
+      const float z = truncated(x, temp, lo_key);
+      if (z != -kInf) {
+        const float u = philox_uniform(philox_word(key, philox_offset_lo(stream, static_cast<uint32_t>(v)), hi));
+        pick = better(pick, DevArgMax{z - gumbel_log_term(u), static_cast<int32_t>(v)});
+        if (stochastic) {  // online softmax statistics
+          if (z > m) {
+            s = s * static_cast<double>(exp_f32(m - z)) + 1.0;
+            m = z;
+          } else {
+            s += static_cast<double>(exp_f32(z - m));
+          }
+        }
+      }
+    });
+    if (stochastic) {
+      // Combine (m, s) across the block through the argmax of m, then rescale in double.
+      const float bm = block_argmax(DevArgMax{m, 0}, amax).value;
+      const double scaled = (m == -kInf) ? 0.0 : s * static_cast<double>(exp_f32(m - bm));
+      s = block_sum(scaled, smem);
+      m = bm;
+    }
+  }
+  pick = block_argmax(pick, amax);
+  if (threadIdx.x == 0) {
+    partial[r * gridDim.x + blockIdx.x] = ChainRowPartial{pick.value, pick.index, m, s};
+  }
+}
+
+// --- 3. per-row decisions ------------------------------------------------------------------------------
+
+template <DType D>
+__global__ void decide_kernel(CudaChainArgs a, int64_t slices, const ChainRowPartial* partial, ChainRowState* state) {
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (r >= a.num_rows) return;
+  const RowInfo info = row_info(a, r);
+  DevArgMax pick{-kInf, 0x7fffffff};
+  float m = -kInf;
+  for (int64_t s = 0; s < slices; ++s) {
+    const ChainRowPartial& p = partial[r * slices + s];
+    pick = better(pick, DevArgMax{p.pick_value, p.pick_index});
+    m = p.max > m ? p.max : m;
+  }
+  ChainRowState st = state[r];
+  st.token = pick.value == -kInf ? 0 : pick.index;  // an all -inf row samples token 0
+  st.accept = 0;
+  st.recovered = -1;
+  const float temp = a.temperature[info.req];
+  if (temp != 0.0f && a.draft_probs != nullptr && !info.bonus) {
+    double total = 0.0;
+    for (int64_t s = 0; s < slices; ++s) {
+      const ChainRowPartial& p = partial[r * slices + s];
+      if (p.max != -kInf) total += p.sum * static_cast<double>(exp_f32(p.max - m));
+    }
+    st.max = m;
+    st.total = m == -kInf ? 1.0f : static_cast<float>(total);
+    const int64_t x = info.draft >= 0 ? info.draft : 0;
+    using T = typename Elem<D>::type;
+    const T* row = static_cast<const T*>(a.logits) + r * a.vocab;
+    const float z_x = truncated(Elem<D>::load(row, x), temp, st.lo_key);
+    const float p_x = m == -kInf ? (x == 0 ? 1.0f : 0.0f) : exp_f32(z_x - m) / st.total;
+    const int64_t t = a.cu[info.req] + info.local;
+    const float q_x = load_prob(static_cast<const char*>(a.draft_probs) +
+                                    t * a.vocab * (a.probs_dtype == DType::kFloat32 ? 4 : 2),
+                                a.probs_dtype, x);
+    const float coin = philox_rand(a.seed[info.req], a.position[info.req] + info.local, kStreamCoin, 0);
+    st.accept = (info.draft >= 0 && coin * q_x < p_x) ? 1 : 0;
+  }
+  state[r] = st;
+}
+
+// --- 4. residual samples -------------------------------------------------------------------------------
+
+template <DType D>
+__global__ void residual_kernel(CudaChainArgs a, int64_t slice, const ChainRowState* state,
+                                ChainRowPartial* partial) {
+  __shared__ DevArgMax amax[32];
+  const int64_t r = blockIdx.y;
+  const RowInfo info = row_info(a, r);
+  const float temp = a.temperature[info.req];
+  const ChainRowState st = state[r];
+  if (temp == 0.0f || info.bonus || st.accept) return;  // uniform per block: safe early exit
+  const int64_t v0 = static_cast<int64_t>(blockIdx.x) * slice;
+  const int64_t v1 = v0 + slice < a.vocab ? v0 + slice : a.vocab;
+  const int64_t t = a.cu[info.req] + info.local;
+  const void* q = static_cast<const char*>(a.draft_probs) + t * a.vocab * (a.probs_dtype == DType::kFloat32 ? 4 : 2);
+  const void* row = static_cast<const char*>(a.logits) + r * a.vocab * (a.logits_dtype == DType::kFloat32 ? 4 : 2);
+  const PhiloxKey key = philox_key(a.seed[info.req]);
+  const uint32_t hi = philox_offset_hi(a.position[info.req] + info.local);
+  DevArgMax pick{-kInf, 0x7fffffff};
+  float any = 0.0f;
+  for_each_elem<D>(row, v0, v1, [&](int64_t v, float x) {
+    const float z = truncated(x, temp, st.lo_key);
+    const float p = st.max == -kInf ? (v == 0 ? 1.0f : 0.0f) : exp_f32(z - st.max) / st.total;
+    const float d = p - load_prob(q, a.probs_dtype, v);
+    if (d > 0.0f) {
+      any = 1.0f;
+      const float u = philox_uniform(philox_word(key, philox_offset_lo(kStreamRecovery, static_cast<uint32_t>(v)), hi));
+      pick = better(pick, DevArgMax{log_f32(d) - gumbel_log_term(u), static_cast<int32_t>(v)});
+    }
+  });
+  const DevArgMax anyv = block_argmax(DevArgMax{any, 0}, amax);
+  pick = block_argmax(pick, amax);
+  if (threadIdx.x == 0) {
+    partial[r * gridDim.x + blockIdx.x] = ChainRowPartial{pick.value, pick.index, anyv.value, 0.0};
+  }
+}
+
+__global__ void residual_combine_kernel(CudaChainArgs a, int64_t slices, const ChainRowPartial* partial,
+                                        ChainRowState* state) {
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (r >= a.num_rows) return;
+  const RowInfo info = row_info(a, r);
+  if (a.temperature[info.req] == 0.0f || info.bonus || state[r].accept) return;
+  DevArgMax pick{-kInf, 0x7fffffff};
+  bool any = false;
+  for (int64_t s = 0; s < slices; ++s) {
+    const ChainRowPartial& p = partial[r * slices + s];
+    any = any || p.max > 0.0f;
+    pick = better(pick, DevArgMax{p.pick_value, p.pick_index});
+  }
+  // Empty residual: the reference samples from p itself, i.e. the row's stream-1 Gumbel sample.
+  state[r].recovered = any ? (pick.value == -kInf ? 0 : pick.index) : -1;
+}
+
+// --- 5. assemble -----------------------------------------------------------------------------------------
+
+__global__ void assemble_kernel(CudaChainArgs a, const ChainRowState* state) {
+  const int64_t b = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (b >= a.num_reqs) return;
+  const int64_t k = a.cu[b + 1] - a.cu[b];
+  const int64_t row0 = a.cu[b] + b;
+  const bool greedy = a.temperature[b] == 0.0f;
+  const bool stochastic = !greedy && a.draft_probs != nullptr;
+  int32_t* out = a.out_tokens + b * a.out_width;
+  int64_t j = 0;
+  for (; j < k; ++j) {
+    const ChainRowState& st = state[row0 + j];
+    const int64_t d = a.draft_ids[a.cu[b] + j];
+    const bool valid = d >= 0 && d < a.vocab;
+    const bool accept = stochastic ? st.accept != 0 : (valid && st.token == d);
+    if (!accept) break;
+    out[j] = static_cast<int32_t>(d);
+  }
+  const ChainRowState& last = state[row0 + j];
+  int32_t token = last.token;
+  if (j < k && stochastic && last.recovered >= 0) token = last.recovered;
+  out[j] = token;
+  a.num_accepted[b] = static_cast<int32_t>(j);
+}
+
+}  // namespace dev
+SPECDEC_NS_END
+

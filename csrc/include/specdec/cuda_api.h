@@ -1,0 +1,133 @@
+// Host-side interface of the CUDA kernels: argument structs, workspace sizes, the launch-config
+// table and the launchers. Plain C++ (no CUDA or torch headers), so both the nvcc-compiled kernels and
+// the torch binding (csrc/cuda/ops_cuda.cpp, host compiler) include it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common.h"
+
+namespace specdec {
+
+struct CudaChainArgs {
+  const void* logits;
+  DType logits_dtype;
+  int64_t vocab;
+  int64_t num_rows;             // T + B
+  const int64_t* draft_ids;     // [T]
+  const int64_t* cu;            // [B + 1]
+  int64_t num_reqs;
+  const void* draft_probs;      // [T, V] or nullptr
+  DType probs_dtype;
+  const float* temperature;     // [B]
+  const int32_t* top_k;         // [B] or nullptr
+  const float* top_p;           // [B] or nullptr
+  const int64_t* seed;          // [B]
+  const int64_t* position;      // [B]
+  int64_t out_width;
+  int32_t* out_tokens;          // [B, out_width], pre-filled with -1
+  int32_t* num_accepted;        // [B]
+};
+
+// Workspace (device memory, sized by chain_workspace_bytes): per (row, slice) partials and per-row state.
+struct ChainRowPartial {
+  float pick_value;
+  int32_t pick_index;
+  float max;
+  double sum;  // sum of exp(z - max) over the slice
+};
+
+struct ChainRowState {
+  uint32_t lo_key;     // keep z iff order_key(z) >= lo_key (0 keeps everything)
+  int32_t token;       // greedy argmax / Gumbel-max sample of this row
+  int32_t accept;      // stochastic rows: 1 if the coin accepted the draft
+  float max, total;    // stochastic rows: softmax statistics of z
+  int32_t recovered;   // stochastic rows that rejected: residual sample, or -1 if the residual is empty
+};
+
+}  // namespace specdec
+
+namespace specdec {
+
+struct CudaTreeArgs {
+  const void* logits;
+  DType logits_dtype;
+  int64_t vocab;
+  const int64_t* node_token_ids;  // [N]
+  const int64_t* parent;          // [N]
+  const int64_t* cu;              // [B + 1]
+  int64_t num_reqs;
+  const void* draft_probs;        // [N, V] or nullptr
+  DType probs_dtype;
+  const float* temperature;
+  const int32_t* top_k;
+  const float* top_p;
+  const int64_t* seed;
+  const int64_t* position;
+  bool without_replacement;
+  int64_t max_depth;
+  int32_t* out_tokens;            // [B, D + 1], pre-filled with -1
+  int32_t* accepted_nodes;        // [B, D + 1], pre-filled with -1
+  int32_t* num_accepted;          // [B]
+};
+
+}  // namespace specdec
+
+namespace specdec::cuda {
+
+// Launch configuration of the vocabulary-split kernels, from a small typed table keyed by
+// (architecture, vocabulary size, logits dtype): threads per block and the vocabulary slice per block.
+struct LaunchConfig {
+  int threads;
+  int64_t slice;  // elements per block (a multiple of 8 so that slices stay 16-byte aligned)
+};
+
+struct ConfigEntry {
+  int min_arch;        // compute capability * 10 (90 = Hopper, 100 = Blackwell)
+  int64_t min_vocab;
+  int elem_bytes;      // 4 = fp32, 2 = bf16/fp16
+  LaunchConfig config;
+};
+
+// Larger slices for wider rows amortise the per-block reduction; 2-byte rows get twice the elements
+// for the same bytes per block. First matching entry wins (entries ordered most specific first).
+inline constexpr ConfigEntry kConfigTable[] = {
+    {100, 65536, 2, {512, 16384}}, {100, 65536, 4, {512, 8192}},
+    {90, 65536, 2, {512, 16384}},  {90, 65536, 4, {512, 8192}},
+    {0, 8192, 2, {256, 8192}},     {0, 8192, 4, {256, 4096}},
+    {0, 0, 2, {128, 2048}},        {0, 0, 4, {128, 2048}},
+};
+
+inline LaunchConfig pick_config(int arch, int64_t vocab, DType dtype) {
+  const int bytes = dtype == DType::kFloat32 ? 4 : 2;
+  for (const ConfigEntry& e : kConfigTable) {
+    if (arch >= e.min_arch && vocab >= e.min_vocab && bytes == e.elem_bytes) return e.config;
+  }
+  return {128, 2048};
+}
+
+}  // namespace specdec::cuda
+
+namespace specdec::cuda {
+
+// Bytes of device workspace verify_chain_cuda needs (partials of every (row, slice) + row states).
+inline size_t chain_workspace_bytes(int64_t num_rows, int64_t slices) {
+  return static_cast<size_t>(num_rows) * (static_cast<size_t>(slices) * sizeof(ChainRowPartial) + sizeof(ChainRowState));
+}
+
+// Launches the whole pipeline on `stream`; `workspace` holds chain_workspace_bytes(...) bytes.
+void launch_verify_chain(const CudaChainArgs& a, int arch, void* workspace, void* stream);
+int64_t chain_slices(int arch, int64_t vocab, DType dtype);
+
+}  // namespace specdec::cuda
+
+namespace specdec::cuda {
+
+inline size_t tree_workspace_bytes(int64_t num_reqs, int64_t vocab, bool stochastic) {
+  return stochastic ? static_cast<size_t>(num_reqs) * 2 * static_cast<size_t>(vocab) * sizeof(float) : 0;
+}
+
+void launch_verify_tree(const CudaTreeArgs& a, int arch, void* workspace, void* stream);
+
+}  // namespace specdec::cuda

@@ -1,0 +1,306 @@
+"""Native CPU kernels (specdec_kernels._C): same tokens as the reference for the same seeds.
+
+Randomised chains and trees (ragged batches, fp32/bf16/fp16 logits, greedy/random mixes, deterministic
+and stochastic drafts, top-k/top-p, placeholders, NaN/inf logits, V = 151936), the torch.library ops
+(eager and torch.compile), identical tokens from every instruction-set build, and the clear message
+when the extension is missing.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import specdec_kernels as sk
+from specdec_kernels import native
+
+pytestmark = [
+    pytest.mark.native,
+    pytest.mark.skipif(not native.has_device("cpu"), reason="specdec_kernels._C not built (pip install -e .)"),
+]
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# ------------------------------------------------------------------------------------------------------
+# Input builders
+# ------------------------------------------------------------------------------------------------------
+
+def _sampling(B: int, gen: torch.Generator, greedy_frac: float, top_k: bool, top_p: bool):
+    temp = torch.rand(B, generator=gen) * 1.5 + 0.2
+    temp = torch.where(torch.rand(B, generator=gen) < greedy_frac, torch.zeros_like(temp), temp)
+    tk = torch.randint(0, 40, (B,), generator=gen, dtype=torch.int32) if top_k else None
+    tp = torch.rand(B, generator=gen) * 0.9 + 0.1 if top_p else None
+    seed = torch.randint(-(2**62), 2**62, (B,), generator=gen)
+    position = torch.randint(0, 1 << 20, (B,), generator=gen)
+    return temp, tk, tp, seed, position
+
+
+def _chain_case(B, k_max, V, dtype, gen, *, greedy_frac=0.3, probs=False, top_k=False, top_p=False,
+                scale=3.0, specials=False):
+    lengths = torch.randint(0, k_max + 1, (B,), generator=gen)
+    cu = torch.zeros(B + 1, dtype=torch.int64)
+    cu[1:] = lengths.cumsum(0)
+    T = int(cu[-1])
+    logits = torch.randn(T + B, V, generator=gen) * scale
+    if specials:
+        flat = logits.view(-1)
+        idx = torch.randint(0, flat.numel(), (max(1, flat.numel() // 50),), generator=gen)
+        flat[idx[0::3]] = float("nan")
+        flat[idx[1::3]] = float("-inf")
+        flat[idx[2::3]] = float("inf")
+        logits[-1] = float("-inf")  # one all -inf row
+    draft_rows = torch.arange(T) + torch.repeat_interleave(torch.arange(B), lengths)
+    likely = logits[draft_rows].nan_to_num(nan=-1e30).argmax(-1) if T else torch.zeros(0, dtype=torch.int64)
+    drafts = torch.where(torch.rand(T, generator=gen) < 0.7, likely, torch.randint(0, V, (T,), generator=gen))
+    drafts = torch.where(torch.rand(T, generator=gen) < 0.05, torch.full_like(drafts, -1), drafts)
+    q = None
+    if probs:
+        q = torch.softmax(torch.randn(T, V, generator=gen) * 2, -1)
+        if T:
+            q[torch.arange(T), drafts.clamp(min=0)] += 0.5
+            q = q / q.sum(-1, keepdim=True)
+            q[0, :] = torch.softmax(logits[draft_rows[0]].nan_to_num(nan=0.0, posinf=0.0, neginf=-1e4), -1)
+    temp, tk, tp, seed, position = _sampling(B, gen, greedy_frac, top_k, top_p)
+    return dict(target_logits=logits.to(dtype), draft_token_ids=drafts, cu_num_draft_tokens=cu, draft_probs=q,
+                temperature=temp, top_k=tk, top_p=tp, seed=seed, position=position)
+
+
+def _random_tree(n: int, V: int, unique: bool, gen: torch.Generator):
+    parent, tokens, kids = [-1], [0], {0: set()}
+    for i in range(1, n):
+        p = int(torch.randint(0, i, (1,), generator=gen))
+        t = int(torch.randint(0, V, (1,), generator=gen))
+        if unique and t in kids[p]:
+            t = -1 if -1 not in kids[p] else next(x for x in range(V) if x not in kids[p])
+        if float(torch.rand(1, generator=gen)) < 0.05 and -1 not in kids[p]:
+            t = -1
+        kids[p].add(t)
+        kids[i] = set()
+        parent.append(p)
+        tokens.append(t)
+    return parent, tokens
+
+
+def _tree_case(B, V, dtype, gen, *, greedy_frac=0.3, probs=False, sibling="iid", top_k=False, top_p=False,
+               max_nodes=9):
+    sizes = torch.randint(1, max_nodes + 1, (B,), generator=gen).tolist()
+    unique = not probs or sibling == "without_replacement"
+    parent, tokens = [], []
+    for n in sizes:
+        p, t = _random_tree(n, V, unique, gen)
+        parent += p
+        tokens += t
+    N = sum(sizes)
+    cu = torch.zeros(B + 1, dtype=torch.int64)
+    cu[1:] = torch.tensor(sizes).cumsum(0)
+    logits = torch.randn(N, V, generator=gen) * 3
+    tok = torch.tensor(tokens)
+    par = torch.tensor(parent)
+    # Make some children likely under their parent's row so that paths get accepted.
+    for i in range(N):
+        if par[i] >= 0 and tok[i] >= 0 and float(torch.rand(1, generator=gen)) < 0.5:
+            logits[i - (i - int(cu[torch.searchsorted(cu, i, right=True) - 1])) + int(par[i]), tok[i]] += 6.0
+    q = torch.softmax(torch.randn(N, V, generator=gen) * 2, -1) if probs else None
+    temp, tk, tp, seed, position = _sampling(B, gen, greedy_frac, top_k, top_p)
+    return dict(target_logits=logits.to(dtype), node_token_ids=tok, parent=par, cu_num_nodes=cu, draft_probs=q,
+                temperature=temp, top_k=tk, top_p=tp, seed=seed, position=position, sibling_sampling=sibling)
+
+
+def _assert_same(ref, got, case) -> None:
+    for name, r, g in zip(ref._fields, ref, got, strict=True):
+        if not torch.equal(r, g):
+            bad = (r != g).reshape(r.shape[0], -1).any(-1).nonzero().flatten()[:4].tolist()
+            raise AssertionError(f"{name} differs for requests {bad}: reference {r[bad]} vs cpu {g[bad]}; case {case}")
+
+
+# ------------------------------------------------------------------------------------------------------
+# Chain
+# ------------------------------------------------------------------------------------------------------
+
+CHAIN_CASES = [
+    dict(V=7, dtype=torch.float32, probs=False),
+    dict(V=1000, dtype=torch.float32, probs=True),
+    dict(V=1000, dtype=torch.bfloat16, probs=False, top_k=True),
+    dict(V=1000, dtype=torch.float16, probs=True, top_p=True),
+    dict(V=4099, dtype=torch.float32, probs=False, top_k=True, top_p=True),
+    dict(V=4099, dtype=torch.bfloat16, probs=True, top_k=True, top_p=True),
+    dict(V=777, dtype=torch.float32, probs=True, specials=True),
+    dict(V=777, dtype=torch.float32, probs=False, specials=True, top_k=True, top_p=True),
+    dict(V=64, dtype=torch.float32, probs=True, greedy_frac=0.0, scale=0.01),  # near-uniform targets
+    dict(V=20011, dtype=torch.float32, probs=False, greedy_frac=0.0, scale=12.0),  # peaked: sparse candidates
+]
+
+
+@pytest.mark.parametrize("case", CHAIN_CASES, ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
+@pytest.mark.parametrize("B", [1, 3, 17])
+def test_chain_matches_reference(case, B):
+    case = dict(case)
+    V, dtype = case.pop("V"), case.pop("dtype")
+    gen = torch.Generator().manual_seed(hash((V, B, str(dtype))) % 2**31)
+    inputs = _chain_case(B, 5, V, dtype, gen, **case)
+    ref = sk.verify_chain(**inputs, backend="reference")
+    got = sk.verify_chain(**inputs, backend="cpu")
+    _assert_same(ref, got, case)
+
+
+@pytest.mark.parametrize(("B", "probs", "dtype"), [(1, True, torch.float32), (4, False, torch.bfloat16)])
+def test_chain_full_vocab(B, probs, dtype):
+    """V = 151936 (Qwen-size); B = 1 splits each row across the threads, B = 4 runs requests in parallel."""
+    gen = torch.Generator().manual_seed(7 + B + probs)
+    inputs = _chain_case(B, 2, 151936, dtype, gen, probs=probs, top_k=B > 1, greedy_frac=0.25)
+    _assert_same(sk.verify_chain(**inputs, backend="reference"), sk.verify_chain(**inputs, backend="cpu"), B)
+
+
+def test_chain_edge_shapes():
+    gen = torch.Generator().manual_seed(3)
+    # k = 0 for every request (bonus only), and an empty batch.
+    inputs = _chain_case(4, 0, 50, torch.float32, gen)
+    _assert_same(sk.verify_chain(**inputs, backend="reference"), sk.verify_chain(**inputs, backend="cpu"), "k=0")
+    empty = sk.verify_chain(torch.zeros(0, 10), torch.zeros(0, dtype=torch.int64), torch.zeros(1, dtype=torch.int64),
+                            backend="cpu")
+    assert empty.output_token_ids.shape == (0, 1) and empty.num_accepted.shape == (0,)
+
+
+def test_chain_never_out_of_vocab_without_validation():
+    """validate=False with garbage draft ids: tokens stay in [0, V), ids outside are rejected."""
+    V = 33
+    logits = torch.randn(6, V)
+    drafts = torch.tensor([-7, V, 5, 10**9])
+    cu = torch.tensor([0, 2, 4])
+    res = sk.verify_chain(logits, drafts, cu, temperature=torch.tensor([0.0, 1.0]), seed=torch.tensor([1, 2]),
+                          backend="cpu", validate=False, max_draft_len=2)
+    assert int(res.num_accepted[0]) == 0
+    emitted = res.output_token_ids[res.output_token_ids >= 0]
+    assert bool(((emitted >= 0) & (emitted < V)).all())
+
+
+# ------------------------------------------------------------------------------------------------------
+# Tree
+# ------------------------------------------------------------------------------------------------------
+
+TREE_CASES = [
+    dict(V=5, dtype=torch.float32, probs=False),
+    dict(V=50, dtype=torch.float32, probs=True, sibling="iid"),
+    dict(V=50, dtype=torch.float32, probs=True, sibling="without_replacement"),
+    dict(V=2000, dtype=torch.bfloat16, probs=False, top_k=True, top_p=True),
+    dict(V=2000, dtype=torch.float16, probs=True, sibling="without_replacement", top_p=True),
+    dict(V=2000, dtype=torch.float32, probs=True, sibling="iid", top_k=True),
+]
+
+
+@pytest.mark.parametrize("case", TREE_CASES, ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
+@pytest.mark.parametrize("B", [1, 7])
+def test_tree_matches_reference(case, B):
+    case = dict(case)
+    V, dtype = case.pop("V"), case.pop("dtype")
+    gen = torch.Generator().manual_seed(hash((V, B, str(dtype), case.get("sibling"))) % 2**31)
+    inputs = _tree_case(B, V, dtype, gen, **case)
+    ref = sk.verify_tree(**inputs, backend="reference")
+    got = sk.verify_tree(**inputs, backend="cpu")
+    _assert_same(ref, got, case)
+
+
+def test_tree_full_vocab():
+    gen = torch.Generator().manual_seed(11)
+    inputs = _tree_case(2, 151936, torch.float32, gen, probs=True, sibling="without_replacement", max_nodes=4)
+    _assert_same(sk.verify_tree(**inputs, backend="reference"), sk.verify_tree(**inputs, backend="cpu"), "full V")
+
+
+def test_tree_max_depth_cuts_the_tree():
+    """Nodes deeper than max_depth are ignored (validate=False), exactly as the reference does."""
+    gen = torch.Generator().manual_seed(5)
+    inputs = _tree_case(5, 30, torch.float32, gen, greedy_frac=1.0, max_nodes=8)
+    kw = dict(backend="reference", max_depth=1, validate=False)
+    ref = sk.verify_tree(**inputs, **kw)
+    got = sk.verify_tree(**inputs, **{**kw, "backend": "cpu"})
+    _assert_same(ref, got, "max_depth=1")
+
+
+# ------------------------------------------------------------------------------------------------------
+# Ops, builds, dispatch, missing extension
+# ------------------------------------------------------------------------------------------------------
+
+def test_auto_picks_cpu_for_cpu_tensors():
+    assert sk.available_backends("cpu")[0] == "cpu"
+
+
+def test_torch_ops_eager_and_compiled():
+    gen = torch.Generator().manual_seed(2)
+    inputs = _chain_case(5, 3, 300, torch.float32, gen, greedy_frac=0.4)
+    args = (inputs["target_logits"], inputs["draft_token_ids"], inputs["cu_num_draft_tokens"], None,
+            inputs["temperature"], None, None, inputs["seed"], inputs["position"], 5)
+
+    def chain(*a):
+        return torch.ops.specdec.verify_chain(*a)
+
+    eager = chain(*args)
+    compiled = torch.compile(chain, fullgraph=True, backend="eager")(*args)
+    ref = sk.verify_chain(**inputs, backend="reference", max_draft_len=5)
+    assert torch.equal(eager[0], ref.output_token_ids) and torch.equal(compiled[0], ref.output_token_ids)
+    assert torch.equal(compiled[1], ref.num_accepted)
+
+    tree = _tree_case(3, 40, torch.float32, gen, probs=True, sibling="iid")
+    targs = tuple(tree[k] for k in ("target_logits", "node_token_ids", "parent", "cu_num_nodes", "draft_probs",
+                                    "temperature", "top_k", "top_p", "seed", "position", "sibling_sampling"))
+    ref_tree = sk.verify_tree(**tree, backend="reference", max_depth=8)
+
+    def tree_op(*a):
+        return torch.ops.specdec.verify_tree(*a, 8)
+
+    out = torch.compile(tree_op, fullgraph=True, backend="eager")(*targs)
+    assert all(torch.equal(a, b) for a, b in zip(out, ref_tree, strict=True))
+
+
+def test_op_rejects_bad_shapes():
+    with pytest.raises(RuntimeError, match="T \\+ B rows"):
+        torch.ops.specdec.verify_chain(torch.zeros(3, 4), torch.zeros(1, dtype=torch.int64),
+                                       torch.tensor([0, 1]), None, torch.ones(1), None, None,
+                                       torch.zeros(1, dtype=torch.int64), torch.zeros(1, dtype=torch.int64), 1)
+
+
+def _run(code: str, **env) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": ROOT, **env}, timeout=120)
+
+
+def test_every_instruction_set_build_emits_the_same_tokens():
+    code = """
+        import torch, specdec_kernels as sk
+        from specdec_kernels import native
+        from tests.test_native import _chain_case, _tree_case
+        gen = torch.Generator().manual_seed(0)
+        c = _chain_case(5, 3, 1001, torch.float32, gen, probs=True, top_k=True, top_p=True)
+        t = _tree_case(4, 1001, torch.bfloat16, gen, probs=True, sibling="without_replacement")
+        rc, rt = sk.verify_chain(**c, backend="cpu"), sk.verify_tree(**t, backend="cpu")
+        print(native._load().CPU_ISA, rc.output_token_ids.tolist(), rt.output_token_ids.tolist())
+    """
+    outs = {}
+    for isa in ("generic", "avx2", "avx512"):
+        proc = _run(code, SPECDEC_CPU_ISA=isa)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        name, tokens = proc.stdout.split(" ", 1)
+        outs[name] = tokens
+    assert len(set(outs.values())) == 1, outs
+
+
+def test_missing_extension_gives_one_clear_message():
+    proc = _run("""
+        import sys
+        sys.modules["specdec_kernels._C"] = None  # as if installed with SPECDEC_SKIP_NATIVE=1
+        import torch, specdec_kernels as sk
+        from specdec_kernels import native
+        assert not native.available() and sk.available_backends("cpu")[-1] == "reference"
+        assert "cpu" not in sk.available_backends("cpu")
+        try:
+            sk.verify_chain(torch.zeros(1, 4), torch.zeros(0, dtype=torch.int64), torch.tensor([0, 0]), backend="cpu")
+        except RuntimeError as exc:
+            print(exc)
+    """)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "without its native extension" in proc.stdout and "SPECDEC_SKIP_NATIVE" in proc.stdout
