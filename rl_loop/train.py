@@ -56,7 +56,7 @@ class RunConfig:
     max_new_tokens: int = 48
     max_batch: int = 32
     # optimisation
-    lr: float = 5e-5
+    lr: float = 2e-5
     minibatches: int = 2
     clip_low: float = 0.2
     clip_high: float = 0.28
