@@ -33,8 +33,10 @@ def load_run_config(run_dir: str) -> RunConfig:
 
 
 def sweep(run_dir: str, ks: list[int], repeats: int = 3, num_requests: int = 64,
-          temperature: float | None = None) -> list[dict]:
+          temperature: float | None = None, verify_backend: str | None = None) -> list[dict]:
     cfg = replace(load_run_config(run_dir), out=run_dir, resume=True)
+    if verify_backend is not None:
+        cfg = replace(cfg, verify_backend=verify_backend)
     torch.set_num_threads(cfg.num_threads)
     s = setup(cfg, lambda row: None)
     tok, engine = s["tok"], s["engine"]
@@ -53,7 +55,8 @@ def sweep(run_dir: str, ks: list[int], repeats: int = 3, num_requests: int = 64,
             acc = sp.stats.acceptance_by_position
         rows.append({"k": k, "rollout_speedup": statistics.median(ratios), "speedups": ratios,
                      "mean_accepted_length": statistics.mean(taus), "acceptance_by_position": acc,
-                     "temperature": base.temperature, "max_batch": base.max_batch, "requests": len(prompts)})
+                     "temperature": base.temperature, "max_batch": base.max_batch, "requests": len(prompts),
+                     "verify_backend": base.backend})
     return rows
 
 
@@ -64,9 +67,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--requests", type=int, default=64)
     p.add_argument("--temperature", type=float, default=None, help="default: the run's rollout temperature")
+    p.add_argument("--verify-backend", default=None, help="default: the run's verification backend")
     a = p.parse_args(argv)
-    rows = sweep(a.run, [int(x) for x in a.ks.split(",")], a.repeats, a.requests, a.temperature)
-    with open(os.path.join(a.run, "k_sweep.json"), "w") as f:
+    rows = sweep(a.run, [int(x) for x in a.ks.split(",")], a.repeats, a.requests, a.temperature, a.verify_backend)
+    name = "k_sweep.json" if a.verify_backend is None else f"k_sweep_{a.verify_backend}.json"
+    with open(os.path.join(a.run, name), "w") as f:
         json.dump(rows, f, indent=1)
     print("| k | rollout speedup (median) | mean accepted length |")
     print("|---|---|---|")

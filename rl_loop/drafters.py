@@ -175,8 +175,11 @@ class Eagle3Drafter(SlotDrafter):
         self.head.decoder.sync_inference_weights()
         self.cache = KVCache(self.head.decoder.config, num_slots, max_len + 2)
         self.length = torch.zeros(num_slots, dtype=torch.long)
-        self.pend_feat: list[torch.Tensor] = [torch.zeros(0)] * num_slots  # [m, H]
-        self.pend_tok: list[list[int]] = [[] for _ in range(num_slots)]
+        h = self.head.fc.out_features
+        # pending rows per slot, as tensors (no per-slot Python work in the hot path): [S, W, H], [S, W], [S]
+        self.pend_feat = torch.zeros(num_slots, 1, h)
+        self.pend_tok = torch.zeros(num_slots, 1, dtype=torch.long)
+        self.n_pend = torch.zeros(num_slots, dtype=torch.long)
 
     @torch.no_grad()
     def admit(self, slots, prompts, hidden):
@@ -193,30 +196,25 @@ class Eagle3Drafter(SlotDrafter):
             ones = torch.ones(len(slots), dtype=torch.long)
             self.head.decoder.step(toks, self.cache, rows, ones * 0, w, depth=(torch.arange(w) + 1).expand(len(slots), w),
                                    inputs_embeds=x)
-        for i, (s, p) in enumerate(zip(slots, prompts, strict=True)):
-            self.length[s] = len(p) - 2
-            self.pend_feat[s] = feats[i, len(p) - 2 : len(p) - 1]
-            self.pend_tok[s] = [p[-1]]
+        last = torch.tensor([len(p) - 2 for p in prompts])
+        self.length[rows] = last
+        self.pend_feat[rows, 0] = feats[torch.arange(len(slots)), last]
+        self.pend_tok[rows, 0] = torch.tensor([p[-1] for p in prompts])
+        self.n_pend[rows] = 1
 
     @torch.no_grad()
     def propose(self, slots, k, temperature, generator):
         idx = slice(None) if slots is None else slots
-        slot_list = range(len(self.pend_tok)) if slots is None else slots.tolist()
-        n_pend = [len(self.pend_tok[s]) for s in slot_list]
-        r, width = len(n_pend), max(n_pend)
-        h = self.head.fc.out_features
-        toks = torch.zeros(r, width, dtype=torch.long)
-        feats = torch.zeros(r, width, h)
-        for i, s in enumerate(slot_list):
-            toks[i, : n_pend[i]] = torch.tensor(self.pend_tok[s])
-            feats[i, : n_pend[i]] = self.pend_feat[s]
+        n = self.n_pend[idx]
+        r, width = n.numel(), int(n.max())
+        toks = self.pend_tok[idx, :width]  # rows past n_b are stale: written beyond the valid prefix, ignored
+        feats = self.pend_feat[idx, :width]
         start = self.length[idx]
         # head row j sits at the position of its token: the cache slot index + 1
         depth = torch.arange(width).expand(r, width) + 1
         dec = self.head.decoder
         logits, (g,) = dec.step(toks, self.cache, slots, start, int(start.max()) + width, depth=depth,
                                 hidden_layers=(0,), inputs_embeds=self.head.inputs(toks, feats))
-        n = torch.tensor(n_pend)
         ar = torch.arange(r)
         last, g = logits[ar, n - 1], g[ar, n - 1]
         base = start + n
@@ -237,12 +235,19 @@ class Eagle3Drafter(SlotDrafter):
 
     @torch.no_grad()
     def commit(self, slots, num_accepted, outputs, hidden):
-        slot_list = range(len(self.pend_tok)) if slots is None else slots.tolist()
+        idx = slice(None) if slots is None else slots
         feats = self.head.features(hidden)  # [R, k + 1, H]: policy features at [last, d_1 .. d_k]
-        for i, s in enumerate(slot_list):
-            a = num_accepted[i]
-            self.pend_feat[s] = feats[i, : a + 1]
-            self.pend_tok[s] = outputs[i][: a + 1]
+        width = feats.shape[1]
+        if self.pend_tok.shape[1] < width:
+            old_feat, old_tok = self.pend_feat, self.pend_tok
+            self.pend_feat = torch.zeros(old_feat.shape[0], width, old_feat.shape[2])
+            self.pend_tok = torch.zeros(old_tok.shape[0], width, dtype=torch.long)
+            self.pend_feat[:, : old_feat.shape[1]] = old_feat
+            self.pend_tok[:, : old_tok.shape[1]] = old_tok
+        # row j pairs the feature at position j with the token verified after it (accepted draft or final)
+        self.pend_feat[idx, :width] = feats
+        self.pend_tok[idx, :width] = torch.tensor([o + [0] * (width - len(o)) for o in outputs])
+        self.n_pend[idx] = torch.tensor(num_accepted) + 1
 
     def trainable(self) -> nn.Module:
         return self.head

@@ -46,7 +46,7 @@ class GenerationConfig:
     spec: str = "chain"
     k: int = 3
     max_batch: int = 32
-    backend: str = "auto"  # verify_chain backend
+    backend: str = "default"  # verify_chain backend; "default": see resolve_verify_backend
 
     def __post_init__(self) -> None:
         if self.spec not in SPEC_MODES:
@@ -59,6 +59,17 @@ class GenerationConfig:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if self.max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {self.max_batch}")
+
+
+def resolve_verify_backend(name: str) -> str:
+    """The verification backend: "default" = the native CPU kernels when built, else the reference.
+
+    The Triton backend runs in the interpreter on CPU (orders of magnitude slower), so it is never
+    picked implicitly for CPU rollouts; any explicit specdec_kernels backend name is passed through.
+    """
+    if name != "default":
+        return name
+    return "cpu" if "cpu" in sk.available_backends("cpu") else "reference"
 
 
 @dataclass
@@ -235,6 +246,7 @@ class RolloutEngine:
         temp = torch.full((num_slots,), float(config.temperature))
         vocab = self.policy.config.vocab_size
         hidden_layers = self.drafter.hidden_layers if spec else ()
+        backend = resolve_verify_backend(config.backend)
         # Admit in chunks: one prefill per quarter of the slots, not one per finished request (prefill
         # forwards are as expensive as decode forwards here, and idle slots cost almost nothing).
         chunk = max(1, num_slots // 4)
@@ -277,7 +289,7 @@ class RolloutEngine:
                 torch.arange(r + 1, dtype=torch.long) * k,
                 draft_probs=None if q is None else q.reshape(r * k, vocab),
                 temperature=temp[idx], seed=seed_t[idx], position=start + 1,
-                backend=config.backend, max_draft_len=k,
+                backend=backend, max_draft_len=k,
             )
             out = res.output_token_ids.tolist()
             num_acc = res.num_accepted.tolist()

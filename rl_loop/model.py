@@ -34,8 +34,8 @@ class ModelConfig:
 
     vocab_size: int = 32
     hidden_size: int = 128
-    intermediate_size: int = 256
-    num_hidden_layers: int = 6
+    intermediate_size: int = 384
+    num_hidden_layers: int = 4
     num_attention_heads: int = 2
     num_key_value_heads: int = 1
     head_dim: int = 64

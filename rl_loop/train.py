@@ -24,7 +24,7 @@ import torch
 
 from . import grpo
 from .drafters import build_drafter, distill, problem_batches
-from .engine import GenerationConfig, RolloutEngine, Rollouts, RolloutStats
+from .engine import GenerationConfig, RolloutEngine, Rollouts, RolloutStats, resolve_verify_backend
 from .model import ModelConfig, Qwen3, save_pretrained, supervised_warm_start
 from .task import CharTokenizer, Problem, TaskConfig, make_splits, reward
 
@@ -52,7 +52,7 @@ class RunConfig:
     # rollouts
     prompts_per_step: int = 8
     group_size: int = 8
-    temperature: float = 1.0
+    temperature: float = 0.7  # rollout temperature; the trainer's log-probs use the same tempered policy
     max_new_tokens: int = 48
     max_batch: int = 32
     # optimisation
@@ -67,11 +67,12 @@ class RunConfig:
     # groups and reinforces wrong answers; centring keeps the format term a nudge.
     scale_advantages: bool = False
     # warm starts and drafter adaptation
-    warm_start_steps: int = 300
+    warm_start_steps: int = 350
     warm_start_batch: int = 32
     warm_start_lr: float = 3e-3
-    drafter_warm_steps: int = 80
-    drafter_adapt_steps: int = 1  # online adaptation steps per RL step (0 disables)
+    drafter_warm_steps: int = 150
+    drafter_adapt_steps: int = 1  # online adaptation: gradient steps on the fresh rollouts (0 disables)
+    drafter_adapt_every: int = 4  # ... every n RL steps (the policy drifts slowly; adaptation is not free)
     # measurement
     compare_every: int = 4  # AR rollouts of the same requests side by side every n steps (0: never)
     num_val: int = 128
@@ -91,6 +92,8 @@ class RunConfig:
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        if not self.temperature > 0:
+            raise ValueError(f"temperature must be > 0 for RL rollouts, got {self.temperature}")
         if self.steps < 0 or self.k < 1 or self.group_size < 2 or self.prompts_per_step < 1:
             raise ValueError("steps >= 0, k >= 1, group_size >= 2 and prompts_per_step >= 1 are required")
 
@@ -114,16 +117,8 @@ def tiny_config(**overrides) -> RunConfig:
 
 
 def verify_backend(name: str) -> str:
-    """The verification backend: "default" = the native CPU kernels when built, else the reference.
-
-    The Triton backend runs in the interpreter on CPU (orders of magnitude slower), so it is never
-    picked implicitly here.
-    """
-    if name != "default":
-        return name
-    import specdec_kernels as sk
-
-    return "cpu" if "cpu" in sk.available_backends("cpu") else "reference"
+    """See :func:`rl_loop.engine.resolve_verify_backend`."""
+    return resolve_verify_backend(name)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -150,10 +145,14 @@ def build_batch(
     return ids, mask
 
 
-def policy_log_probs(policy: Qwen3, ids: torch.Tensor) -> torch.Tensor:
-    """[N, T - 1] log-probability of each next token under the policy."""
+def policy_log_probs(policy: Qwen3, ids: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """[N, T - 1] log-probability of each next token under the policy at ``temperature`` (> 0).
+
+    The trainer scores rollouts under the same tempered distribution they were sampled from, so the
+    GRPO ratio is on-policy for the rollout temperature.
+    """
     logits, _ = policy(ids)
-    return grpo.token_log_probs(logits[:, :-1], ids[:, 1:])
+    return grpo.token_log_probs(logits[:, :-1] / temperature, ids[:, 1:])
 
 
 def evaluate(engine: RolloutEngine, problems: list[Problem], tok: CharTokenizer, gen: GenerationConfig) -> float:
@@ -177,14 +176,14 @@ def train_on_batch(
     t0 = time.perf_counter()
     policy.eval()
     with torch.no_grad():
-        old = policy_log_probs(policy, ids)
-        ref_lp = policy_log_probs(ref, ids) if ref is not None and cfg.kl_coef > 0 else None
+        old = policy_log_probs(policy, ids, cfg.temperature)
+        ref_lp = policy_log_probs(ref, ids, cfg.temperature) if ref is not None and cfg.kl_coef > 0 else None
     t1 = time.perf_counter()
     policy.train()
     order = torch.randperm(ids.shape[0], generator=torch.Generator().manual_seed(cfg.seed))
     stats = []
     for chunk in order.chunk(cfg.minibatches):
-        lp = policy_log_probs(policy, ids[chunk])
+        lp = policy_log_probs(policy, ids[chunk], cfg.temperature)
         out = grpo.grpo_loss(lp, old[chunk], adv[chunk], mask[chunk], cfg.clip_low, cfg.clip_high,
                              None if ref_lp is None else ref_lp[chunk], cfg.kl_coef)
         opt.zero_grad(set_to_none=True)
@@ -319,7 +318,7 @@ def rl_step(cfg: RunConfig, s: dict, step: int) -> dict:
     t0 = time.perf_counter()
     engine.sync()  # weight sync: the engine and the drafter see the new policy
     drafter_s = 0.0
-    if s["drafter"] is not None and cfg.drafter_adapt_steps > 0:
+    if s["drafter"] is not None and cfg.drafter_adapt_steps > 0 and step % cfg.drafter_adapt_every == 0:
         ids, mask = build_batch(prompts, rollouts.response_ids, rollouts.finished, tok)
         for p in policy.parameters():
             p.requires_grad_(False)
@@ -331,14 +330,17 @@ def rl_step(cfg: RunConfig, s: dict, step: int) -> dict:
     drafter_s = time.perf_counter() - t0
     row["sync_adapt_s"] = drafter_s
     row["step_s"] = row["gen_s"] + row["logprob_s"] + row["train_s"] + drafter_s
+    cmp = s["state"]["cmp"]
+    cmp["adapt_s"] = cmp.get("adapt_s", 0.0) + drafter_s  # sync + adaptation, amortised over every step
+    cmp["steps"] = cmp.get("steps", 0) + 1
     if compare:
-        cmp = s["state"]["cmp"]
         cmp["spec_tokens"] += rollouts.stats.tokens
         cmp["spec_s"] += rollouts.stats.time_s
         cmp["ar_tokens"] += row["ar_gen_tokens"]
         cmp["ar_s"] += row["ar_gen_s"]
-        cmp["spec_step_s"] += row["step_s"]
-        # the autoregressive step: same training work, AR generation, no drafter to adapt
+        cmp["compared"] = cmp.get("compared", 0) + 1
+        # same training work on both sides; the speculative step also pays weight sync + adaptation
+        cmp["spec_step_s"] += row["gen_s"] + row["logprob_s"] + row["train_s"]
         cmp["ar_step_s"] += row["ar_gen_s"] + row["logprob_s"] + row["train_s"]
         row["rollout_speedup"] = (rollouts.stats.tokens_per_s / max(ar.stats.tokens_per_s, 1e-9))
     return row
@@ -401,7 +403,9 @@ def run(cfg: RunConfig) -> dict:
     summary = {
         "rollout_speedup": (cmp["spec_tokens"] / cmp["spec_s"]) / (cmp["ar_tokens"] / cmp["ar_s"])
         if cmp["spec_s"] > 0 and cmp["ar_s"] > 0 else None,
-        "step_speedup": cmp["ar_step_s"] / cmp["spec_step_s"] if cmp["spec_step_s"] > 0 else None,
+        "step_speedup": cmp["ar_step_s"] / (cmp["spec_step_s"] + cmp.get("compared", 0) * cmp.get("adapt_s", 0.0)
+                                             / max(cmp.get("steps", 1), 1))
+        if cmp["spec_step_s"] > 0 else None,
         "mean_accepted_length": spec_stats.mean_accepted_length if spec_stats.rounds else None,
         "acceptance_by_position": spec_stats.acceptance_by_position if spec_stats.rounds else None,
         **eq,
