@@ -25,7 +25,7 @@ import torch
 
 __all__ = [
     "Drafter", "DraftTree", "TreeTopology", "build_static_tree", "build_dynamic_tree",
-    "tree_attention_mask", "compact_kv_cache", "chain_paths", "full_tree_paths",
+    "tree_attention_mask", "compact_kv_cache", "chain_paths", "full_tree_paths", "tree_from_proposal",
 ]
 
 
@@ -273,6 +273,21 @@ def build_dynamic_tree(
     return DraftTree(tokens.flatten(), parent.flatten(), cu, depth_.flatten(), None, "")
 
 
+def tree_from_proposal(proposal) -> DraftTree:
+    """The :class:`DraftTree` of a model drafter's ``TreeProposal`` (``drafters/base.py``: EAGLE-3, MTP,
+    draft model ``propose_tree``). Their sampled trees draw siblings without replacement (Gumbel-top-k),
+    so a proposal with ``draft_probs`` is verified with recursive rejection sampling."""
+    num_reqs, n = proposal.node_token_ids.shape
+    device = proposal.node_token_ids.device
+    probs = proposal.draft_probs
+    return DraftTree(
+        proposal.node_token_ids.reshape(-1).to(torch.int64), proposal.parent.reshape(-1).to(torch.int64),
+        torch.arange(num_reqs + 1, device=device) * n, proposal.depth.reshape(-1).to(torch.int64),
+        None if probs is None else probs.reshape(num_reqs * n, -1).float(),
+        "" if probs is None else "without_replacement",
+    )
+
+
 def tree_attention_mask(parent: torch.Tensor, prefix_len: int) -> torch.Tensor:
     """[B, n, prefix_len + n] bool mask for the target's tree forward pass.
 
@@ -284,8 +299,9 @@ def tree_attention_mask(parent: torch.Tensor, prefix_len: int) -> torch.Tensor:
     device = parent.device
     anc = torch.eye(n, dtype=torch.bool, device=device).expand(num_reqs, n, n).clone()
     has_parent = parent >= 0
-    rows = torch.arange(n, device=device)
-    anc[:, rows, parent.clamp(min=0)] |= has_parent
+    rows = torch.arange(n, device=device)[None, :].expand(num_reqs, -1)
+    reqs = torch.arange(num_reqs, device=device)[:, None].expand(-1, n)
+    anc[reqs, rows, parent.clamp(min=0)] |= has_parent
     # Transitive closure by repeated squaring: log2(n) boolean matrix products.
     for _ in range(max(n - 1, 1).bit_length()):
         anc = anc | (anc.float() @ anc.float() > 0)

@@ -94,6 +94,7 @@ def tree_layout(cu_num_nodes: torch.Tensor, parent: torch.Tensor) -> TreeLayout:
     group_start = torch.cumsum(counts, 0) - counts
     sibling_slot = torch.empty(num_nodes, dtype=torch.int64, device=device)
     sibling_slot[order] = index - group_start[sorted_key]
+    sibling_slot = torch.where(is_root, 0, sibling_slot)
     first_child = torch.full((num_nodes + 1,), num_nodes, dtype=torch.int64, device=device)
     first_child = first_child.scatter_reduce(0, key, index, reduce="amin")[:num_nodes]
     first_child = torch.where(first_child == num_nodes, -1, first_child)

@@ -15,6 +15,12 @@ exactness checks that run real backends run it unchanged. Each bug is one a samp
 - ``deterministic_resample_with_draft``: deterministic drafts accepted with probability p(x), and on
   rejection a fresh sample from p (which can be x again) instead of p without x.
 - ``ratio_inverted``: stochastic drafts accepted with probability min(1, q(x) / p(x)).
+- ``biased_first_token``: the design-point bug. With probability eps = 0.02 / m (its own uniform, on
+  stream 3) the first row rejects and emits a sample from p restricted to its most likely tokens (those
+  with less than half of the mass strictly above them; m = mass of the others). The first token's law
+  is then the least favourable alternative at total-variation distance exactly 0.02 (mass moved in
+  proportion to p, see ``stats.least_favourable_alternative``): the smallest, hardest-to-see error the
+  suite's sample sizes are chosen to catch with power 0.999.
 """
 
 from __future__ import annotations
@@ -37,7 +43,10 @@ MUTANTS = (
     "greedy_sampled",
     "deterministic_resample_with_draft",
     "ratio_inverted",
+    "biased_first_token",
 )
+BIAS_TV = 0.02
+STREAM_BIAS = 3
 
 
 def mutant_chain(
@@ -129,6 +138,20 @@ def mutant_chain(
             log_residual = torch.where(residual_empty, z, torch.log(residual))
             resampled = gumbel_argmax(log_residual, noise)
         recovered = torch.where(layout.is_bonus, sampled, resampled)
+
+    if bug == "biased_first_token":
+        p = softmax(z)
+        sorted_p, order = torch.sort(p, dim=-1, descending=True)
+        top_sorted = (torch.cumsum(sorted_p, dim=-1) - sorted_p) < 0.5
+        top = torch.zeros_like(top_sorted).scatter(-1, order, top_sorted)
+        rest_mass = (p * ~top).sum(-1)
+        eps = torch.where(rest_mass > 0, (BIAS_TV / rest_mass.clamp(min=1e-30)).clamp(max=1.0), 0.0)
+        u = philox.rand(row_seed, philox.make_offset(row_pos, STREAM_BIAS, vocab_size))
+        bias_noise = philox.rand(row_seed[:, None], philox.make_offset(row_pos[:, None], STREAM_BIAS, v[None, :]))
+        top_log_p = torch.where(top, torch.log(p), torch.full_like(p, float("-inf")))
+        biased = (layout.local == 0) & (u < eps)
+        random_accept = random_accept & ~biased
+        recovered = torch.where(biased, gumbel_argmax(top_log_p, bias_noise), recovered)
 
     accept = torch.where(is_greedy[:, 0], draft_valid & (greedy_tokens == draft), random_accept)
     token = torch.where(is_greedy[:, 0], greedy_tokens, recovered)

@@ -1,14 +1,13 @@
 """Toy Markov targets and drafters for tree verification, with their exactly enumerated laws.
 
 A toy Markov model over a vocabulary of V tokens is a [V, V] logits table: the next token's logits
-given the last token t are ``table[t]``. Its autoregressive law under (temperature, top-k, top-p) is
-computed exactly by enumerating sequences, which makes whole-sequence exactness tests possible; the
-expected accepted length of target-only verification on a deterministic tree is computed exactly too.
+given the last token t are ``table[t]`` (the first-order ``toy_models.MarkovModel``, whose exact
+sequence law ``toy_models.sequence_law`` the tree tests compare against). This module adds what trees
+need: a drafter with the tree-builder interface, speculative generation with draft trees, and the exact
+expected accepted length of target-only verification on a deterministic tree.
 """
 
 from __future__ import annotations
-
-import itertools
 
 import torch
 
@@ -51,21 +50,6 @@ def transition_matrix(table: torch.Tensor, temperature: float, top_k: int = 0, t
     return probs.double()
 
 
-def sequence_law(transition: torch.Tensor, first_token: int, length: int) -> torch.Tensor:
-    """[V ** length] float64 exact law of the next ``length`` tokens after ``first_token`` (row-major)."""
-    vocab_size = transition.shape[0]
-    law = transition[first_token].clone()
-    for _ in range(length - 1):
-        law = (law[:, None] * transition[torch.arange(vocab_size).repeat(law.numel() // vocab_size)]).flatten()
-    return law
-
-
-def sequence_index(seqs: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """[R] row-major index of [R, L] token sequences (as in :func:`sequence_law`)."""
-    weights = vocab_size ** torch.arange(seqs.shape[1] - 1, -1, -1)
-    return (seqs.to(torch.int64) * weights).sum(-1)
-
-
 def expected_accepted_length(tree: DraftTree, transition: torch.Tensor) -> torch.Tensor:
     """[B] exact mean accepted length of target-only verification of a deterministic tree: the sum over
     non-root nodes of the target probability of the node's path."""
@@ -81,11 +65,6 @@ def expected_accepted_length(tree: DraftTree, transition: torch.Tensor) -> torch
         step = torch.where(tok >= 0, transition[par_tok, tok.clamp(min=0)], 0.0)
         prob[:, i] = prob.gather(1, par[:, None]).squeeze(1) * step
     return prob[:, 1:].sum(-1)
-
-
-def all_sequences(vocab_size: int, length: int) -> torch.Tensor:
-    """[V ** length, length] every sequence in row-major order."""
-    return torch.tensor(list(itertools.product(range(vocab_size), repeat=length)))
 
 
 def generate_with_trees(

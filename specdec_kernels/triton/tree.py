@@ -16,7 +16,7 @@ import triton.language as tl
 
 from ..reference.tree import TreeResult, tree_layout
 
-FLOAT32_MAX = 3.4028234663852886e38
+FLOAT32_MAX = tl.constexpr(3.4028234663852886e38)
 
 
 # ----------------------------------------------------------------------------------------------------
