@@ -1,25 +1,29 @@
-"""Tree-speculative rollouts (``--spec tree``): EAGLE-2 dynamic draft trees verified with ``verify_tree``.
+"""Tree-speculative rollouts (``--spec tree``): draft trees from the EAGLE-3 head verified with ``verify_tree``.
 
 :class:`TreeRolloutEngine` extends :class:`rl_loop.engine.RolloutEngine` (same slots, continuous batching,
 prefill, per-request seeds, :class:`Rollouts` / :class:`RolloutStats` contract); ``spec="none"`` and
 ``spec="chain"`` go to the parent engine unchanged. Every round, for the active slots:
 
 1. the drafter runs its pending rows (the policy features of the tokens verified last round) once, then
-   :func:`specdec_kernels.drafters.tree_builder.build_dynamic_tree` grows an EAGLE-2 tree of ``budget``
-   non-root nodes (``budget = k`` by default: the same node budget, hence the same policy rows, as a
-   chain of k drafts) from the drafter's log-probabilities. Drafting a node recomputes its path's head
-   rows against a scratch copy of the head's committed cache, so sibling paths never see each other;
+   a tree of ``budget`` non-root nodes (``budget = k`` by default: the same node budget, hence the same
+   policy rows, as a chain of k drafts) grows from the drafter's log-probabilities: greedy requests get an
+   EAGLE-2 dynamic tree (``tree_builder.build_dynamic_tree``: top-k children of the best nodes, reranked
+   by cumulative log-probability); sampled requests get a stochastic tree (``build_static_tree`` on
+   :func:`sampled_paths`, siblings drawn without replacement from the tempered q, verified with recursive
+   rejection sampling), since a deterministic tree only accepts when the target's sample happens to be
+   among the top-k drafts. Drafting a node recomputes its path's head rows against a scratch copy of the
+   head's committed cache, so sibling paths never see each other;
 2. the policy runs the ``budget + 1`` nodes ``[last emitted token (root), nodes...]`` in ONE forward against
    its KV cache, node i at slot ``length + i`` and RoPE position ``length + depth(i)``, attending to the
    cached prefix and to its ancestors (``tree_attention_mask``);
-3. ``verify_tree`` picks the accepted path (greedy: argmax child; sampled: target-only sampling along the
-   deterministic tree, see the RNG spec); the accepted nodes' keys/values move to contiguous slots
+3. ``verify_tree`` picks the accepted path (greedy: argmax child; sampled: recursive rejection sampling
+   over the drawn siblings, or target-only sampling on a deterministic tree; see the RNG spec); the accepted nodes' keys/values move to contiguous slots
    (``KVCache.gather_positions``) and the drafter commits the policy features along the accepted path.
 
 Randomness (DESIGN.md §4): the root of request b's tree decides absolute position ``length + 1`` (the
 index of the next token), a depth-d node position ``length + 1 + d``; each position is decided by exactly
-one node, with Philox noise keyed by the request's seed, and the tree's shape depends only on tokens
-already emitted. So the output has the autoregressive law whatever the drafter does, and at temperature 0
+one node, with Philox noise keyed by the request's seed, and the tree (drafted with a separate torch
+generator) depends only on tokens already emitted and on that generator. So the output has the autoregressive law whatever the drafter does, and at temperature 0
 it is the argmax chain, token-identical to autoregressive decoding.
 """
 
@@ -32,13 +36,18 @@ from dataclasses import dataclass
 import torch
 
 import specdec_kernels as sk
-from specdec_kernels.drafters.tree_builder import build_dynamic_tree, tree_attention_mask
+from specdec_kernels.drafters.tree_builder import (
+    TreeTopology,
+    build_dynamic_tree,
+    build_static_tree,
+    tree_attention_mask,
+)
 
 from .drafters import Eagle3Drafter
 from .engine import GenerationConfig, RolloutEngine, Rollouts, RolloutStats, resolve_verify_backend
 from .model import KVCache, Qwen3
 
-__all__ = ["TreeShape", "TreeRolloutEngine", "check_tree_config", "tree_shape_for"]
+__all__ = ["TreeShape", "TreeRolloutEngine", "check_tree_config", "sampled_paths", "tree_shape_for"]
 
 
 @dataclass(frozen=True)
@@ -50,6 +59,11 @@ class TreeShape:
     top_k: int
     beam: int
     budget: int
+    # Sampled requests (temperature > 0): draw siblings from the tempered draft distribution q without
+    # replacement on the static topology :func:`sampled_paths` and verify with recursive rejection
+    # sampling (with one child per node this is exactly chain speculative sampling). False: use the
+    # deterministic EAGLE-2 tree at every temperature (target-only verification).
+    stochastic_when_sampling: bool = True
 
     def __post_init__(self) -> None:
         if min(self.depth, self.top_k, self.beam, self.budget) < 1:
@@ -59,6 +73,21 @@ class TreeShape:
         cands = self.top_k + (self.depth - 1) * self.beam * self.top_k
         if self.budget > cands:
             raise ValueError(f"budget={self.budget} exceeds the {cands} candidates of depth/top_k/beam")
+
+
+def sampled_paths(depth: int, budget: int) -> list[tuple[int, ...]]:
+    """Static topology for stochastic trees: the first-draw chain of ``min(depth, budget)`` nodes, then
+    second draws under its nodes from the root down, then third draws, ... until ``budget`` nodes."""
+    chain = [(0,) * d for d in range(1, min(depth, budget) + 1)]
+    paths = list(chain)
+    rank = 1
+    while len(paths) < budget:
+        for node in [()] + chain[:-1]:
+            if len(paths) == budget:
+                break
+            paths.append(node + (rank,))
+        rank += 1
+    return paths
 
 
 def tree_shape_for(k: int, budget: int | None = None, top_k: int = 2) -> TreeShape:
@@ -91,7 +120,7 @@ class _HeadTreeDrafter:
         r, d = tokens.shape[0], tokens.shape[1] - 1
         req = torch.arange(r) // (r // b)
         base = self.base[req]
-        path = tokens[:, 1:]
+        path = tokens[:, 1:].clamp(min=0)  # -1: placeholder of an exhausted draw (never accepted)
         head = self.d.head
         dec = head.decoder
         kv = int(base.max()) + d
@@ -177,6 +206,12 @@ class TreeRolloutEngine(RolloutEngine):
         backend = resolve_verify_backend(config.backend)
         if backend == "cpu":  # the native CPU extension verifies chains; trees use the reference
             backend = "reference"
+        topology = None
+        max_depth = shape.depth
+        if config.temperature > 0 and shape.stochastic_when_sampling:
+            topology = TreeTopology.from_paths(sampled_paths(shape.depth, shape.budget))
+            max_depth = int(topology.depth.max())
+        generator = torch.Generator().manual_seed(int(sum(seeds)) & 0x7FFFFFFF)
         chunk = max(1, num_slots // 4)
         while True:
             free = [s for s in range(num_slots) if slot_req[s] < 0]
@@ -203,9 +238,14 @@ class TreeRolloutEngine(RolloutEngine):
             root_logits, root_g, base = _eagle_pending(drafter, active)
             t_r = temp[rows]
             inv_t = torch.where(t_r > 0, 1.0 / t_r.clamp(min=1e-6), torch.ones_like(t_r))[:, None]
-            tree = build_dynamic_tree(_HeadTreeDrafter(drafter, active, root_logits, root_g, base, inv_t),
-                                      last[rows][:, None], shape.depth, shape.top_k, shape.beam, shape.budget)
-            ids = tree.node_token_ids.view(r, n)
+            head_drafter = _HeadTreeDrafter(drafter, active, root_logits, root_g, base, inv_t)
+            if topology is not None:
+                tree = build_static_tree(head_drafter, last[rows][:, None], topology, "without_replacement",
+                                         generator)
+            else:
+                tree = build_dynamic_tree(head_drafter, last[rows][:, None], shape.depth, shape.top_k, shape.beam,
+                                          shape.budget)
+            ids = tree.node_token_ids.view(r, n).clamp(min=0)  # placeholders: any token, never accepted
             parent = tree.parent.view(r, n)
             depth = tree.depth.view(r, n)
             mask = tree_attention_mask(parent, 0)
@@ -215,7 +255,8 @@ class TreeRolloutEngine(RolloutEngine):
             t2 = time.perf_counter()
             res = sk.verify_tree(
                 logits.reshape(r * n, vocab), tree.node_token_ids, tree.parent, tree.cu_num_nodes,
-                temperature=t_r, seed=seed_t[rows], position=start + 1, backend=backend, max_depth=shape.depth,
+                draft_probs=tree.draft_probs, temperature=t_r, seed=seed_t[rows], position=start + 1,
+                sibling_sampling=tree.sibling_sampling or "iid", backend=backend, max_depth=max_depth,
             )
             num_acc_t = res.num_accepted.long()
             acc_nodes = res.accepted_nodes.long()  # [R, depth + 1]: 0, path nodes..., -1 padded

@@ -109,12 +109,16 @@ def _position_histograms(rollouts, positions: int) -> np.ndarray:
 
 
 @pytest.mark.stat
-def test_sampled_tree_speculation_has_the_autoregressive_law(policy_and_drafter):
+@pytest.mark.parametrize("stochastic", [True, False], ids=["rrs_tree", "deterministic_tree"])
+def test_sampled_tree_speculation_has_the_autoregressive_law(policy_and_drafter, stochastic):
+    """Per-position token histograms of tree-speculative vs autoregressive rollouts at T = 1: siblings
+    drawn without replacement (recursive rejection sampling) and the deterministic EAGLE-2 tree."""
     policy, drafter = policy_and_drafter
     n, positions = 600, 4
     prompt = [[1, 5, 9, 7]] * n
     cfg = GenerationConfig(spec="tree", temperature=1.0, max_new_tokens=positions, max_batch=150, k=3)
-    engine = TreeRolloutEngine(policy, drafter, EOS, shape=TreeShape(depth=3, top_k=3, beam=2, budget=5))
+    engine = TreeRolloutEngine(policy, drafter, EOS, shape=TreeShape(depth=3, top_k=3, beam=2, budget=5,
+                                                                stochastic_when_sampling=stochastic))
     ar = engine.generate(prompt, list(range(n)), GenerationConfig(**{**cfg.__dict__, "spec": "none"}))
     tr = engine.generate(prompt, list(range(10_000, 10_000 + n)), cfg)
     assert tr.stats.mean_accepted_length > 1.1  # accept and reject paths are both exercised
