@@ -3,7 +3,8 @@
 ``python -m rl_loop.tree_bench --run DIR [--k 3] [--budgets 3,6]`` loads ``DIR/checkpoint.pt`` (written by
 ``python -m rl_loop``; its drafter must be eagle3 or mtp) and generates the same requests (same prompts,
 Philox keys and rollout temperature) autoregressively, with a chain of k drafts, and with EAGLE-2 trees of
-each node budget (depth k), interleaved and repeated. Reports per mode the median tokens-per-second ratio
+each node budget (depth k; stochastic for sampled requests, plus the deterministic EAGLE-2 tree), interleaved and
+repeated. Reports per mode the median tokens-per-second ratio
 to autoregressive decoding (measured side by side in one process) and the mean accepted length; writes
 ``DIR/tree_vs_chain.json``.
 """
@@ -42,13 +43,16 @@ def compare(run_dir: str, k: int, budgets: list[int], repeats: int = 3, num_requ
                             spec="none")
     modes = [("autoregressive", 0, None), ("chain", k, None)]
     modes += [("tree", b, tree_shape_for(k, budget=b)) for b in budgets]
+    if temp > 0:  # the EAGLE-2 deterministic tree at the sampling temperature, for comparison
+        modes += [("tree_deterministic", b, replace(tree_shape_for(k, budget=b), stochastic_when_sampling=False))
+                  for b in budgets]
     engines = {(m, b): TreeRolloutEngine(policy, drafter, tok.eos_id, shape=shape) for m, b, shape in modes}
     ratios: dict[tuple[str, int], list[float]] = {(m, b): [] for m, b, _ in modes}
     accepted: dict[tuple[str, int], list[float]] = {(m, b): [] for m, b, _ in modes}
     for _ in range(repeats):
         ar_tps = None
         for mode, budget, _ in modes:
-            gen = replace(base, spec="none" if mode == "autoregressive" else mode)
+            gen = replace(base, spec={"autoregressive": "none", "chain": "chain"}.get(mode, "tree"))
             stats = engines[(mode, budget)].generate(prompts, seeds, gen).stats
             ar_tps = stats.tokens_per_s if mode == "autoregressive" else ar_tps
             ratios[(mode, budget)].append(stats.tokens_per_s / ar_tps)
@@ -70,7 +74,7 @@ def main(argv: list[str] | None = None) -> None:
     budgets = [int(x) for x in a.budgets.split(",")] if a.budgets else [a.k, 2 * a.k]
     rows = compare(a.run, a.k, budgets, a.repeats, a.requests, a.temperature)
     for row in rows:
-        print(f"{row['mode']:>14}  budget {row['budget']:>2}  T={row['temperature']:.2f}  "
+        print(f"{row['mode']:>18}  budget {row['budget']:>2}  T={row['temperature']:.2f}  "
               f"accepted length {row['mean_accepted_length']:.3f}  rollout speedup {row['rollout_speedup']:.3f}x")
     with open(os.path.join(a.run, "tree_vs_chain.json"), "w") as f:
         json.dump(rows, f, indent=1)
