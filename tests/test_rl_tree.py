@@ -14,7 +14,7 @@ from rl_loop.drafters import build_drafter, distill
 from rl_loop.engine import GenerationConfig, RolloutEngine
 from rl_loop.model import KVCache, ModelConfig, Qwen3
 from rl_loop.train import REQUIRED_SUMMARY_KEYS, run, tiny_config
-from rl_loop.tree_engine import TreeRolloutEngine, TreeShape, tree_shape_for
+from rl_loop.tree_engine import TreeRolloutEngine, TreeShape, sampled_paths, tree_shape_for
 from specdec_kernels.testing.stats import two_sample_chi2
 
 pytestmark = pytest.mark.rl
@@ -135,6 +135,9 @@ def test_sampled_tree_speculation_has_the_autoregressive_law(policy_and_drafter,
 def test_tree_shape_and_drafter_validation(policy_and_drafter):
     policy, _ = policy_and_drafter
     assert tree_shape_for(3) == TreeShape(depth=3, top_k=2, beam=2, budget=3)
+    assert sampled_paths(3, 3) == [(0,), (0, 0), (0, 0, 0)]  # equal node budget: the chain
+    assert sampled_paths(3, 7) == [(0,), (0, 0), (0, 0, 0), (1,), (0, 1), (0, 0, 1), (2,)]
+    assert sampled_paths(3, 2) == [(0,), (0, 0)]
     with pytest.raises(ValueError, match="budget"):
         TreeShape(depth=1, top_k=2, beam=2, budget=3)
     with pytest.raises(ValueError, match="beam"):
