@@ -244,7 +244,11 @@ def setup(cfg: RunConfig, log) -> dict:
                  "loss_last": losses[-1] if losses else None, "seconds": timings["drafter_warm_s"]})
         else:
             drafter.trainable().load_state_dict(ckpt["drafter"])
-    engine = RolloutEngine(policy, drafter, tok.eos_id)
+    if cfg.spec == "tree":
+        from .tree_engine import TreeRolloutEngine as engine_cls
+    else:
+        engine_cls = RolloutEngine
+    engine = engine_cls(policy, drafter, tok.eos_id)
     opt = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=0.0, betas=(0.9, 0.99))
     drafter_opt = None
     if drafter is not None:
@@ -351,7 +355,9 @@ def run(cfg: RunConfig) -> dict:
     if cfg.backend == "vllm":
         raise NotImplementedError("--backend vllm is not implemented in rl_loop yet (use --backend own)")
     if cfg.spec == "tree":
-        raise NotImplementedError("--spec tree is not implemented in rl_loop yet (use --spec chain)")
+        from .tree_engine import check_tree_config
+
+        check_tree_config(cfg.drafter, cfg.pipeline)
     if cfg.pipeline == "async":
         from .async_pipeline import run_async
 
