@@ -25,6 +25,10 @@ Target features (what the target's forward captured, per input position; see ``f
 verified rows ``[B, k + 1, F]`` (row j = the target's input at position ``num_tokens - 1 + j``); only the
 first ``n + 1`` rows of each sequence are read.
 
+Continuous batching. ``reset(num_slots)`` starts an empty batch, ``admit(rows, ...)`` prefills new
+sequences into some slots, and ``subset(rows)`` / ``update(rows, sub)`` run ``propose``/``commit`` on
+the active slots only (``CachedDrafter`` implements them for every head).
+
 Randomness. Stochastic proposals sample from the draft distribution q with the project's stateless
 Philox (``reference/philox.py``) on stream :data:`STREAM_DRAFT` = 3, which DESIGN.md §4 leaves unused by
 the verifiers: the draft token at absolute position ``pos`` of a sequence with key ``seed`` uses
@@ -149,7 +153,8 @@ class Drafter(abc.ABC):
         logits) and ``probs`` is None. Otherwise rows with temperature > 0 sample from
         q = softmax(draft logits / temperature) with Philox stream 3 keyed by ``seed`` [B] int64 at absolute
         positions ``position + j`` (``position`` [B] int64 defaults to :attr:`num_tokens`), rows with 0 draft
-        greedily, and ``probs`` [B, k, V] holds q (one-hot for greedy rows).
+        greedily, and ``probs`` [B, k, V] holds q (for greedy rows the temperature-1 draft softmax, which
+        verifiers ignore for greedy requests).
         """
         tree = self.propose_tree(k, 1, 1, temperature, seed, position)
         # With top_k = beam_width = 1 the tree is a chain: node j + 1 is the child of node j.

@@ -1,0 +1,1 @@
+"""Kernel microbenchmarks (run from the repository root: python -m benchmarks.bench_chain --help)."""

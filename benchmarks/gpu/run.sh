@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# One short GPU lease (H200, < 8 min): install carried wheels, build the CUDA extension when its sources
+# exist, run the GPU tests (Triton / native tokens equal to the reference), then the chain sweep.
+# Everything lands in $OUT: run.log, pytest.xml, chain_cuda.csv, chain_cuda.png.
+#
+# Usage, from the repository root on the GPU machine:   bash benchmarks/gpu/run.sh
+# Environment knobs: OUT (default benchmarks/results/gpu_run), PYTHON (default python3),
+# SWEEP_ARGS (bench_chain arguments; default "--k 1,3,7 --dtype bfloat16": batch {1,8,64,256} x vocab
+# {32000,151936,262144} x greedy/random x deterministic/stochastic),
+# TEST_TIMEOUT / BUILD_TIMEOUT / SWEEP_TIMEOUT in seconds (defaults 150 / 120 / 180), BENCH_DEVICE (default
+# cuda; "cpu" dry-runs the script on a machine without a GPU).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-$PWD/benchmarks/results/gpu_run}
+PY=${PYTHON:-python3}
+mkdir -p "$OUT"
+exec > >(tee -a "$OUT/run.log") 2>&1
+export PYTHONUNBUFFERED=1
+SECONDS=0
+step() { echo "== [${SECONDS}s] $*"; }
+
+step "machine"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv || true
+git log -1 --format='commit %H %cd' 2>/dev/null || true
+
+if compgen -G ".whl/*.whl" > /dev/null; then
+  step "installing carried wheels: $(ls .whl | tr '\n' ' ')"
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} \
+    || echo "!! wheel install failed; continuing without them"
+fi
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+"$PY" -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
+
+if [ -d csrc ]; then
+  step "building the native extension (CUDA sm_90a)"
+  export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0a} MAX_JOBS=${MAX_JOBS:-16}
+  timeout "${BUILD_TIMEOUT:-120}" "$PY" -m pip install -q --no-deps --no-build-isolation -e . \
+    || echo "!! native build failed or timed out; native providers will be skipped"
+fi
+"$PY" -c "import specdec_kernels as sk; print('backends on cuda:', sk.available_backends('cuda'))"
+
+step "GPU tests: pytest -m 'triton or native'"
+# Several workers: most of the test time is Triton compiling one kernel variant per shape and dtype.
+XDIST=$("$PY" -c "import xdist" 2>/dev/null && echo "-n 4" || echo "")
+# shellcheck disable=SC2086  # XDIST is empty or two arguments
+timeout "${TEST_TIMEOUT:-150}" "$PY" -m pytest -q -m "triton or native" tests -p no:cacheprovider $XDIST \
+  --continue-on-collection-errors --junitxml="$OUT/pytest.xml"
+echo "pytest exit code: $?"
+
+step "chain sweep"
+# shellcheck disable=SC2086  # SWEEP_ARGS is a list of arguments
+timeout "${SWEEP_TIMEOUT:-180}" "$PY" -m benchmarks.bench_chain --device "${BENCH_DEVICE:-cuda}" --repeats 20 --warmup 3 \
+  --out "$OUT/chain_cuda.csv" ${SWEEP_ARGS:---k 1,3,7 --dtype bfloat16}
+echo "sweep exit code: $? (rows are flushed one by one: a timeout keeps what was measured)"
+
+step "plot"
+"$PY" -m benchmarks.plot "$OUT/chain_cuda.csv" --out "$OUT/chain_cuda.png" --table --baseline triton \
+  > "$OUT/chain_cuda_table.md" || echo "!! plot failed (matplotlib missing?)"
+step "done"

@@ -1,0 +1,114 @@
+"""The three hot operations of a drafter head, as readable torch (the spec) with Triton dispatch.
+
+- :func:`fuse_features`: per-chunk RMSNorm of the captured target features, then ``fc`` (EAGLE-3).
+- :func:`head_topk`: ``lm_head`` over the draft vocabulary, top-k (k = 1: argmax) and the log-softmax of
+  the chosen entries, ids mapped to target ids through ``d2t``.
+- :func:`head_sample`: ``lm_head``, temperature, softmax over the draft vocabulary, the q row scattered
+  to the target vocabulary, and Gumbel-top-k draws on Philox stream 3 (base.STREAM_DRAFT).
+
+``backend="triton"`` runs the fused kernels of ``specdec_kernels/triton/drafter.py`` (GPU, or
+``TRITON_INTERPRET=1`` on CPU); ``"torch"`` the eager code below.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from .base import draft_uniforms, scatter_to_target
+from .layers import rms_norm
+
+BACKENDS = ("torch", "triton")
+
+
+class TopK(NamedTuple):
+    target_ids: torch.Tensor  # [R, k] int64, by decreasing score (ties: lowest draft id first)
+    log_probs: torch.Tensor  # [R, k] float32 log-softmax at temperature 1 over the draft vocabulary
+
+
+class Sample(NamedTuple):
+    target_ids: torch.Tensor  # [R, k] int64 draws without replacement, in draw order
+    log_probs: torch.Tensor  # [R, k] float32 log q of the drawn ids
+    q: torch.Tensor  # [R, V] float32 draft distribution over the target vocabulary
+
+
+def _check_backend(backend: str) -> None:
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+
+
+def fuse_features(features: torch.Tensor, norm_weights: torch.Tensor | None, fc_weight: torch.Tensor,
+                  eps: float, backend: str = "torch") -> torch.Tensor:
+    """[R, C*Ht] captured features -> [R, H]: RMSNorm each of the C chunks (if ``norm_weights`` [C, Ht]
+    is given), concatenate, multiply by ``fc_weight`` [H, C*Ht]. Output in ``fc_weight``'s dtype."""
+    _check_backend(backend)
+    if backend == "triton":
+        from ..triton.drafter import fused_norm_fc
+
+        return fused_norm_fc(features, norm_weights, fc_weight, eps)
+    x = features.to(fc_weight.dtype)
+    if norm_weights is not None:
+        chunks = x.chunk(norm_weights.shape[0], dim=-1)
+        x = torch.cat([rms_norm(c, w, eps) for c, w in zip(chunks, norm_weights, strict=True)], dim=-1)
+    return x @ fc_weight.t()
+
+
+def head_topk(hidden: torch.Tensor, lm_head: torch.Tensor, d2t: torch.Tensor, k: int,
+              backend: str = "torch") -> TopK:
+    """Top-``k`` draft tokens of ``hidden`` [R, H] (final-normed) under ``lm_head`` [Vd, H].
+
+    Returns target ids ``draft_id + d2t[draft_id]`` and their log-probabilities (float32 softmax over the
+    draft vocabulary). The Triton path never materialises the [R, Vd] logits.
+    """
+    _check_backend(backend)
+    if not 1 <= k <= lm_head.shape[0]:
+        raise ValueError(f"k must be in [1, draft_vocab_size={lm_head.shape[0]}], got {k}")
+    if backend == "triton":
+        from ..triton.drafter import lm_head_topk
+
+        ids, logp = lm_head_topk(hidden, lm_head, d2t, k)
+        return TopK(ids, logp)
+    logits = (hidden @ lm_head.t()).float()
+    lse = torch.logsumexp(logits, dim=-1, keepdim=True)
+    vals, idx = _stable_topk(logits, k)
+    return TopK(idx + d2t[idx], vals - lse)
+
+
+def _stable_topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k by value, ties broken towards the lowest index (torch.topk leaves ties unspecified)."""
+    order = torch.sort(x, dim=-1, descending=True, stable=True)
+    return order.values[:, :k], order.indices[:, :k]
+
+
+def head_sample(hidden: torch.Tensor, lm_head: torch.Tensor, d2t: torch.Tensor, vocab_size: int,
+                temperature: torch.Tensor, seed: torch.Tensor, position: torch.Tensor, k: int,
+                backend: str = "torch") -> Sample:
+    """Draw ``k`` tokens without replacement from q = softmax(logits / temperature) per row.
+
+    ``hidden`` [R, H], ``temperature`` [R] float32 (0 = greedy row: q at temperature 1, no noise, the
+    top-k), ``seed`` [R] int64, ``position`` [R] int64 absolute position the draws decide. Gumbel noise
+    for target id v is ``-log(-log(rand(seed, (position << 32) | (3 << 30) | v)))``; the draws are the
+    top-k of ``log q + noise`` (ties to the lowest draft id). Returns target ids, log q of them, and q
+    over the target vocabulary [R, V] (zero outside the draft vocabulary).
+    """
+    _check_backend(backend)
+    if not 1 <= k <= lm_head.shape[0]:
+        raise ValueError(f"k must be in [1, draft_vocab_size={lm_head.shape[0]}], got {k}")
+    if backend == "triton":
+        from ..triton.drafter import lm_head_sample
+
+        ids, logq, q = lm_head_sample(hidden, lm_head, d2t, vocab_size, temperature, seed, position, k)
+        return Sample(ids, logq, q)
+    logits = (hidden @ lm_head.t()).float()
+    t = temperature.float()
+    greedy = t <= 0
+    z = logits / torch.where(greedy, torch.ones_like(t), t)[:, None]
+    logq = torch.log_softmax(z, dim=-1)
+    target_ids = torch.arange(lm_head.shape[0], device=d2t.device) + d2t
+    u = draft_uniforms(seed, position, vocab_size)[:, target_ids]
+    noise = -torch.log(-torch.log(u))
+    scores = torch.where(greedy[:, None], logq, logq + noise)
+    _, idx = _stable_topk(scores, k)
+    q = scatter_to_target(torch.exp(logq), d2t, vocab_size, 0.0)
+    return Sample(idx + d2t[idx], logq.gather(1, idx), q)

