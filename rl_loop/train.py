@@ -245,6 +245,10 @@ def setup(cfg: RunConfig, log) -> dict:
         else:
             drafter.trainable().load_state_dict(ckpt["drafter"])
     engine = RolloutEngine(policy, drafter, tok.eos_id)
+    if cfg.backend == "vllm":  # rollouts served by vLLM with our plugin (rl_loop/vllm_backend.py)
+        from .vllm_backend import make_engine
+
+        engine = make_engine(cfg, policy, drafter, tok)
     opt = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=0.0, betas=(0.9, 0.99))
     drafter_opt = None
     if drafter is not None:
@@ -346,7 +350,9 @@ def rl_step(cfg: RunConfig, s: dict, step: int) -> dict:
 def run(cfg: RunConfig) -> dict:
     """Run the whole pipeline; returns the summary dict (also written to ``OUT/summary.json``)."""
     if cfg.backend == "vllm":
-        raise NotImplementedError("--backend vllm is not implemented in rl_loop yet (use --backend own)")
+        from .vllm_backend import check_config
+
+        check_config(cfg)
     if cfg.spec == "tree":
         raise NotImplementedError("--spec tree is not implemented in rl_loop yet (use --spec chain)")
     if cfg.pipeline == "async":
