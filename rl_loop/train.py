@@ -245,11 +245,11 @@ def setup(cfg: RunConfig, log) -> dict:
         else:
             drafter.trainable().load_state_dict(ckpt["drafter"])
     engine = RolloutEngine(policy, drafter, tok.eos_id)
+    opt = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=0.0, betas=(0.9, 0.99))
     if cfg.backend == "vllm":  # rollouts served by vLLM with our plugin (rl_loop/vllm_backend.py)
         from .vllm_backend import make_engine
 
         engine = make_engine(cfg, policy, drafter, tok)
-    opt = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=0.0, betas=(0.9, 0.99))
     drafter_opt = None
     if drafter is not None:
         params = [p for p in drafter.trainable().parameters() if p.requires_grad]
