@@ -254,6 +254,13 @@ def _push_weights(worker, policy_dir: str, draft_dir: str | None) -> None:
         _retie(proposer.model)
 
 
+def _draft_probe(worker) -> dict:
+    """Runs in the vLLM worker: a few of the served draft model's weights, and whether its head is tied."""
+    model = worker.model_runner.drafter.model
+    return {"embed": model.model.embed_tokens.weight.detach().clone(), "norm": model.model.norm.weight.detach().clone(),
+            "tied": model.lm_head.weight is model.model.embed_tokens.weight}
+
+
 def make_engine(cfg, policy: Qwen3, drafter: SlotDrafter | None, tokenizer: CharTokenizer):
     """The rollout engine for ``cfg.backend``: our own (``"own"``) or :class:`VllmRolloutEngine`."""
     from .engine import RolloutEngine
@@ -322,9 +329,17 @@ def weight_push_check(workdir: str, drafter_kind: str = "draft_model", seed: int
     after_vllm = engine.generate(prompts, [0] * len(prompts), gen)
     after_own = own.generate(prompts, [0] * len(prompts), GenerationConfig(
         max_new_tokens=max_new_tokens, temperature=0.0, spec="none", backend="reference"))
+    draft_synced = None
+    if engine.method == "draft_model":  # the draft model's weights in vLLM equal the drafter's
+        ours = drafter.trainable()
+        served = engine.llm(True).collective_rpc(_draft_probe)[0]
+        vocab = ours.config.vocab_size  # vLLM pads the vocabulary dimension
+        draft_synced = (torch.equal(served["embed"][:vocab], ours.model.embed_tokens.weight.detach())
+                        and torch.equal(served["norm"], ours.model.norm.weight.detach()) and served["tied"])
     engine.close()
     return {
         "method": engine.method,
+        "draft_weights_synced": draft_synced,
         "equal_before": before_vllm.response_ids == before_own.response_ids,
         "equal_after": after_vllm.response_ids == after_own.response_ids,
         "push_changed_output": before_vllm.response_ids != after_vllm.response_ids,
@@ -341,11 +356,13 @@ def main(argv: list[str] | None = None) -> None:
 
     parser = argparse.ArgumentParser(description="Check that policy weight pushes reach vLLM (greedy equality).")
     parser.add_argument("--workdir", required=True)
-    parser.add_argument("--drafter", choices=("eagle3", "mtp", "draft_model"), default="draft_model")
+    parser.add_argument("--drafter", choices=("eagle3", "mtp", "draft_model"), nargs="+",
+                        default=["draft_model", "eagle3"],
+                        help="one check per drafter, in order (an ngram engine must start last: see VllmRolloutEngine.llm)")
     parser.add_argument("--out", default=None, help="write the JSON result here too")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    result = weight_push_check(args.workdir, args.drafter)
+    result = {kind: weight_push_check(os.path.join(args.workdir, kind), kind) for kind in args.drafter}
     print(json.dumps(result))
     if args.out:
         with open(args.out, "w") as f:

@@ -5,9 +5,10 @@ vLLM engines are started in subprocesses (one engine start per process keeps the
 - a tiny one-step GRPO run with the draft-model drafter writes ``summary.json`` with every required key,
   passes the AR-vs-speculative equivalence check inside vLLM, accepts drafts, and the plugin's trace shows
   that our sampler verified them;
-- the weight-push check: vLLM's greedy speculative output (ngram, the stand-in for the EAGLE-3 drafter)
-  equals our own engine's autoregressive greedy output before and after a policy update pushed with
-  ``VllmRolloutEngine.sync``, and the update changed the output (so the push is what made them equal).
+- the weight-push check, with the draft model and with ngram (the stand-in for the EAGLE-3 drafter):
+  vLLM's greedy speculative output equals our own engine's autoregressive greedy output before and after
+  a policy update pushed with ``VllmRolloutEngine.sync``, the update changed the output (so the push is
+  what made them equal), and the served draft model's weights equal the drafter's after the push.
 """
 
 from __future__ import annotations
@@ -87,9 +88,11 @@ def test_weight_push_reaches_vllm(tmp_path):
     pytest.importorskip("vllm")
     result_path = tmp_path / "push.json"
     _run([sys.executable, "-m", "rl_loop.vllm_backend", "--workdir", str(tmp_path / "weights"), "--drafter",
-          "eagle3", "--out", str(result_path)], _env(), str(tmp_path))
-    result = json.loads(result_path.read_text())
-    assert result["method"] == "ngram"
-    assert result["equal_before"] is True
-    assert result["push_changed_output"] is True  # the update matters, so equality below needs the push
-    assert result["equal_after"] is True  # vLLM greedy == own engine greedy for the new weights
+          "draft_model", "eagle3", "--out", str(result_path)], _env(), str(tmp_path))
+    results = json.loads(result_path.read_text())
+    assert [r["method"] for r in results.values()] == ["draft_model", "ngram"]
+    for result in results.values():
+        assert result["equal_before"] is True
+        assert result["push_changed_output"] is True  # the update matters, so equality below needs the push
+        assert result["equal_after"] is True  # vLLM greedy == own engine greedy for the new weights
+    assert results["draft_model"]["draft_weights_synced"] is True  # the draft model was pushed too
