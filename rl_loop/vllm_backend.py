@@ -226,9 +226,8 @@ class VllmRolloutEngine:
 def _retie(model: torch.nn.Module) -> None:
     """Re-tie a reloaded model's LM head to its embedding and rebuild the head's CPU GEMM state.
 
-    The in-place reload materialises fresh parameters, which breaks the tie ``lm_head.weight is
-    embed_tokens.weight`` (the head is not in a tied checkpoint, so it would keep stale values), and the
-    CPU head multiplies with a prepacked copy made at load time.
+    A tied checkpoint has no ``lm_head.weight``, so the in-place reload skips the head ("ParallelLMHead:
+    Failed to load weights") and the head keeps the prepacked CPU GEMM copy made from the old weights.
     """
     config = getattr(model, "config", None)
     head = getattr(model, "lm_head", None)
@@ -255,10 +254,14 @@ def _push_weights(worker, policy_dir: str, draft_dir: str | None) -> None:
 
 
 def _draft_probe(worker) -> dict:
-    """Runs in the vLLM worker: a few of the served draft model's weights, and whether its head is tied."""
+    """Runs in the vLLM worker: a few of the served draft model's weights, and whether its LM head
+    computes with the current (tied) embedding."""
     model = worker.model_runner.drafter.model
-    return {"embed": model.model.embed_tokens.weight.detach().clone(), "norm": model.model.norm.weight.detach().clone(),
-            "tied": model.lm_head.weight is model.model.embed_tokens.weight}
+    head, embed = model.lm_head, model.model.embed_tokens.weight
+    x = torch.randn(4, embed.shape[1], generator=torch.Generator().manual_seed(0))
+    head_current = torch.allclose(head.quant_method.apply(head, x), x @ embed.T, atol=1e-4, rtol=1e-4)
+    return {"embed": embed.detach().clone(), "norm": model.model.norm.weight.detach().clone(),
+            "head_current": bool(head_current)}
 
 
 def make_engine(cfg, policy: Qwen3, drafter: SlotDrafter | None, tokenizer: CharTokenizer):
@@ -335,7 +338,7 @@ def weight_push_check(workdir: str, drafter_kind: str = "draft_model", seed: int
         served = engine.llm(True).collective_rpc(_draft_probe)[0]
         vocab = ours.config.vocab_size  # vLLM pads the vocabulary dimension
         draft_synced = (torch.equal(served["embed"][:vocab], ours.model.embed_tokens.weight.detach())
-                        and torch.equal(served["norm"], ours.model.norm.weight.detach()) and served["tied"])
+                        and torch.equal(served["norm"], ours.model.norm.weight.detach()) and served["head_current"])
     engine.close()
     return {
         "method": engine.method,
