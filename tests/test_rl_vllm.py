@@ -76,6 +76,8 @@ def test_tiny_vllm_run_writes_summary(tmp_path):
     assert 1.0 < summary["mean_accepted_length"] <= 4.0  # the distilled draft model's drafts get accepted
     by_pos = summary["acceptance_by_position"]
     assert len(by_pos) == 3 and all(0 <= a <= 1 for a in by_pos) and by_pos == sorted(by_pos, reverse=True)
+    served = json.loads((out / "vllm_backend.json").read_text())
+    assert served["spec_method"] == "draft_model" and served["plugin_active"] is True
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "event" not in r] == [0]
     # the plugin (our verify_chain) verified the drafts inside vLLM: "<sampler> <backend> <pid> <reqs> <drafts> <acc>"
