@@ -250,6 +250,10 @@ def setup(cfg: RunConfig, log) -> dict:
         engine_cls = RolloutEngine
     engine = engine_cls(policy, drafter, tok.eos_id)
     opt = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=0.0, betas=(0.9, 0.99))
+    if cfg.backend == "vllm":  # rollouts served by vLLM with our plugin (rl_loop/vllm_backend.py)
+        from .vllm_backend import make_engine
+
+        engine = make_engine(cfg, policy, drafter, tok)
     drafter_opt = None
     if drafter is not None:
         params = [p for p in drafter.trainable().parameters() if p.requires_grad]
@@ -353,7 +357,9 @@ def rl_step(cfg: RunConfig, s: dict, step: int) -> dict:
 def run(cfg: RunConfig) -> dict:
     """Run the whole pipeline; returns the summary dict (also written to ``OUT/summary.json``)."""
     if cfg.backend == "vllm":
-        raise NotImplementedError("--backend vllm is not implemented in rl_loop yet (use --backend own)")
+        from .vllm_backend import check_config
+
+        check_config(cfg)
     if cfg.spec == "tree":
         from .tree_engine import check_tree_config
 

@@ -65,5 +65,5 @@ def test_tiny_run_writes_summary_and_resume_continues_exactly(tmp_path):
 
 
 def test_not_implemented_modes_say_so(tmp_path):
-    with pytest.raises(NotImplementedError, match="vllm"):
-        run(replace(tiny_config(out=str(tmp_path)), backend="vllm"))
+    with pytest.raises(ValueError, match="backend vllm"):  # vLLM verifies chains only
+        run(replace(tiny_config(out=str(tmp_path)), backend="vllm", spec="tree"))
