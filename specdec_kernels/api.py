@@ -42,16 +42,20 @@ def _native_usable(device: torch.device) -> bool:
 
 
 def available_backends(device: torch.device | str = "cpu") -> list[str]:
-    """Backends that can run on tensors of ``device`` in this installation, fastest first."""
+    """Backends that can run on tensors of ``device`` in this installation, fastest first.
+
+    ``backend="auto"`` takes the first. On CPU tensors Triton runs only through its interpreter
+    (TRITON_INTERPRET=1), a correctness tool slower than the reference, so it is listed last there.
+    """
     device = torch.device(device)
     names = []
     if device.type == "cuda" and _triton_usable(device):
         names.append("triton")
     if _native_usable(device):
         names.append(device.type)
+    names.append("reference")
     if device.type != "cuda" and _triton_usable(device):
         names.append("triton")
-    names.append("reference")
     return names
 
 
