@@ -141,20 +141,15 @@ def _eagle_pending(drafter: Eagle3Drafter, slots: list[int]) -> tuple[torch.Tens
     Returns the draft logits of the first tree level [R, V], the head output g there [R, H] and the new
     committed head length [R].
     """
-    n_pend = [len(drafter.pend_tok[s]) for s in slots]
-    r, width = len(n_pend), max(n_pend)
-    h = drafter.head.fc.out_features
-    toks = torch.zeros(r, width, dtype=torch.long)
-    feats = torch.zeros(r, width, h)
-    for i, s in enumerate(slots):
-        toks[i, : n_pend[i]] = torch.tensor(drafter.pend_tok[s])
-        feats[i, : n_pend[i]] = drafter.pend_feat[s]
     rows = torch.tensor(slots)
+    n = drafter.n_pend[rows]
+    r, width = n.numel(), int(n.max())
+    toks = drafter.pend_tok[rows, :width]  # rows past n_b are stale and ignored (as in Eagle3Drafter.propose)
+    feats = drafter.pend_feat[rows, :width]
     start = drafter.length[rows]
     depth = torch.arange(width).expand(r, width) + 1
     logits, (g,) = drafter.head.decoder.step(toks, drafter.cache, rows, start, int(start.max()) + width, depth=depth,
                                              hidden_layers=(0,), inputs_embeds=drafter.head.inputs(toks, feats))
-    n = torch.tensor(n_pend)
     ar = torch.arange(r)
     base = start + n
     drafter.length[rows] = base
