@@ -98,13 +98,16 @@ def _weights(s: dict) -> tuple[dict, dict | None]:
 
 
 def _init_ray():
+    """Attach to ``RAY_ADDRESS`` or start a local 2-CPU Ray; returns (ray, whether this call started it)."""
     import ray
 
+    if ray.is_initialized():  # the caller's own Ray session: use it, leave it running
+        return ray, False
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False)
     else:
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    return ray
+    return ray, True
 
 
 def run_async(cfg: RunConfig) -> dict:
@@ -123,7 +126,8 @@ def run_async(cfg: RunConfig) -> dict:
     s = setup(cfg, log)
     st = s["state"]
     evaluate_start(cfg, s, log)
-    ray = _init_ray()
+    ray, owns_ray = _init_ray()
+    actor = None
     try:
         actor_cls = ray.remote(num_cpus=1)(GeneratorActor)
         version = st["step"]  # one update per step: after a resume the trainer holds version `step`
@@ -176,7 +180,10 @@ def run_async(cfg: RunConfig) -> dict:
             if cfg.checkpoint_every and st["step"] % cfg.checkpoint_every == 0:
                 save_checkpoint(cfg, s)
     finally:
-        ray.shutdown()
+        if owns_ray:
+            ray.shutdown()
+        elif actor is not None:
+            ray.kill(actor)
     # Steps that also ran the side-by-side AR rollouts make the trainer wait for them too (a sync step does
     # not count them), so the comparison uses the other steps when there are any.
     plain = [w for w in step_walls if not w[2]] or step_walls
