@@ -17,7 +17,8 @@ Actor calls run in submission order, so ``generate(t + 1)`` sees the weights pus
 the rollouts trained at step t come from version ``t - 1`` (lag 1; lag 0 on the first step), never older.
 The importance ratio of the clipped GRPO loss is ``pi_v / pi_g``: the trainer recomputes the old log-probs
 with a snapshot of version g (see :func:`rl_loop.train.train_on_batch`), so the ratio stays correct under
-the lag. Each metrics row records ``policy_version``, ``rollout_version`` and ``policy_lag``.
+the lag. Each metrics row records ``policy_version``, ``rollout_version`` and ``policy_lag``. After a resume
+the pipeline refills from the checkpoint's weights (the first resumed step has lag 0).
 
 ``ray.init()`` starts a local Ray (2 CPUs) unless ``RAY_ADDRESS`` is set, in which case the same code
 attaches to that cluster (the ``rl_loop`` package must be importable on its nodes).
