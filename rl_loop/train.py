@@ -170,13 +170,17 @@ def score(problems: list[Problem], rollouts: Rollouts, tok: CharTokenizer) -> to
 
 def train_on_batch(
     policy: Qwen3, opt: torch.optim.Optimizer, ids: torch.Tensor, mask: torch.Tensor, adv: torch.Tensor,
-    cfg: RunConfig, ref: Qwen3 | None,
+    cfg: RunConfig, ref: Qwen3 | None, behaviour: Qwen3 | None = None,
 ) -> dict:
-    """Recompute old log-probs, then ``cfg.minibatches`` clipped GRPO steps over the batch."""
+    """Recompute old log-probs, then ``cfg.minibatches`` clipped GRPO steps over the batch.
+
+    ``behaviour``: the policy version that generated the rollouts when it differs from ``policy`` (async
+    pipeline, lag 1); the old log-probs, hence the importance ratio, are taken under it. None: ``policy``.
+    """
     t0 = time.perf_counter()
     policy.eval()
     with torch.no_grad():
-        old = policy_log_probs(policy, ids, cfg.temperature)
+        old = policy_log_probs(policy if behaviour is None else behaviour, ids, cfg.temperature)
         ref_lp = policy_log_probs(ref, ids, cfg.temperature) if ref is not None and cfg.kl_coef > 0 else None
     t1 = time.perf_counter()
     policy.train()
@@ -292,24 +296,39 @@ def save_checkpoint(cfg: RunConfig, s: dict) -> None:
     os.replace(tmp, os.path.join(cfg.out, "checkpoint.pt"))
 
 
-def rl_step(cfg: RunConfig, s: dict, step: int) -> dict:
-    """One sync GRPO step; returns its metrics row."""
-    tok, engine, policy = s["tok"], s["engine"], s["policy"]
+def step_requests(cfg: RunConfig, s: dict, step: int) -> tuple[list[Problem], list[list[int]], list[int]]:
+    """The step's problems (each repeated ``group_size`` times), their token prompts and Philox seeds."""
+    tok = s["tok"]
     rng = random.Random(f"prompts/{cfg.seed}/{step}")
     problems = [p for p in rng.sample(s["train"], cfg.prompts_per_step) for _ in range(cfg.group_size)]
     prompts = [tok.encode(p.prompt, bos=True) for p in problems]
-    seeds = request_seeds(cfg.seed, step, len(prompts))
-    gen = cfg.generation()
-    rollouts = engine.generate(prompts, seeds, gen)
+    return problems, prompts, request_seeds(cfg.seed, step, len(prompts))
+
+
+def rollout_row(cfg: RunConfig, s: dict, step: int, rollouts: Rollouts, ar: RolloutStats | None) -> dict:
+    """The generation part of a step's metrics row (``ar``: stats of the side-by-side AR rollouts)."""
     row: dict = {"step": step, "gen_s": rollouts.stats.time_s, "gen_tokens": rollouts.stats.tokens}
-    if gen.spec != "none":
+    if cfg.spec != "none":
         s["state"]["spec_stats"].merge(rollouts.stats)
         row.update(mean_accepted_length=rollouts.stats.mean_accepted_length,
                    acceptance_by_position=rollouts.stats.acceptance_by_position)
-    compare = gen.spec != "none" and cfg.compare_every > 0 and step % cfg.compare_every == 0
-    if compare:  # the same requests, same policy snapshot, autoregressive: timing side by side
-        ar = engine.generate(prompts, seeds, cfg.generation(spec="none"))
-        row.update(ar_gen_s=ar.stats.time_s, ar_gen_tokens=ar.stats.tokens)
+    if ar is not None:
+        row.update(ar_gen_s=ar.time_s, ar_gen_tokens=ar.tokens)
+    return row
+
+
+def compare_step(cfg: RunConfig, step: int) -> bool:
+    """Whether ``step`` also generates its requests autoregressively for the side-by-side timing."""
+    return cfg.spec != "none" and cfg.compare_every > 0 and step % cfg.compare_every == 0
+
+
+def learn(cfg: RunConfig, s: dict, step: int, problems: list[Problem], prompts: list[list[int]],
+          rollouts: Rollouts, row: dict, behaviour: Qwen3 | None = None) -> None:
+    """Score, GRPO-train on ``rollouts``, weight-sync the local engine and adapt the drafter; fills ``row``.
+
+    ``behaviour``: see :func:`train_on_batch`.
+    """
+    tok, policy = s["tok"], s["policy"]
     rewards = score(problems, rollouts, tok)
     adv = grpo.group_advantages(rewards, cfg.group_size, scale=cfg.scale_advantages)
     keep = grpo.dynamic_sampling_mask(rewards, cfg.group_size) if cfg.dynamic_sampling else torch.ones_like(rewards, dtype=torch.bool)
@@ -321,11 +340,10 @@ def rl_step(cfg: RunConfig, s: dict, step: int) -> dict:
         idx = keep.nonzero().squeeze(1).tolist()
         ids, mask = build_batch([prompts[i] for i in idx], [rollouts.response_ids[i] for i in idx],
                                 [rollouts.finished[i] for i in idx], tok)
-        train_stats = train_on_batch(policy, s["opt"], ids, mask, adv[keep], cfg, s["ref"])
+        train_stats = train_on_batch(policy, s["opt"], ids, mask, adv[keep], cfg, s["ref"], behaviour)
     row.update(train_stats)
     t0 = time.perf_counter()
-    engine.sync()  # weight sync: the engine and the drafter see the new policy
-    drafter_s = 0.0
+    s["engine"].sync()  # weight sync: the engine and the drafter see the new policy
     if s["drafter"] is not None and cfg.drafter_adapt_steps > 0 and step % cfg.drafter_adapt_every == 0:
         ids, mask = build_batch(prompts, rollouts.response_ids, rollouts.finished, tok)
         for p in policy.parameters():
@@ -335,13 +353,17 @@ def rl_step(cfg: RunConfig, s: dict, step: int) -> dict:
         for p in policy.parameters():
             p.requires_grad_(True)
         row["drafter_loss"] = losses[-1]
-    drafter_s = time.perf_counter() - t0
-    row["sync_adapt_s"] = drafter_s
+    row["sync_adapt_s"] = time.perf_counter() - t0
+
+
+def account_step(s: dict, row: dict, rollouts: Rollouts, ar: RolloutStats | None) -> None:
+    """Per-step time (``row["step_s"]``) and the running spec-vs-AR comparison totals in ``s["state"]``."""
+    drafter_s = row["sync_adapt_s"]
     row["step_s"] = row["gen_s"] + row["logprob_s"] + row["train_s"] + drafter_s
     cmp = s["state"]["cmp"]
     cmp["adapt_s"] = cmp.get("adapt_s", 0.0) + drafter_s  # sync + adaptation, amortised over every step
     cmp["steps"] = cmp.get("steps", 0) + 1
-    if compare:
+    if ar is not None:
         cmp["spec_tokens"] += rollouts.stats.tokens
         cmp["spec_s"] += rollouts.stats.time_s
         cmp["ar_tokens"] += row["ar_gen_tokens"]
@@ -350,12 +372,25 @@ def rl_step(cfg: RunConfig, s: dict, step: int) -> dict:
         # same training work on both sides; the speculative step also pays weight sync + adaptation
         cmp["spec_step_s"] += row["gen_s"] + row["logprob_s"] + row["train_s"]
         cmp["ar_step_s"] += row["ar_gen_s"] + row["logprob_s"] + row["train_s"]
-        row["rollout_speedup"] = (rollouts.stats.tokens_per_s / max(ar.stats.tokens_per_s, 1e-9))
+        row["rollout_speedup"] = (rollouts.stats.tokens_per_s / max(ar.tokens_per_s, 1e-9))
+
+
+def rl_step(cfg: RunConfig, s: dict, step: int) -> dict:
+    """One sync GRPO step; returns its metrics row."""
+    engine = s["engine"]
+    problems, prompts, seeds = step_requests(cfg, s, step)
+    rollouts = engine.generate(prompts, seeds, cfg.generation())
+    ar = None
+    if compare_step(cfg, step):  # the same requests, same policy snapshot, autoregressive: timing side by side
+        ar = engine.generate(prompts, seeds, cfg.generation(spec="none")).stats
+    row = rollout_row(cfg, s, step, rollouts, ar)
+    learn(cfg, s, step, problems, prompts, rollouts, row)
+    account_step(s, row, rollouts, ar)
     return row
 
 
-def run(cfg: RunConfig) -> dict:
-    """Run the whole pipeline; returns the summary dict (also written to ``OUT/summary.json``)."""
+def check_run_config(cfg: RunConfig) -> None:
+    """Reject flag combinations no backend supports, with the flags named (before any work starts)."""
     if cfg.backend == "vllm":
         from .vllm_backend import check_config
 
@@ -364,13 +399,12 @@ def run(cfg: RunConfig) -> dict:
         from .tree_engine import check_tree_config
 
         check_tree_config(cfg.drafter, cfg.pipeline)
-    if cfg.pipeline == "async":
-        from .async_pipeline import run_async
 
-        return run_async(cfg)
+
+def open_run(cfg: RunConfig):
+    """Threads, OUT and ``metrics.jsonl`` (truncated unless resuming); returns the ``log(row)`` function."""
     torch.set_num_threads(cfg.num_threads)
     os.makedirs(cfg.out, exist_ok=True)
-    t_run = time.perf_counter()
     metrics_path = os.path.join(cfg.out, "metrics.jsonl")
     if not cfg.resume and os.path.exists(metrics_path):
         os.remove(metrics_path)
@@ -379,12 +413,29 @@ def run(cfg: RunConfig) -> dict:
         with open(metrics_path, "a") as f:
             f.write(json.dumps(row) + "\n")
 
+    return log
+
+
+def evaluate_start(cfg: RunConfig, s: dict, log) -> None:
+    st = s["state"]
+    if st["val_accuracy_start"] is None:
+        st["val_accuracy_start"] = evaluate(s["engine"], s["val"], s["tok"], cfg.generation())
+        log({"event": "eval", "step": 0, "val_accuracy": st["val_accuracy_start"]})
+
+
+def run(cfg: RunConfig) -> dict:
+    """Run the whole pipeline; returns the summary dict (also written to ``OUT/summary.json``)."""
+    check_run_config(cfg)
+    if cfg.pipeline == "async":
+        from .async_pipeline import run_async
+
+        return run_async(cfg)
+    t_run = time.perf_counter()
+    log = open_run(cfg)
     s = setup(cfg, log)
     st = s["state"]
     gen = cfg.generation()
-    if st["val_accuracy_start"] is None:
-        st["val_accuracy_start"] = evaluate(s["engine"], s["val"], s["tok"], gen)
-        log({"event": "eval", "step": 0, "val_accuracy": st["val_accuracy_start"]})
+    evaluate_start(cfg, s, log)
     for step in _progress(range(st["step"], cfg.steps), cfg.progress, desc="grpo", initial=st["step"],
                           total=cfg.steps):
         row = rl_step(cfg, s, step)
@@ -394,6 +445,13 @@ def run(cfg: RunConfig) -> dict:
         st["step"] = step + 1
         if cfg.checkpoint_every and st["step"] % cfg.checkpoint_every == 0:
             save_checkpoint(cfg, s)
+    return finish_run(cfg, s, log, t_run)
+
+
+def finish_run(cfg: RunConfig, s: dict, log, t_run: float, extra: dict | None = None) -> dict:
+    """Final evaluation, checkpoint, exported policy, equivalence check, ``summary.json`` (+ ``extra``), plots."""
+    st = s["state"]
+    gen = cfg.generation()
     val_end = evaluate(s["engine"], s["val"], s["tok"], gen)
     log({"event": "eval", "step": cfg.steps, "val_accuracy": val_end})
     save_checkpoint(cfg, s)
@@ -433,6 +491,7 @@ def run(cfg: RunConfig) -> dict:
             "verify": spec_stats.verify_s, "prefill": spec_stats.prefill_s,
         },
         **s["timings"],
+        **(extra or {}),
         "wall_s": time.perf_counter() - t_run,
     }
     with open(os.path.join(cfg.out, "summary.json"), "w") as f:

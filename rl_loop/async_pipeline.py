@@ -1,0 +1,204 @@
+"""The async GRPO pipeline: rollouts generated on a Ray actor, overlapped with training, policy lag <= 1.
+
+A :class:`GeneratorActor` holds its own copy of the policy and the drafter and the same
+:class:`~rl_loop.engine.RolloutEngine` (same requests, same per-request Philox seeds as the sync loop:
+:func:`rl_loop.train.step_requests`). The trainer (this process) runs :func:`run_async`:
+
+    version v = number of policy updates applied so far (the actor starts with the setup's weights, v0)
+    submit generate(step s0)
+    for step t:
+        wait for rollouts(t), generated under version g (the actor tags them)
+        submit generate(t + 1)                 # runs on the actor, under the weights it holds now
+        train on rollouts(t)                   # old log-probs under version g (a kept snapshot)
+        v += 1; adapt the drafter
+        push weights (policy + drafter, tagged v) to the actor   # queued behind generate(t + 1)
+
+Actor calls run in submission order, so ``generate(t + 1)`` sees the weights pushed after step ``t - 1``:
+the rollouts trained at step t come from version ``t - 1`` (lag 1; lag 0 on the first step), never older.
+The importance ratio of the clipped GRPO loss is ``pi_v / pi_g``: the trainer recomputes the old log-probs
+with a snapshot of version g (see :func:`rl_loop.train.train_on_batch`), so the ratio stays correct under
+the lag. Each metrics row records ``policy_version``, ``rollout_version`` and ``policy_lag``. After a resume
+the pipeline refills from the checkpoint's weights (the first resumed step has lag 0).
+
+``ray.init()`` starts a local Ray (2 CPUs) unless ``RAY_ADDRESS`` is set, in which case the same code
+attaches to that cluster (the ``rl_loop`` package must be importable on its nodes).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import replace
+
+import torch
+
+from .engine import GenerationConfig, RolloutEngine, Rollouts, RolloutStats
+from .model import Qwen3
+from .train import (
+    RunConfig,
+    _progress,
+    account_step,
+    check_run_config,
+    compare_step,
+    evaluate,
+    evaluate_start,
+    finish_run,
+    learn,
+    open_run,
+    rollout_row,
+    save_checkpoint,
+    setup,
+    step_requests,
+)
+
+
+def check_async_config(cfg: RunConfig) -> None:
+    """Reject combinations ``--pipeline async`` does not support, with the flags named."""
+    if cfg.pipeline != "async":
+        raise ValueError(f"run_async needs --pipeline async, got {cfg.pipeline!r}")
+    check_run_config(cfg)  # --spec tree and --backend vllm name --pipeline sync as their requirement
+
+
+class GeneratorActor:
+    """Rollout generation in its own process: a policy copy, a drafter copy and a RolloutEngine.
+
+    Wrapped with ``ray.remote`` by :func:`run_async`; plain methods so it is also usable in-process.
+    """
+
+    def __init__(self, models: tuple[Qwen3, object | None], eos_id: int, num_threads: int = 1) -> None:
+        torch.set_num_threads(num_threads)
+        policy, drafter = models  # one argument: shared submodules stay shared after pickling
+        self.policy, self.drafter = policy, drafter
+        self.engine = RolloutEngine(policy, drafter, eos_id)
+        self.version = 0
+
+    def load_weights(self, version: int, policy_state: dict, drafter_state: dict | None) -> int:
+        """Weight sync: load policy (and drafter) weights of ``version``; returns the version now held."""
+        self.policy.load_state_dict(policy_state)
+        if drafter_state is not None and self.drafter is not None:
+            self.drafter.trainable().load_state_dict(drafter_state)
+        self.engine.sync()
+        self.version = version
+        return version
+
+    def generate(self, prompts: list[list[int]], seeds: list[int], gen: GenerationConfig,
+                 compare: bool) -> tuple[int, Rollouts, RolloutStats | None]:
+        """(policy version used, rollouts, stats of the same requests generated autoregressively or None)."""
+        rollouts = self.engine.generate(prompts, seeds, gen)
+        ar = self.engine.generate(prompts, seeds, replace(gen, spec="none")).stats if compare else None
+        return self.version, rollouts, ar
+
+
+def _weights(s: dict) -> tuple[dict, dict | None]:
+    """CPU copies of the trainer's policy and drafter weights (what a weight push sends)."""
+    policy = {k: v.detach().clone() for k, v in s["policy"].state_dict().items()}
+    drafter = None
+    if s["drafter"] is not None:
+        drafter = {k: v.detach().clone() for k, v in s["drafter"].trainable().state_dict().items()}
+    return policy, drafter
+
+
+def _init_ray():
+    """Attach to ``RAY_ADDRESS`` or start a local 2-CPU Ray; returns (ray, whether this call started it)."""
+    import ray
+
+    if ray.is_initialized():  # the caller's own Ray session: use it, leave it running
+        return ray, False
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False)
+    else:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    return ray, True
+
+
+def run_async(cfg: RunConfig) -> dict:
+    """Async pipeline run (see the module docstring); returns the summary (also in ``OUT/summary.json``).
+
+    The summary has the sync run's keys plus ``pipeline: "async"``, ``max_policy_lag`` and
+    ``async_step_s`` / ``sync_step_s`` / ``async_step_speedup``: the mean wall time of an overlapped step
+    against the sum of the same steps' measured phases (generation + log-probs + training + sync/adaptation,
+    what the sync pipeline pays one after the other), over the steps without side-by-side AR rollouts when
+    there are any (``async_compared_steps`` of them). Both sides run on the same cores here, so the phases
+    are measured under the overlap's contention.
+    """
+    check_async_config(cfg)
+    t_run = time.perf_counter()
+    log = open_run(cfg)
+    s = setup(cfg, log)
+    st = s["state"]
+    evaluate_start(cfg, s, log)
+    ray, owns_ray = _init_ray()
+    actor = None
+    try:
+        actor_cls = ray.remote(num_cpus=1)(GeneratorActor)
+        version = st["step"]  # one update per step: after a resume the trainer holds version `step`
+        s["policy"].eval()
+        actor = actor_cls.remote((s["policy"], s["drafter"]), s["tok"].eos_id, cfg.num_threads)
+        ray.get(actor.load_weights.remote(version, *_weights(s)))
+        snapshots = {version: _weights(s)[0]}  # policy versions the actor may still generate with
+        behaviour = Qwen3(cfg.model)
+        behaviour.eval()
+        gen = cfg.generation()
+
+        def submit(step: int):
+            problems, prompts, seeds = step_requests(cfg, s, step)
+            return problems, prompts, actor.generate.remote(prompts, seeds, gen, compare_step(cfg, step))
+
+        pending = submit(st["step"]) if st["step"] < cfg.steps else None
+        lags, step_walls = [], []
+        for step in _progress(range(st["step"], cfg.steps), cfg.progress, desc="grpo async",
+                              initial=st["step"], total=cfg.steps):
+            t0 = time.perf_counter()
+            problems, prompts, ref = pending
+            rollout_version, rollouts, ar = ray.get(ref)
+            wait_s = time.perf_counter() - t0
+            pending = submit(step + 1) if step + 1 < cfg.steps else None  # overlaps with the training below
+            lag = version - rollout_version
+            if not 0 <= lag <= 1:
+                raise RuntimeError(f"policy lag {lag} at step {step}: the pipeline must keep it in [0, 1]")
+            old = None
+            if lag:
+                behaviour.load_state_dict(snapshots[rollout_version])
+                old = behaviour
+            row = rollout_row(cfg, s, step, rollouts, ar)
+            learn(cfg, s, step, problems, prompts, rollouts, row, behaviour=old)
+            account_step(s, row, rollouts, ar)
+            version += 1
+            t_push = time.perf_counter()
+            policy_state, drafter_state = _weights(s)
+            actor.load_weights.remote(version, policy_state, drafter_state)  # queued behind generate(step + 1)
+            snapshots = {v: w for v, w in snapshots.items() if v >= version - 1}
+            snapshots[version] = policy_state
+            row.update(policy_version=version - 1, rollout_version=rollout_version, policy_lag=lag,
+                       wait_s=wait_s, push_s=time.perf_counter() - t_push)
+            if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:
+                row["val_accuracy"] = evaluate(s["engine"], s["val"], s["tok"], gen)
+            row["async_step_s"] = time.perf_counter() - t0
+            lags.append(lag)
+            step_walls.append((row["async_step_s"], row["step_s"], ar is not None))
+            log(row)
+            st["step"] = step + 1
+            if cfg.checkpoint_every and st["step"] % cfg.checkpoint_every == 0:
+                save_checkpoint(cfg, s)
+    finally:
+        if owns_ray:
+            ray.shutdown()
+        elif actor is not None:
+            ray.kill(actor)
+    # Steps that also ran the side-by-side AR rollouts make the trainer wait for them too (a sync step does
+    # not count them), so the comparison uses the other steps when there are any.
+    plain = [w for w in step_walls if not w[2]] or step_walls
+    async_s = sum(w[0] for w in plain)
+    sync_s = sum(w[1] for w in plain)
+    extra = {
+        "max_policy_lag": max(lags) if lags else None,
+        "policy_lags": lags,
+        "async_step_s": async_s / len(plain) if plain else None,
+        "sync_step_s": sync_s / len(plain) if plain else None,
+        "async_compared_steps": len(plain),
+        "async_step_speedup": sync_s / async_s if async_s > 0 else None,
+    }
+    return finish_run(cfg, s, log, t_run, extra)
+
+
+__all__ = ["GeneratorActor", "check_async_config", "run_async"]
