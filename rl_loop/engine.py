@@ -211,6 +211,42 @@ class RolloutEngine:
         if self.drafter is not None:
             self.drafter.sync(self.policy)
 
+    def _record_round(
+        self, stats: RolloutStats, times: tuple[float, float, float, float], active: list[int],
+        out: list[list[int]], num_acc: list[int], last: torch.Tensor, slot_req: list[int],
+        responses: list[list[int]], finished: list[bool], max_new_tokens: int,
+    ) -> list[list[int]]:
+        """Book one verification round: timings (draft / target / verify between the four ``times``),
+        acceptance counters, each active slot's emitted tokens appended to its response (stopping at EOS or
+        ``max_new_tokens``, which frees the slot). Returns the emitted tokens per active slot."""
+        t0, t1, t2, t3 = times
+        stats.draft_s += t1 - t0
+        stats.target_s += t2 - t1
+        stats.verify_s += t3 - t2
+        stats.forwards += 1
+        stats.rounds += len(active)
+        outputs = []
+        for i, s in enumerate(active):
+            a = num_acc[i]
+            emitted = out[i][: a + 1]
+            outputs.append(emitted)
+            stats.emitted_per_round += a + 1
+            for j in range(a):
+                stats.accepted_at[j] += 1
+            last[s] = emitted[-1]
+            req = slot_req[s]
+            resp = responses[req]
+            for tok in emitted:
+                if tok == self.eos_id:
+                    finished[req] = True
+                    break
+                resp.append(tok)
+                if len(resp) >= max_new_tokens:
+                    break
+            if finished[req] or len(resp) >= max_new_tokens:
+                slot_req[s] = -1
+        return outputs
+
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], seeds: list[int], config: GenerationConfig) -> Rollouts:
         """Sample one response per prompt (prompts include BOS; ``seeds`` are int64 Philox keys per request)."""
@@ -293,32 +329,9 @@ class RolloutEngine:
             out = res.output_token_ids.tolist()
             num_acc = res.num_accepted.tolist()
             t3 = time.perf_counter()
-            stats.draft_s += t1 - t0
-            stats.target_s += t2 - t1
-            stats.verify_s += t3 - t2
-            stats.forwards += 1
-            stats.rounds += r
             length[idx] += 1 + res.num_accepted.long()
-            outputs = []
-            for i, s in enumerate(active):
-                a = num_acc[i]
-                emitted = out[i][: a + 1]
-                outputs.append(emitted)
-                stats.emitted_per_round += a + 1
-                for j in range(a):
-                    stats.accepted_at[j] += 1
-                last[s] = emitted[-1]
-                req = slot_req[s]
-                resp = responses[req]
-                for tok in emitted:
-                    if tok == self.eos_id:
-                        finished[req] = True
-                        break
-                    resp.append(tok)
-                    if len(resp) >= config.max_new_tokens:
-                        break
-                if finished[req] or len(resp) >= config.max_new_tokens:
-                    slot_req[s] = -1
+            outputs = self._record_round(stats, (t0, t1, t2, t3), active, out, num_acc, last, slot_req,
+                                         responses, finished, config.max_new_tokens)
             if spec:
                 self.drafter.commit(rows, num_acc, outputs, hidden)
         stats.tokens = sum(len(x) + int(f) for x, f in zip(responses, finished, strict=True))

@@ -268,31 +268,8 @@ class TreeRolloutEngine(RolloutEngine):
             out = res.output_token_ids.tolist()
             num_acc = res.num_accepted.tolist()
             t3 = time.perf_counter()
-            stats.draft_s += t1 - t0
-            stats.target_s += t2 - t1
-            stats.verify_s += t3 - t2
-            stats.forwards += 1
-            stats.rounds += r
-            outputs = []
-            for i, s in enumerate(active):
-                a = num_acc[i]
-                emitted = out[i][: a + 1]
-                outputs.append(emitted)
-                stats.emitted_per_round += a + 1
-                for d in range(a):
-                    stats.accepted_at[d] += 1
-                last[s] = emitted[-1]
-                req = slot_req[s]
-                resp = responses[req]
-                for tok in emitted:
-                    if tok == self.eos_id:
-                        finished[req] = True
-                        break
-                    resp.append(tok)
-                    if len(resp) >= config.max_new_tokens:
-                        break
-                if finished[req] or len(resp) >= config.max_new_tokens:
-                    slot_req[s] = -1
+            outputs = self._record_round(stats, (t0, t1, t2, t3), active, out, num_acc, last, slot_req,
+                                         responses, finished, config.max_new_tokens)
             drafter.commit(rows, num_acc, outputs, path_hidden)
         stats.tokens = sum(len(x) + int(f) for x, f in zip(responses, finished, strict=True))
         stats.time_s = time.perf_counter() - t_start
