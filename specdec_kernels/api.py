@@ -152,6 +152,21 @@ def normalize_sampling_params(
     return temperature, top_k, top_p, seed, position
 
 
+def _check_draft_probs(
+    draft_probs, rows_name: str, num_rows: int, vocab_size: int, device: torch.device
+) -> torch.Tensor | None:
+    """Check optional draft distributions of shape [num_rows, V] (rows named ``rows_name``); contiguous."""
+    if draft_probs is None:
+        return None
+    _check_tensor("draft_probs", draft_probs, 2, FLOAT_DTYPES, device)
+    if tuple(draft_probs.shape) != (num_rows, vocab_size):
+        raise ValueError(
+            f"draft_probs must have shape [{rows_name}, V] = [{num_rows}, {vocab_size}], "
+            f"got {tuple(draft_probs.shape)}"
+        )
+    return draft_probs.contiguous()
+
+
 def _check_logits(name: str, logits) -> None:
     _check_tensor(name, logits, 2, LOGIT_DTYPES, None)
     vocab_size = logits.shape[1]
@@ -216,13 +231,7 @@ def verify_chain(
             f"target_logits must have T + B = {num_drafts} + {num_reqs} rows "
             f"(draft_token_ids has T entries, cu_num_draft_tokens B + 1), got {num_rows}"
         )
-    if draft_probs is not None:
-        _check_tensor("draft_probs", draft_probs, 2, FLOAT_DTYPES, device)
-        if tuple(draft_probs.shape) != (num_drafts, vocab_size):
-            raise ValueError(
-                f"draft_probs must have shape [T, V] = [{num_drafts}, {vocab_size}], got {tuple(draft_probs.shape)}"
-            )
-        draft_probs = draft_probs.contiguous()
+    draft_probs = _check_draft_probs(draft_probs, "T", num_drafts, vocab_size, device)
     temperature, top_k, top_p, seed, position = normalize_sampling_params(
         num_reqs, device, temperature, top_k, top_p, seed, position, validate
     )
@@ -359,13 +368,7 @@ def verify_tree(
         raise TypeError(f"sibling_sampling must be a str, got {type(sibling_sampling).__name__}")
     if sibling_sampling not in SIBLING_SAMPLING:
         raise ValueError(f"sibling_sampling must be one of {SIBLING_SAMPLING}, got {sibling_sampling!r}")
-    if draft_probs is not None:
-        _check_tensor("draft_probs", draft_probs, 2, FLOAT_DTYPES, device)
-        if tuple(draft_probs.shape) != (num_nodes, vocab_size):
-            raise ValueError(
-                f"draft_probs must have shape [N, V] = [{num_nodes}, {vocab_size}], got {tuple(draft_probs.shape)}"
-            )
-        draft_probs = draft_probs.contiguous()
+    draft_probs = _check_draft_probs(draft_probs, "N", num_nodes, vocab_size, device)
     temperature, top_k, top_p, seed, position = normalize_sampling_params(
         num_reqs, device, temperature, top_k, top_p, seed, position, validate
     )
