@@ -24,6 +24,46 @@ void check_cpu(const at::Tensor& t, const char* name, at::ScalarType dtype, int6
   TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
 }
 
+void check_per_request(const at::Tensor& temperature, const at::Tensor& seed, const at::Tensor& position,
+                       int64_t num_reqs) {
+  check_cpu(temperature, "temperature", at::kFloat, 1);
+  check_cpu(seed, "seed", at::kLong, 1);
+  check_cpu(position, "position", at::kLong, 1);
+  TORCH_CHECK(temperature.numel() == num_reqs && seed.numel() == num_reqs && position.numel() == num_reqs,
+              "temperature, seed and position must have B entries");
+}
+
+// The sampling fields ChainArgs and TreeArgs share: draft probs ([probs_rows, V] or none), temperature,
+// optional top-k / top-p, seeds and positions.
+template <class Args>
+void set_sampling_args(Args& a, const std::optional<at::Tensor>& draft_probs, int64_t probs_rows,
+                       const char* probs_shape, int64_t vocab, int64_t num_reqs, const at::Tensor& temperature,
+                       const std::optional<at::Tensor>& top_k, const std::optional<at::Tensor>& top_p,
+                       const at::Tensor& seed, const at::Tensor& position) {
+  a.draft_probs = nullptr;
+  a.probs_dtype = DType::kFloat32;
+  if (draft_probs.has_value()) {
+    const at::Tensor& q = *draft_probs;
+    TORCH_CHECK(q.device().is_cpu() && q.dim() == 2 && q.is_contiguous(), "draft_probs must be a contiguous 2-D CPU tensor");
+    TORCH_CHECK(q.size(0) == probs_rows && q.size(1) == vocab, "draft_probs must have shape ", probs_shape);
+    a.draft_probs = q.data_ptr();
+    a.probs_dtype = to_dtype(q, "draft_probs");
+  }
+  a.temperature = temperature.data_ptr<float>();
+  if (top_k.has_value()) {
+    check_cpu(*top_k, "top_k", at::kInt, 1);
+    TORCH_CHECK(top_k->numel() == num_reqs, "top_k must have B entries");
+    a.top_k = top_k->data_ptr<int32_t>();
+  }
+  if (top_p.has_value()) {
+    check_cpu(*top_p, "top_p", at::kFloat, 1);
+    TORCH_CHECK(top_p->numel() == num_reqs, "top_p must have B entries");
+    a.top_p = top_p->data_ptr<float>();
+  }
+  a.seed = seed.data_ptr<int64_t>();
+  a.position = position.data_ptr<int64_t>();
+}
+
 std::tuple<at::Tensor, at::Tensor> verify_chain_cpu(const at::Tensor& target_logits, const at::Tensor& draft_token_ids,
                                                     const at::Tensor& cu_num_draft_tokens,
                                                     const std::optional<at::Tensor>& draft_probs,
@@ -38,11 +78,7 @@ std::tuple<at::Tensor, at::Tensor> verify_chain_cpu(const at::Tensor& target_log
   const int64_t num_reqs = cu_num_draft_tokens.numel() - 1;
   TORCH_CHECK(num_reqs >= 0, "cu_num_draft_tokens must have B + 1 entries");
   TORCH_CHECK(num_rows == draft_token_ids.numel() + num_reqs, "target_logits must have T + B rows");
-  check_cpu(temperature, "temperature", at::kFloat, 1);
-  check_cpu(seed, "seed", at::kLong, 1);
-  check_cpu(position, "position", at::kLong, 1);
-  TORCH_CHECK(temperature.numel() == num_reqs && seed.numel() == num_reqs && position.numel() == num_reqs,
-              "temperature, seed and position must have B entries");
+  check_per_request(temperature, seed, position, num_reqs);
   TORCH_CHECK(max_draft_len >= 0, "max_draft_len must be >= 0");
   const auto* cu = cu_num_draft_tokens.data_ptr<int64_t>();
   // Memory safety does not depend on validation: every chain must fit the output and the rows.
@@ -60,28 +96,8 @@ std::tuple<at::Tensor, at::Tensor> verify_chain_cpu(const at::Tensor& target_log
   a.draft_ids = draft_token_ids.data_ptr<int64_t>();
   a.cu = cu;
   a.num_reqs = num_reqs;
-  a.draft_probs = nullptr;
-  a.probs_dtype = DType::kFloat32;
-  if (draft_probs.has_value()) {
-    const at::Tensor& q = *draft_probs;
-    TORCH_CHECK(q.device().is_cpu() && q.dim() == 2 && q.is_contiguous(), "draft_probs must be a contiguous 2-D CPU tensor");
-    TORCH_CHECK(q.size(0) == draft_token_ids.numel() && q.size(1) == vocab, "draft_probs must have shape [T, V]");
-    a.draft_probs = q.data_ptr();
-    a.probs_dtype = to_dtype(q, "draft_probs");
-  }
-  a.temperature = temperature.data_ptr<float>();
-  if (top_k.has_value()) {
-    check_cpu(*top_k, "top_k", at::kInt, 1);
-    TORCH_CHECK(top_k->numel() == num_reqs, "top_k must have B entries");
-    a.top_k = top_k->data_ptr<int32_t>();
-  }
-  if (top_p.has_value()) {
-    check_cpu(*top_p, "top_p", at::kFloat, 1);
-    TORCH_CHECK(top_p->numel() == num_reqs, "top_p must have B entries");
-    a.top_p = top_p->data_ptr<float>();
-  }
-  a.seed = seed.data_ptr<int64_t>();
-  a.position = position.data_ptr<int64_t>();
+  set_sampling_args(a, draft_probs, draft_token_ids.numel(), "[T, V]", vocab, num_reqs, temperature, top_k, top_p,
+                    seed, position);
   at::Tensor out = at::full({num_reqs, max_draft_len + 1}, -1, target_logits.options().dtype(at::kInt));
   at::Tensor accepted = at::zeros({num_reqs}, target_logits.options().dtype(at::kInt));
   a.out_width = max_draft_len + 1;
@@ -106,11 +122,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_tree_cpu(
               "node_token_ids and parent must have one entry per row of target_logits");
   const int64_t num_reqs = cu_num_nodes.numel() - 1;
   TORCH_CHECK(num_reqs >= 0, "cu_num_nodes must have B + 1 entries");
-  check_cpu(temperature, "temperature", at::kFloat, 1);
-  check_cpu(seed, "seed", at::kLong, 1);
-  check_cpu(position, "position", at::kLong, 1);
-  TORCH_CHECK(temperature.numel() == num_reqs && seed.numel() == num_reqs && position.numel() == num_reqs,
-              "temperature, seed and position must have B entries");
+  check_per_request(temperature, seed, position, num_reqs);
   TORCH_CHECK(max_depth >= 0, "max_depth must be >= 0");
   TORCH_CHECK(sibling_sampling == "iid" || sibling_sampling == "without_replacement",
               "sibling_sampling must be 'iid' or 'without_replacement'");
@@ -127,28 +139,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_tree_cpu(
   a.parent = parent.data_ptr<int64_t>();
   a.cu = cu;
   a.num_reqs = num_reqs;
-  a.draft_probs = nullptr;
-  a.probs_dtype = DType::kFloat32;
-  if (draft_probs.has_value()) {
-    const at::Tensor& q = *draft_probs;
-    TORCH_CHECK(q.device().is_cpu() && q.dim() == 2 && q.is_contiguous(), "draft_probs must be a contiguous 2-D CPU tensor");
-    TORCH_CHECK(q.size(0) == num_nodes && q.size(1) == vocab, "draft_probs must have shape [N, V]");
-    a.draft_probs = q.data_ptr();
-    a.probs_dtype = to_dtype(q, "draft_probs");
-  }
-  a.temperature = temperature.data_ptr<float>();
-  if (top_k.has_value()) {
-    check_cpu(*top_k, "top_k", at::kInt, 1);
-    TORCH_CHECK(top_k->numel() == num_reqs, "top_k must have B entries");
-    a.top_k = top_k->data_ptr<int32_t>();
-  }
-  if (top_p.has_value()) {
-    check_cpu(*top_p, "top_p", at::kFloat, 1);
-    TORCH_CHECK(top_p->numel() == num_reqs, "top_p must have B entries");
-    a.top_p = top_p->data_ptr<float>();
-  }
-  a.seed = seed.data_ptr<int64_t>();
-  a.position = position.data_ptr<int64_t>();
+  set_sampling_args(a, draft_probs, num_nodes, "[N, V]", vocab, num_reqs, temperature, top_k, top_p, seed,
+                    position);
   a.without_replacement = sibling_sampling == "without_replacement";
   a.max_depth = max_depth;
   const auto opts = target_logits.options().dtype(at::kInt);
