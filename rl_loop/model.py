@@ -342,6 +342,9 @@ class Qwen3(nn.Module):
         # Explicit attention: for these tiny shapes (a few new rows against <= a few hundred keys) it is
         # several times faster on CPU than the masked SDPA kernel, and the mask becomes one additive bias.
         bias = torch.zeros(mask.shape, dtype=torch.float32).masked_fill_(~mask, float("-inf"))
+        group = self.config.num_attention_heads // self.config.num_key_value_heads
+        if group > 1:  # grouped-query attention: the query heads of a group are stacked along the rows
+            bias = bias.repeat(1, 1, group, 1)
         scale = self.config.head_dim ** -0.5
 
         def attend(q, k, v, kv):
@@ -355,12 +358,9 @@ class Qwen3(nn.Module):
             hq, hk = q.shape[1], kc.shape[1]
             if hq != hk:  # grouped-query attention: query heads of one group share a key/value head
                 q = q.reshape(r, hk, (hq // hk) * n, -1)
-            att = torch.softmax(torch.matmul(q, kc.transpose(-1, -2)) * scale + bias_for(hq // hk), dim=-1)
+            att = torch.softmax(torch.matmul(q, kc.transpose(-1, -2)) * scale + bias, dim=-1)
             o = torch.matmul(att, vc)
             return o.reshape(r, hq, n, -1) if hq != hk else o
-
-        def bias_for(group: int) -> torch.Tensor:
-            return bias if group == 1 else bias.repeat(1, 1, group, 1)
 
         x = self.model.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
         return self._run(x, rope, attend, cache, hidden_layers)
