@@ -174,7 +174,7 @@ class Calibration:
             hbm_capacity=8e9, scaleup_bandwidth=self.bandwidth, scaleup_latency=0.0, scaleup_domain=1,
             scaleout_bandwidth=self.bandwidth, scaleout_latency=0.0,
             mem_efficiency=min(1.0, self.stream_bandwidth / self.bandwidth), flop_efficiency=1.0,
-            overlap=False, train_mfu=0.5, logprob_mfu=0.8,
+            overlap=False, host_overlap=False, train_mfu=0.5, logprob_mfu=0.8,
             forward_overhead=self.forward_overhead, layer_overhead=self.layer_overhead,
             step_overhead=0.0, spec_step_overhead=0.0, draft_token_overhead=self.draft_sampling,
             graph_max_tokens=1 << 30, kernel_overhead=self.sampler_fixed,
@@ -302,11 +302,13 @@ def compare(cfg: HarnessConfig = DEFAULT_HARNESS, ks: tuple[int, ...] = (1, 3, 5
 
 
 def format_table(result: dict) -> str:
-    """Markdown table of measured vs predicted rollout speedups."""
-    lines = ["| k | tokens/step (measured) | measured speedup | predicted speedup | error |",
-             "|---|---|---|---|---|"]
+    """Markdown table of measured vs predicted rollout speedups (median and spread over rounds where the
+    measurement repeats them)."""
+    lines = ["| k | tokens/step (measured) | measured speedup (median) | spread (min-max) | predicted | error |",
+             "|---|---|---|---|---|---|"]
     for r in result["speedups"]:
-        lines.append(f"| {r['k']} | {r['tokens_per_step']:.2f} | {r['measured_speedup']:.3f}x | "
+        spread = f"{r['measured_min']:.3f}-{r['measured_max']:.3f}" if "measured_min" in r else "-"
+        lines.append(f"| {r['k']} | {r['tokens_per_step']:.2f} | {r['measured_speedup']:.3f}x | {spread} | "
                      f"{r['predicted_speedup']:.3f}x | {r['error'] * 100:+.1f}% |")
     return "\n".join(lines)
 
@@ -314,7 +316,8 @@ def format_table(result: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rl_loop.sim.calibrate", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="runs/sim", help="directory for cpu_here.json (default runs/sim)")
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved measurement rounds (default 3)")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="interleaved measurement rounds (default 3 for the harness, 5 for the engine)")
     parser.add_argument("--quick", action="store_true", help="a much smaller harness (smoke test)")
     parser.add_argument("--target", choices=("harness", "engine"), default="harness",
                         help="harness: the transformers harness, roofline from hardware micro-measurements; "
@@ -322,14 +325,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--engine-state", default=None,
                         help="engine target: cache the warm-started policy and drafter weights in this file")
     args = parser.parse_args(argv)
-    if args.rounds < 1:
+    if args.rounds is not None and args.rounds < 1:
         parser.error("--rounds must be >= 1")
     os.makedirs(args.out, exist_ok=True)
     if args.target == "engine":
         from .engine_costs import build_engine, compare_engine
 
         cfg_e, state = build_engine(state_path=args.engine_state)
-        result = compare_engine(cfg_e, state, rounds=args.rounds)
+        result = compare_engine(cfg_e, state, rounds=args.rounds or 5)
         path = os.path.join(args.out, "cpu_here_engine.json")
         with open(path, "w") as f:
             json.dump(result, f, indent=2, default=float)
@@ -337,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"max |error|: {max(abs(r['error']) for r in result['speedups']) * 100:.1f}%  ->  {path}")
         return 0
     cfg = QUICK_HARNESS if args.quick else DEFAULT_HARNESS
-    result = compare(cfg, rounds=args.rounds)
+    result = compare(cfg, rounds=args.rounds or 3)
     path = os.path.join(args.out, "cpu_here.json")
     with open(path, "w") as f:
         json.dump(result, f, indent=2, default=float)

@@ -286,6 +286,7 @@ class RooflineCosts:
 
     def __init__(self, hw: Hardware, model: ModelSpec, par: Parallelism, spec: Speculation | None) -> None:
         self.hw, self.model, self.par, self.spec = hw, model, par, spec
+        self.host_overlap = hw.host_overlap
 
     def target(self, count: np.ndarray, tokens_per_seq: int, context: np.ndarray) -> np.ndarray:
         return forward_time(self.hw, self.model, self.par, count, tokens_per_seq, context)
@@ -354,14 +355,14 @@ def _simulate_once(costs, workload: Workload, lengths: np.ndarray, spec: Specula
     count = np.cumsum(count)[:horizon]
     context = np.cumsum(offset)[:horizon] + np.arange(horizon) * growth * count
 
-    parts: dict[str, float] = {
-        "prefill": costs.prefill(len(lengths), workload.prompt_len),
-        "overhead": float(costs.overhead(count, k).sum()),
-        "target": float(costs.target(count, k + 1, context).sum()),
-        "sampler": float(costs.sampler(count, k).sum()),
-    }
+    device = {"target": costs.target(count, k + 1, context), "sampler": costs.sampler(count, k)}
     if spec is not None:
-        parts["drafter"] = float(costs.drafter(count, k, context).sum())
+        device["drafter"] = costs.drafter(count, k, context)
+    host = costs.overhead(count, k)
+    if getattr(costs, "host_overlap", False):  # host work hides behind the device's; only the excess shows
+        host = np.maximum(host - sum(device.values()), 0.0)
+    parts = {"prefill": costs.prefill(len(lengths), workload.prompt_len), "overhead": float(host.sum()),
+             **{name: float(t.sum()) for name, t in device.items()}}
     return parts, horizon, float(count.mean()) if horizon else 0.0
 
 
@@ -380,14 +381,49 @@ def simulate_generation(hw: Hardware, model: ModelSpec, par: Parallelism, worklo
                             mean_batch=slowest.mean_batch)
 
 
+def simulate_steady_generation(hw: Hardware, model: ModelSpec, par: Parallelism, workload: Workload,
+                               spec: Speculation | None = None) -> GenerationResult:
+    """Generation time of one RL step when the engine never drains (asynchronous RL, policy lag <= 1).
+
+    An async generation pool does not wait for a step's last response: as a slot frees up it takes a
+    prompt of the next step (those rollouts are at most one policy version old), so every replica decodes
+    at full slots all the time, and one step's rollouts cost their tokens at that steady-state throughput.
+    A slot then holds a response picked in proportion to its length and is, on average, half way
+    through it, so the mean cached context is ``prompt + E[L^2] / (2 E[L])``. In flight per replica: one
+    step's share of the responses (lag 1), capped by ``max_num_seqs`` and the KV capacity. The long tail
+    that synchronous RL waits for, where speculation gains most (a few sequences, latency-bound steps),
+    is hidden; what is left is the speculative speedup at a full batch.
+    """
+    costs = RooflineCosts(hw, model, par, spec)
+    lengths = workload.response_lengths()
+    per_replica = len(lengths) / par.replicas
+    mean_ctx = workload.prompt_len + float(np.mean(lengths**2) / (2 * np.mean(lengths)))
+    capacity = kv_capacity_seqs(hw, model, par, workload, spec.drafter if spec else None)
+    slots = np.asarray(float(max(1, min(workload.max_num_seqs, capacity, round(per_replica)))))
+    tau = spec.expected_tokens() if spec else 1.0
+    k = spec.k if spec else 0
+    context = slots * mean_ctx
+    device = {"target": costs.target(slots, k + 1, context), "sampler": costs.sampler(slots, k)}
+    if spec is not None:
+        device["drafter"] = costs.drafter(slots, k, context)
+    host = costs.overhead(slots, k)
+    if costs.host_overlap:
+        host = np.maximum(host - sum(device.values()), 0.0)
+    steps = per_replica * float(np.mean(lengths)) / (float(slots) * tau)
+    parts = {"prefill": costs.prefill(int(round(per_replica)), workload.prompt_len), "overhead": float(host) * steps,
+             **{name: float(t) * steps for name, t in device.items()}}
+    return GenerationResult(time=sum(parts.values()), steps=int(np.ceil(steps)), tokens=int(lengths.sum()),
+                            tokens_per_step=tau, breakdown=parts, mean_batch=float(slots))
+
+
 def generation_speedup(hw: Hardware, model: ModelSpec, par: Parallelism, workload: Workload,
                        spec: Speculation) -> float:
     """Autoregressive generation time / speculative generation time for the same rollouts."""
     return simulate_generation(hw, model, par, workload).time / simulate_generation(hw, model, par, workload, spec).time
 
 
-
 __all__ = [
     "Parallelism", "Speculation", "Workload", "GenerationResult", "forward_time", "sampler_time",
-    "kv_capacity_seqs", "simulate_replica", "RooflineCosts", "simulate_generation", "generation_speedup"
+    "kv_capacity_seqs", "simulate_replica", "RooflineCosts", "simulate_generation", "simulate_steady_generation",
+    "generation_speedup",
 ]

@@ -54,6 +54,12 @@ class Hardware:
     # forward's launch and argmax/sampling). Assumptions for GPUs; measured on CPU.
     spec_step_overhead: float = 1.0 * MS
     draft_token_overhead: float = 150 * US
+    # Whether the engine runs that host work while the device executes the previous step (vLLM V1's
+    # async scheduling, SGLang's overlap scheduler: step n + 1 is scheduled and its inputs prepared while
+    # step n runs; drafting and rejection sampling stay on the device, so the host only waits for the
+    # accepted counts). Then a step costs max(device, host) instead of device + host. A single CPU thread
+    # that both computes and schedules cannot overlap (False for ``cpu-here``).
+    host_overlap: bool = False
     # CUDA graphs cover forwards of up to ``graph_max_tokens`` tokens (vLLM's default capture limit);
     # larger forwards launch every kernel from the host, costing ``eager_layer_overhead`` per layer of
     # host time that overlaps with the device work (time = max(device, host)).

@@ -4,14 +4,34 @@
   resharded from the trainer to the generation engine in place (NVLink).
 - ``async`` with policy lag bounded by 1: a generation pool produces step n + 1's rollouts while a
   training pool consumes step n's, so in steady state a step takes the longer of the two plus the
-  exposed weight push from trainer to generators.
+  exposed weight push from trainer to generators. Every rollout of a step starts from the same policy
+  version, so the generation pool drains at the end of each step and its long tail stays in the step.
+  Systems that refill freed slots with the next step's prompts (``async_refill``: in-flight weight
+  updates or partial rollouts; the lag is then no longer uniform within a batch) never drain; their
+  generation costs the steady-state throughput of full slots
+  (:func:`~rl_loop.sim.generation.simulate_steady_generation`).
+
+The async split: how many generation replicas, the rest training. By default each pipeline gets the
+split an RL engineer tunes it to, the one that balances its two pools (minimum step time over whole
+replicas): generation slower than training wastes the trainers, and the reverse wastes the generators.
+Speculation makes generation cheaper, so its balanced pool is smaller and the freed devices train; the
+step speedup is then that of the devices' total work, not the generation speedup. Kept on the
+autoregressive split instead, speculation buys only the imbalance that split leaves: once generation is
+faster than training, training sets the step (``async_split(setup, spec, fixed=...)``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from .generation import GenerationResult, Parallelism, Speculation, Workload, simulate_generation
+from .generation import (
+    GenerationResult,
+    Parallelism,
+    Speculation,
+    Workload,
+    simulate_generation,
+    simulate_steady_generation,
+)
 from .hardware import Hardware
 from .model import ModelSpec
 
@@ -40,20 +60,23 @@ def weight_sync_time(hw: Hardware, model: ModelSpec, gen_par: Parallelism, coloc
 class StepSetup:
     """Everything one RL step needs besides the speculation settings.
 
-    ``gen_par`` lays out generation over all ``gpus`` (sync); in async mode ``async_gen_fraction`` of the
-    devices generate (same replica shape, fewer replicas) and the rest train. ``prepare_time`` covers data
-    loading and engine preparation, identical with and without speculation.
+    ``gen_par`` lays out generation over all ``gpus`` (sync); in async mode some of its replicas generate
+    (same replica shape) and the rest of the devices train: ``async_gen_fraction`` of the devices if given,
+    else the balanced split of each pipeline; ``async_refill``: the generation pool never drains (module
+    docstring). ``prepare_time`` covers data loading and engine preparation, identical with and without
+    speculation.
     """
 
     hardware: Hardware
     model: ModelSpec
     gen_par: Parallelism
     workload: Workload
-    async_gen_fraction: float = 0.5
+    async_gen_fraction: float | None = None
+    async_refill: bool = False
     prepare_time: float = 0.0
 
     def __post_init__(self) -> None:
-        if not 0.0 < self.async_gen_fraction < 1.0:
+        if self.async_gen_fraction is not None and not 0.0 < self.async_gen_fraction < 1.0:
             raise ValueError(f"async_gen_fraction must be in (0, 1), got {self.async_gen_fraction}")
 
     @property
@@ -66,13 +89,9 @@ class StepSetup:
         wl = self.workload
         return float(wl.num_responses * wl.prompt_len + wl.response_lengths().sum())
 
-    def async_pools(self) -> tuple[Parallelism, int]:
-        """(generation layout, training device count) of the async split; with a single generation
-        replica there is nothing to split and both phases share every device (no overlap)."""
-        if self.gen_par.replicas < 2:
-            return self.gen_par, 0
-        replicas = min(self.gen_par.replicas - 1, max(1, round(self.gen_par.replicas * self.async_gen_fraction)))
-        gen = replace(self.gen_par, replicas=replicas)
+    def pools(self, gen_replicas: int) -> tuple[Parallelism, int]:
+        """(generation layout, training device count) when ``gen_replicas`` replicas generate."""
+        gen = replace(self.gen_par, replicas=gen_replicas)
         return gen, self.gpus - gen.gpus
 
 
@@ -105,17 +124,54 @@ def simulate_step(setup: StepSetup, spec: Speculation | None = None, mode: str =
         }
         return StepResult("sync", sum(phases.values()), phases, gen)
     if mode == "async":
-        gen_par, train_gpus = setup.async_pools()
-        shared = train_gpus == 0
-        gen = simulate_generation(hw, model, gen_par, setup.workload, spec)
-        phases = {
-            "prepare": setup.prepare_time,
-            "weight_sync": weight_sync_time(hw, model, gen_par, colocated=shared),
-            "generation": gen.time,
-            "logprob": logprob_time(hw, model, tokens, train_gpus or setup.gpus),
-            "training": training_time(hw, model, tokens, train_gpus or setup.gpus),
-        }
-        trained = phases["logprob"] + phases["training"]
-        overlapped = phases["generation"] + trained if shared else max(phases["generation"], trained)
-        return StepResult("async", phases["prepare"] + phases["weight_sync"] + overlapped, phases, gen)
+        return _async_step(setup, spec, async_split(setup, spec))
     raise ValueError(f"mode must be 'sync' or 'async', got {mode!r}")
+
+
+def _async_step(setup: StepSetup, spec: Speculation | None, gen_replicas: int) -> StepResult:
+    """Async step with ``gen_replicas`` generation replicas; with one replica in all there is nothing to
+    split, and both phases share every device in turn (no overlap)."""
+    hw, model, tokens = setup.hardware, setup.model, setup.tokens
+    shared = setup.gen_par.replicas < 2
+    gen_par, train_gpus = (setup.gen_par, setup.gpus) if shared else setup.pools(gen_replicas)
+    simulate = simulate_steady_generation if setup.async_refill else simulate_generation
+    gen = simulate(hw, model, gen_par, setup.workload, spec)
+    phases = {
+        "prepare": setup.prepare_time,
+        "weight_sync": weight_sync_time(hw, model, gen_par, colocated=shared),
+        "generation": gen.time,
+        "logprob": logprob_time(hw, model, tokens, train_gpus),
+        "training": training_time(hw, model, tokens, train_gpus),
+    }
+    trained = phases["logprob"] + phases["training"]
+    overlapped = phases["generation"] + trained if shared else max(phases["generation"], trained)
+    return StepResult("async", phases["prepare"] + phases["weight_sync"] + overlapped, phases, gen)
+
+
+def async_split(setup: StepSetup, spec: Speculation | None, fixed: Speculation | None | bool = False) -> int:
+    """Generation replicas of the async split: ``setup.async_gen_fraction`` of the devices if set, else
+    the split that minimises the step time of the pipeline with ``spec`` (balanced pools); with
+    ``fixed`` = a speculation setting or None (autoregressive), the split balanced for that pipeline."""
+    replicas = setup.gen_par.replicas
+    if replicas < 2:
+        return replicas
+    if setup.async_gen_fraction is not None:
+        return min(replicas - 1, max(1, round(replicas * setup.async_gen_fraction)))
+    tuned = spec if fixed is False else fixed
+    # Generation time falls and training time rises with n: bisect for the crossing, then take the best
+    # of its neighbours (the generation tail makes the curve slightly bumpy).
+    lo, hi = 1, replicas - 1
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        r = _async_step(setup, tuned, mid)
+        if r.phases["generation"] > r.phases["logprob"] + r.phases["training"]:
+            lo = mid
+        else:
+            hi = mid
+    candidates = range(max(1, lo - 1), min(replicas - 1, hi + 1) + 1)
+    return min(candidates, key=lambda n: _async_step(setup, tuned, n).step_time)
+
+
+def simulate_async_fixed_split(setup: StepSetup, spec: Speculation | None) -> StepResult:
+    """Async step with ``spec`` on the split balanced for autoregressive rollouts (pools not re-tuned)."""
+    return _async_step(setup, spec, async_split(setup, spec, fixed=None))
