@@ -144,44 +144,43 @@ struct SparseGumbel {
   // Tests the entries v[0, n) of indices base + i (block maximum vmax, already offered).
   void stage(const float* v, int64_t base, int n, float vmax) {
     const float floor = live_floor();
-    if (kLogWeights ? !(vmax > 0.0f && vmax >= floor) : (vmax == -kInf || vmax < floor)) return;
-    const uint32_t threshold = word_threshold(vmax);
-    compact(v, base, n, floor);
-    for (int l = 0; l < simd::W; ++l) cand_i[num + l] = 0;  // defined lanes past the last group
-    flush(threshold);
+    if (!live_block(vmax, floor)) return;
+    int i = 0;
+    for (; i + simd::W <= n; i += simd::W) push(simd::load(v + i), static_cast<int32_t>(base + i), floor);
+    for (; i < n; ++i) push_one(v[i], static_cast<int32_t>(base + i), floor);
+    flush(word_threshold(vmax));
   }
 
-  // Live entries into cand_v / cand_i.
-  void compact(const float* v, int64_t base, int n, float floor) {
-    int i = 0;
-    int k = num;  // a local count: the stores below may alias the member
+  bool live_block(float vmax, float floor) const {
+    return kLogWeights ? vmax > 0.0f && vmax >= floor : vmax != -kInf && vmax >= floor;
+  }
+
+  // Appends the live lanes of x (indices base + lane) to the candidates.
+  void push(simd::f32v x, int32_t base, float floor) {
 #if defined(__AVX512F__)
-    const __m512 fl = _mm512_set1_ps(floor);
-    const __m512 zero_or_inf = _mm512_set1_ps(kLogWeights ? 0.0f : -kInf);
-    __m512i idx = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(base)),
-                                   _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
-    const __m512i step = _mm512_set1_epi32(simd::W);
-    for (; i + simd::W <= n; i += simd::W) {
-      const __m512 x = _mm512_loadu_ps(v + i);
-      const __mmask16 live = _mm512_cmp_ps_mask(x, fl, _CMP_GE_OQ) & _mm512_cmp_ps_mask(x, zero_or_inf, _CMP_NEQ_OQ);
-      _mm512_storeu_ps(cand_v + k, _mm512_maskz_compress_ps(live, x));
-      _mm512_storeu_si512(cand_i + k, _mm512_maskz_compress_epi32(live, idx));
-      k += __builtin_popcount(live);
-      idx = _mm512_add_epi32(idx, step);
-    }
+    __m512 xv;
+    __builtin_memcpy(&xv, &x, sizeof(xv));
+    const __mmask16 live = _mm512_cmp_ps_mask(xv, _mm512_set1_ps(floor), _CMP_GE_OQ) &
+                           _mm512_cmp_ps_mask(xv, _mm512_set1_ps(kLogWeights ? 0.0f : -kInf), _CMP_NEQ_OQ);
+    const __m512i idx = _mm512_add_epi32(_mm512_set1_epi32(base),
+                                         _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+    _mm512_storeu_ps(cand_v + num, _mm512_maskz_compress_ps(live, xv));
+    _mm512_storeu_si512(cand_i + num, _mm512_maskz_compress_epi32(live, idx));
+    num += __builtin_popcount(live);
+#else
+    for (int l = 0; l < simd::W; ++l) push_one(x[l], base + l, floor);
 #endif
-    for (; i < n; ++i) {
-      const float x = v[i];
-      const bool live = x >= floor && x != (kLogWeights ? 0.0f : -kInf);
-      cand_v[k] = x;
-      cand_i[k] = static_cast<int32_t>(base + i);
-      k += live ? 1 : 0;
-    }
-    num = k;
+  }
+
+  void push_one(float x, int32_t idx, float floor) {
+    cand_v[num] = x;
+    cand_i[num] = idx;
+    num += x >= floor && x != (kLogWeights ? 0.0f : -kInf) ? 1 : 0;
   }
 
   // Philox words of the candidates; exact scores for the groups with a word at or above the threshold.
   void flush(uint32_t threshold) {
+    for (int l = 0; l < simd::W; ++l) cand_i[num + l] = 0;  // defined lanes past the last group
     for (int g = 0; g < num; g += simd::W) {
       simd::i32v iv;
       __builtin_memcpy(&iv, cand_i + g, sizeof(iv));

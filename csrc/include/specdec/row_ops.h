@@ -83,26 +83,35 @@ template <DType D>
 ArgMax gumbel_argmax_logits_t(const void* row, float temperature, const PhiloxKey& key, int64_t position,
                               int stream, int64_t v0, int64_t v1, ArgMax start) {
   SparseGumbel<false> s(key, position, stream, start);
-  alignas(64) float z[kGumbelBlock];
+  alignas(64) float z[simd::W];
   const auto* p = static_cast<const typename Elem<D>::type*>(row);
   for (int64_t base = v0; base < v1; base += kGumbelBlock) {
     const int n = static_cast<int>(v1 - base < kGumbelBlock ? v1 - base : kGumbelBlock);
+    const float floor = s.live_floor();
+    // One pass: scale, block maximum, and the live entries straight into the candidates.
     simd::f32v lane = simd::f32v{} - kInf;
     int i = 0;
     for (; i + simd::W <= n; i += simd::W) {
-      load_chunk<D>(row, base + i, simd::W, z + i);
-      const simd::f32v x = sanitize_v(simd::load(z + i) / temperature);
-      simd::store(z + i, x);
+      load_chunk<D>(row, base + i, simd::W, z);
+      const simd::f32v x = sanitize_v(simd::load(z) / temperature);
       lane = x > lane ? x : lane;
+      s.push(x, static_cast<int32_t>(base + i), floor);
     }
     float m = -kInf;
     for (int l = 0; l < simd::W; ++l) m = lane[l] > m ? lane[l] : m;
     for (; i < n; ++i) {
-      z[i] = sanitize(Elem<D>::load(p, base + i) / temperature);
-      m = z[i] > m ? z[i] : m;
+      const float x = sanitize(Elem<D>::load(p, base + i) / temperature);
+      m = x > m ? x : m;
+      s.push_one(x, static_cast<int32_t>(base + i), floor);
     }
-    if (m != -kInf) s.offer(base + find_first(z, n, m), m);
-    s.stage(z, base, n, m);
+    if (!s.live_block(m, floor)) {
+      s.num = 0;
+      continue;
+    }
+    // The block maximum is a candidate (m >= floor); the first one in index order seeds the bound.
+    const int at = find_first(s.cand_v, s.num, m);
+    s.offer(s.cand_i[at], m);
+    s.flush(s.word_threshold(m));
   }
   return s.result();
 }
