@@ -289,6 +289,31 @@ def test_every_instruction_set_build_emits_the_same_tokens():
     assert len(set(outs.values())) == 1, outs
 
 
+@pytest.mark.parametrize("threads", ["1", "2"])
+def test_sparse_gumbel_paths_match_reference_on_every_build(threads):
+    """Untruncated random rows at V = 151936 take the one-pass sparse Gumbel-max from the logits (seeded by
+    the draft, or unseeded on bonus rows and placeholders), stochastic rows the sparse residual; B = 1 splits
+    the row across the threads. Every build must emit the reference's tokens."""
+    code = """
+        import torch, specdec_kernels as sk
+        from tests.test_native import _chain_case
+        gen = torch.Generator().manual_seed(11)
+        cases = [_chain_case(B, 3, 151936, dt, gen, probs=probs, greedy_frac=0.0, scale=s)
+                 for B, dt, probs, s in ((1, torch.float32, False, 3.0), (3, torch.bfloat16, False, 8.0),
+                                        (1, torch.float32, True, 3.0), (3, torch.float16, True, 0.5))]
+        bad = []
+        for i, c in enumerate(cases):
+            ref, got = sk.verify_chain(**c, backend="reference"), sk.verify_chain(**c, backend="cpu")
+            if not (torch.equal(ref.output_token_ids, got.output_token_ids) and torch.equal(ref.num_accepted, got.num_accepted)):
+                bad.append(i)
+        print("bad", bad)
+    """
+    for isa in ("generic", "avx2", "avx512"):
+        proc = _run(code, SPECDEC_CPU_ISA=isa, OMP_NUM_THREADS=threads)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert proc.stdout.strip() == "bad []", (isa, proc.stdout)
+
+
 def test_missing_extension_gives_one_clear_message():
     proc = _run("""
         import sys

@@ -21,6 +21,47 @@ void check_cuda(const at::Tensor& t, const char* name, at::ScalarType dtype, con
   TORCH_CHECK(t.dim() == 1 && t.is_contiguous(), name, " must be a contiguous 1-D tensor");
 }
 
+void check_per_request(const at::Tensor& temperature, const at::Tensor& seed, const at::Tensor& position,
+                       int64_t num_reqs, const at::Device& device) {
+  check_cuda(temperature, "temperature", at::kFloat, device);
+  check_cuda(seed, "seed", at::kLong, device);
+  check_cuda(position, "position", at::kLong, device);
+  TORCH_CHECK(temperature.numel() == num_reqs && seed.numel() == num_reqs && position.numel() == num_reqs,
+              "temperature, seed and position must have B entries");
+}
+
+// The sampling fields CudaChainArgs and CudaTreeArgs share: draft probs ([probs_rows, V] or none),
+// temperature, optional top-k / top-p, seeds and positions.
+template <class Args>
+void set_sampling_args(Args& a, const std::optional<at::Tensor>& draft_probs, int64_t probs_rows,
+                       const char* probs_shape, int64_t num_reqs, const at::Device& device,
+                       const at::Tensor& temperature, const std::optional<at::Tensor>& top_k,
+                       const std::optional<at::Tensor>& top_p, const at::Tensor& seed, const at::Tensor& position) {
+  a.draft_probs = nullptr;
+  a.probs_dtype = DType::kFloat32;
+  if (draft_probs.has_value()) {
+    const at::Tensor& q = *draft_probs;
+    TORCH_CHECK(q.device() == device && q.dim() == 2 && q.is_contiguous() && q.size(0) == probs_rows &&
+                    q.size(1) == a.vocab,
+                "draft_probs must be a contiguous ", probs_shape, " tensor on ", device);
+    a.draft_probs = q.data_ptr();
+    a.probs_dtype = to_dtype(q, "draft_probs");
+  }
+  a.temperature = temperature.data_ptr<float>();
+  if (top_k.has_value()) {
+    check_cuda(*top_k, "top_k", at::kInt, device);
+    TORCH_CHECK(top_k->numel() == num_reqs, "top_k must have B entries");
+    a.top_k = top_k->data_ptr<int32_t>();
+  }
+  if (top_p.has_value()) {
+    check_cuda(*top_p, "top_p", at::kFloat, device);
+    TORCH_CHECK(top_p->numel() == num_reqs, "top_p must have B entries");
+    a.top_p = top_p->data_ptr<float>();
+  }
+  a.seed = seed.data_ptr<int64_t>();
+  a.position = position.data_ptr<int64_t>();
+}
+
 int device_arch(const at::Device& device) {
   const cudaDeviceProp* prop = at::cuda::getDeviceProperties(device.index());
   return prop->major * 10 + prop->minor;
@@ -38,11 +79,9 @@ std::tuple<at::Tensor, at::Tensor> verify_chain_cuda(
   const c10::cuda::CUDAGuard guard(device);
   check_cuda(draft_token_ids, "draft_token_ids", at::kLong, device);
   check_cuda(cu_num_draft_tokens, "cu_num_draft_tokens", at::kLong, device);
-  check_cuda(temperature, "temperature", at::kFloat, device);
-  check_cuda(seed, "seed", at::kLong, device);
-  check_cuda(position, "position", at::kLong, device);
   const int64_t num_reqs = cu_num_draft_tokens.numel() - 1;
   TORCH_CHECK(num_reqs >= 0, "cu_num_draft_tokens must have B + 1 entries");
+  check_per_request(temperature, seed, position, num_reqs, device);
   TORCH_CHECK(target_logits.size(0) == draft_token_ids.numel() + num_reqs, "target_logits must have T + B rows");
   TORCH_CHECK(max_draft_len >= 0, "max_draft_len must be >= 0");
   CudaChainArgs a{};
@@ -53,25 +92,8 @@ std::tuple<at::Tensor, at::Tensor> verify_chain_cuda(
   a.draft_ids = draft_token_ids.data_ptr<int64_t>();
   a.cu = cu_num_draft_tokens.data_ptr<int64_t>();
   a.num_reqs = num_reqs;
-  a.probs_dtype = DType::kFloat32;
-  if (draft_probs.has_value()) {
-    TORCH_CHECK(draft_probs->device() == device && draft_probs->is_contiguous() &&
-                    draft_probs->size(0) == draft_token_ids.numel() && draft_probs->size(1) == a.vocab,
-                "draft_probs must be a contiguous [T, V] tensor on ", device);
-    a.draft_probs = draft_probs->data_ptr();
-    a.probs_dtype = to_dtype(*draft_probs, "draft_probs");
-  }
-  a.temperature = temperature.data_ptr<float>();
-  if (top_k.has_value()) {
-    check_cuda(*top_k, "top_k", at::kInt, device);
-    a.top_k = top_k->data_ptr<int32_t>();
-  }
-  if (top_p.has_value()) {
-    check_cuda(*top_p, "top_p", at::kFloat, device);
-    a.top_p = top_p->data_ptr<float>();
-  }
-  a.seed = seed.data_ptr<int64_t>();
-  a.position = position.data_ptr<int64_t>();
+  set_sampling_args(a, draft_probs, draft_token_ids.numel(), "[T, V]", num_reqs, device, temperature, top_k, top_p,
+                    seed, position);
   const auto opts = target_logits.options().dtype(at::kInt);
   at::Tensor out = at::full({num_reqs, max_draft_len + 1}, -1, opts);
   at::Tensor accepted = at::zeros({num_reqs}, opts);
@@ -100,14 +122,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_tree_cuda(
   check_cuda(node_token_ids, "node_token_ids", at::kLong, device);
   check_cuda(parent, "parent", at::kLong, device);
   check_cuda(cu_num_nodes, "cu_num_nodes", at::kLong, device);
-  check_cuda(temperature, "temperature", at::kFloat, device);
-  check_cuda(seed, "seed", at::kLong, device);
-  check_cuda(position, "position", at::kLong, device);
   TORCH_CHECK(sibling_sampling == "iid" || sibling_sampling == "without_replacement",
               "sibling_sampling must be 'iid' or 'without_replacement'");
   TORCH_CHECK(max_depth >= 0, "max_depth must be >= 0");
   const int64_t num_reqs = cu_num_nodes.numel() - 1;
   TORCH_CHECK(num_reqs >= 0, "cu_num_nodes must have B + 1 entries");
+  check_per_request(temperature, seed, position, num_reqs, device);
   CudaTreeArgs a{};
   a.logits = target_logits.data_ptr();
   a.logits_dtype = to_dtype(target_logits, "target_logits");
@@ -116,25 +136,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_tree_cuda(
   a.parent = parent.data_ptr<int64_t>();
   a.cu = cu_num_nodes.data_ptr<int64_t>();
   a.num_reqs = num_reqs;
-  a.probs_dtype = DType::kFloat32;
-  if (draft_probs.has_value()) {
-    TORCH_CHECK(draft_probs->device() == device && draft_probs->is_contiguous() &&
-                    draft_probs->size(0) == target_logits.size(0) && draft_probs->size(1) == a.vocab,
-                "draft_probs must be a contiguous [N, V] tensor on ", device);
-    a.draft_probs = draft_probs->data_ptr();
-    a.probs_dtype = to_dtype(*draft_probs, "draft_probs");
-  }
-  a.temperature = temperature.data_ptr<float>();
-  if (top_k.has_value()) {
-    check_cuda(*top_k, "top_k", at::kInt, device);
-    a.top_k = top_k->data_ptr<int32_t>();
-  }
-  if (top_p.has_value()) {
-    check_cuda(*top_p, "top_p", at::kFloat, device);
-    a.top_p = top_p->data_ptr<float>();
-  }
-  a.seed = seed.data_ptr<int64_t>();
-  a.position = position.data_ptr<int64_t>();
+  set_sampling_args(a, draft_probs, target_logits.size(0), "[N, V]", num_reqs, device, temperature, top_k, top_p,
+                    seed, position);
   a.without_replacement = sibling_sampling == "without_replacement";
   a.max_depth = max_depth;
   const auto opts = target_logits.options().dtype(at::kInt);

@@ -91,22 +91,60 @@ int64_t gumbel_sample(const RowKernels& K, Exec& exec, const float* z, ArgMax mx
       .index;
 }
 
-// Stochastic-draft decision on a prepared row: accept x iff coin * q(x) < p(x); otherwise the
-// recovery token from norm(max(0, p - q)) (p itself when that residual is empty).
+// True when top-k and top-p leave request req's row untouched.
+inline bool untruncated(const int32_t* top_k, const float* top_p, int64_t req, int64_t V) {
+  const bool k_off = top_k == nullptr || top_k[req] <= 0 || top_k[req] >= V;
+  return k_off && (top_p == nullptr || !(top_p[req] < 1.0f));
+}
+
+inline float load_logit(const void* row, DType dtype, int64_t v) {
+  switch (dtype) {
+    case DType::kBFloat16: return bf16_to_float(static_cast<const uint16_t*>(row)[v]);
+    case DType::kFloat16: return fp16_to_float(static_cast<const uint16_t*>(row)[v]);
+    default: return static_cast<const float*>(row)[v];
+  }
+}
+
+// gumbel_sample of an untruncated row straight from its logits (one pass, no scratch row), seeded with
+// the draft token `hint` (>= 0; often the winner) so that most entries get no Philox draw.
+template <class Exec>
+int64_t gumbel_sample_logits(const RowKernels& K, Exec& exec, const void* row, DType dtype, float temperature,
+                             int64_t hint, int64_t seed, int64_t position, int stream) {
+  const PhiloxKey key = philox_key(seed);
+  ArgMax start = kArgMaxInit;
+  if (hint >= 0) {
+    const float zh = sanitize(load_logit(row, dtype, hint) / temperature);
+    if (zh != -kInf) {
+      const float u = philox_rand(seed, position, stream, static_cast<uint32_t>(hint));
+      start = {zh - gumbel_log_term(u), hint};
+    }
+  }
+  return exec
+      .argmax([&](int64_t v0, int64_t v1) {
+        return K.gumbel_argmax_logits(row, dtype, temperature, key, position, stream, v0, v1, start);
+      })
+      .index;
+}
+
+// Stochastic-draft decision on a prepared row (z, row max mx): accept x iff coin * q(x) < p(x);
+// otherwise the recovery token from norm(max(0, p - q)) (p itself when that residual is empty).
+// Overwrites z with the softmax numerators; `reprepare()` restores it for the rare empty residual.
 struct StochasticDecision {
   bool accept;
   int64_t token;  // valid when !accept
 };
 
-template <class Exec>
-StochasticDecision stochastic_decide(const RowKernels& K, Exec& exec, const float* z, ArgMax mx, const void* q,
+template <class Exec, class Reprepare>
+StochasticDecision stochastic_decide(const RowKernels& K, Exec& exec, float* z, ArgMax mx, const void* q,
                                      DType q_dtype, int64_t draft, bool valid, int64_t seed, int64_t position,
-                                     int64_t V) {
+                                     Reprepare reprepare) {
   const float m = mx.value;
+  const bool finite = m != -kInf;
   const float total =
-      m == -kInf ? 1.0f : static_cast<float>(exec.sum([&](int64_t v0, int64_t v1) { return K.sum_exp(z, m, v0, v1); }));
+      finite ? static_cast<float>(exec.sum([&](int64_t v0, int64_t v1) { return K.softmax_weights(z, m, v0, v1); }))
+             : 1.0f;
   const int64_t x = valid ? draft : 0;
-  const float p_x = m == -kInf ? (x == 0 ? 1.0f : 0.0f) : exp_f32(z[x] - m) / total;
+  const float p_x = finite ? z[x] / total : (x == 0 ? 1.0f : 0.0f);  // z[x] = exp(z_x - m) now
   float q_x = 0.0f;
   switch (q_dtype) {
     case DType::kFloat32: q_x = static_cast<const float*>(q)[x]; break;
@@ -116,11 +154,12 @@ StochasticDecision stochastic_decide(const RowKernels& K, Exec& exec, const floa
   const float coin = philox_rand(seed, position, kStreamCoin, 0);
   if (valid && coin * q_x < p_x) return {true, draft};
   const PhiloxKey key = philox_key(seed);
+  const float* w = finite ? z : nullptr;
   const ResidualResult rr = exec.residual(
-      [&](int64_t v0, int64_t v1) { return K.residual_argmax(z, m, total, q, q_dtype, key, position, v0, v1); });
+      [&](int64_t v0, int64_t v1) { return K.residual_argmax(w, total, q, q_dtype, key, position, v0, v1); });
   if (rr.any_positive) return {false, rr.best.index};
-  (void)V;
-  return {false, gumbel_sample(K, exec, z, mx, seed, position, kStreamRecovery)};
+  const ArgMax mx2 = reprepare();
+  return {false, gumbel_sample(K, exec, z, mx2, seed, position, kStreamRecovery)};
 }
 
 template <class Exec>
@@ -146,18 +185,23 @@ void verify_chain_request(const RowKernels& K, const ChainArgs& a, int64_t b, Ex
     if (temp == 0.0f) {  // greedy: argmax of the sanitized logits, no truncation
       token = exec.argmax([&](int64_t v0, int64_t v1) { return K.greedy_argmax(row, a.logits_dtype, v0, v1); }).index;
       accept = valid && token == draft;
-    } else {
-      const ArgMax mx = prepare_row(K, exec, row, a.logits_dtype, temp, a.top_k, a.top_p, b, V, s);
-      if (a.draft_probs == nullptr || bonus) {
-        token = gumbel_sample(K, exec, s.z.data(), mx, a.seed[b], pos, bonus ? kStreamBonus : kStreamRecovery);
-        accept = valid && token == draft;
+    } else if (a.draft_probs == nullptr || bonus) {
+      const int stream = bonus ? kStreamBonus : kStreamRecovery;
+      if (untruncated(a.top_k, a.top_p, b, V)) {
+        token = gumbel_sample_logits(K, exec, row, a.logits_dtype, temp, valid ? draft : -1, a.seed[b], pos, stream);
       } else {
-        const void* q = static_cast<const char*>(a.draft_probs) + static_cast<size_t>(first_draft + j) * V * q_elem;
-        const StochasticDecision d =
-            stochastic_decide(K, exec, s.z.data(), mx, q, a.probs_dtype, draft, valid, a.seed[b], pos, V);
-        accept = d.accept;
-        token = d.token;
+        const ArgMax mx = prepare_row(K, exec, row, a.logits_dtype, temp, a.top_k, a.top_p, b, V, s);
+        token = gumbel_sample(K, exec, s.z.data(), mx, a.seed[b], pos, stream);
       }
+      accept = valid && token == draft;
+    } else {
+      auto prepare = [&] { return prepare_row(K, exec, row, a.logits_dtype, temp, a.top_k, a.top_p, b, V, s); };
+      const ArgMax mx = prepare();
+      const void* q = static_cast<const char*>(a.draft_probs) + static_cast<size_t>(first_draft + j) * V * q_elem;
+      const StochasticDecision d =
+          stochastic_decide(K, exec, s.z.data(), mx, q, a.probs_dtype, draft, valid, a.seed[b], pos, prepare);
+      accept = d.accept;
+      token = d.token;
     }
     if (!bonus && accept) {
       out[j] = static_cast<int32_t>(draft);

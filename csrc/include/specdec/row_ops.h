@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "common.h"
+#include "gumbel.h"
 #include "math.h"
 #include "philox.h"
 #include "simd.h"
@@ -14,81 +15,11 @@
 
 SPECDEC_NS_BEGIN
 
-inline constexpr int kChunk = 64;  // elements per pruning / argmax chunk (a multiple of simd::W)
-static_assert(kChunk % simd::W == 0, "chunk must hold whole SIMD vectors");
-
-inline float chunk_max(const float* z, int n) {
-  float m = -kInf;
-  int i = 0;
-  if (n == kChunk) {
-    simd::f32v lane = simd::load(z);
-    for (i = simd::W; i < kChunk; i += simd::W) {
-      const simd::f32v x = simd::load(z + i);
-      lane = x > lane ? x : lane;
-    }
-    for (int l = 0; l < simd::W; ++l) m = lane[l] > m ? lane[l] : m;
-    return m;
-  }
-  for (; i < n; ++i) m = z[i] > m ? z[i] : m;
-  return m;
-}
-
-// Chunk max and the first index reaching it.
-inline ArgMax chunk_argmax(const float* s, int n, int64_t base) {
-  const float m = chunk_max(s, n);
-  int first = 0;
-  while (first < n && !(s[first] == m)) ++first;
-  if (first == n) first = 0;
-  return {m, base + first};
-}
-
-inline ArgMax better(ArgMax a, ArgMax b) {
-  if (b.value > a.value || (b.value == a.value && b.index < a.index)) return b;
-  return a;
-}
-
 template <DType D>
 inline void load_chunk(const void* row, int64_t base, int n, float* out) {
   const auto* p = static_cast<const typename Elem<D>::type*>(row) + base;
   for (int i = 0; i < n; ++i) out[i] = Elem<D>::load(p, i);
 }
-
-// Lane-wise running argmax: lane l holds the best (value, first index) among the elements it saw.
-// Indices increase with every update, so strict > keeps the first index of each lane's maximum.
-struct LaneArgMax {
-  simd::f32v value;
-  simd::i32v index;
-
-  LaneArgMax() {
-    value = simd::f32v{} - kInf;
-    index = simd::i32v{};
-  }
-  void update(simd::f32v x, int32_t base) {
-    const simd::i32v take = x > value;
-    value = take ? x : value;
-    index = take ? simd::iota_i32() + base : index;
-  }
-  // Arbitrary indices (compacted candidates): ties go to the lower index whatever the order.
-  void update(simd::f32v x, simd::i32v idx) {
-    const simd::i32v take = (x > value) | ((x == value) & (idx < index));
-    value = take ? x : value;
-    index = take ? idx : index;
-  }
-  float max() const {
-    float m = -kInf;
-    for (int l = 0; l < simd::W; ++l) m = value[l] > m ? value[l] : m;
-    return m;
-  }
-  ArgMax result() const {
-    const float m = max();
-    int64_t idx = INT64_MAX;
-    for (int l = 0; l < simd::W; ++l) {
-      if (value[l] == m && index[l] < idx) idx = index[l];
-    }
-    if (m == -kInf) idx = 0;  // nothing beat -inf: the reference's argmax of an all -inf row is 0
-    return {m, idx};
-  }
-};
 
 inline simd::f32v sanitize_v(simd::f32v z) {
   z = z != z ? -kInf : z;
@@ -132,170 +63,130 @@ ArgMax scale_row_t(const void* row, float temperature, float* z, int64_t v0, int
   return best;
 }
 
-// log(-log u_v) for v in [base, base + kChunk) on one (seed, position, stream); lanes past the
-// vocabulary are computed and ignored by the callers.
-inline void gumbel_terms(const PhiloxKey& key, uint32_t hi, int stream, int64_t base, float* out) {
-  const uint32_t lo = philox_offset_lo(stream, static_cast<uint32_t>(base));
-  for (int i = 0; i < kChunk; i += simd::W) {
-    const simd::u32v w = simd::philox_word(key, simd::iota() + (lo + static_cast<uint32_t>(i)), hi);
-    simd::store(out + i, simd::log_f32(-simd::log_f32(simd::philox_uniform(w))));
-  }
-}
-
-// Copies z[base, base + n) into a full chunk padded with -inf.
-inline const float* padded_chunk(const float* z, int64_t base, int n, float* buf) {
-  if (n == kChunk) return z + base;
-  for (int i = 0; i < n; ++i) buf[i] = z[base + i];
-  for (int i = n; i < kChunk; ++i) buf[i] = -kInf;
-  return buf;
-}
-
-// argmax_v z_v - log(-log u_v) over [v0, v1), starting from `start` (a real candidate anywhere in the
-// row, or the initial value). Elements with z + kGumbelBound below the running best cannot win and get
-// no Philox draw: whole chunks are skipped, and sparse survivors of a chunk are compacted into full
-// SIMD vectors, so peaked rows cost little more than one read.
-struct GumbelSearch {
-  const PhiloxKey& key;
-  uint32_t hi;
-  uint32_t lo;  // stream bits of the counter
-  LaneArgMax acc;
-  float bound;
-  alignas(64) float cand_z[kChunk];
-  alignas(64) int32_t cand_i[kChunk];
-  int num_cand = 0;
-
-  void flush() {
-    for (int g = 0; g < num_cand; g += simd::W) {
-      simd::f32v zv;
-      simd::i32v iv;
-      for (int l = 0; l < simd::W; ++l) {
-        const bool live = g + l < num_cand;
-        zv[l] = live ? cand_z[g + l] : -kInf;
-        iv[l] = live ? cand_i[g + l] : 0;
-      }
-      const simd::u32v w = simd::philox_word(key, reinterpret_cast<const simd::u32v&>(iv) + lo, hi);
-      acc.update(zv - simd::log_f32(-simd::log_f32(simd::philox_uniform(w))), iv);
-    }
-    num_cand = 0;
-    const float m = acc.max();
-    bound = m > bound ? m : bound;
-  }
-};
-
+// argmax_v z_v - log(-log u_v) over [v0, v1) of a scaled row z, starting from `start` (a real
+// candidate anywhere in the row, or the initial value). Sparse: see gumbel.h.
 inline ArgMax gumbel_argmax_impl(const float* z, const PhiloxKey& key, int64_t position, int stream, int64_t v0,
                                  int64_t v1, ArgMax start) {
-  GumbelSearch s{key, philox_offset_hi(position), philox_offset_lo(stream, 0), LaneArgMax(), start.value};
-  alignas(64) float g[kChunk];
-  alignas(64) float pad[kChunk];
-  for (int64_t base = v0; base < v1; base += kChunk) {
-    const int n = static_cast<int>(v1 - base < kChunk ? v1 - base : kChunk);
-    const float* zc = padded_chunk(z, base, n, pad);
-    const float cm = chunk_max(zc, kChunk);
-    if (cm == -kInf || cm + kGumbelBound < s.bound) continue;
-    const float floor = s.bound - kGumbelBound;  // z below this cannot reach the bound
-    simd::i32v live_v = {};
-    for (int i = 0; i < kChunk; i += simd::W) {
-      const simd::f32v x = simd::load(zc + i);
-      live_v -= (x >= floor) & (x != -kInf);  // true lanes are -1
-    }
-    int live = 0;
-    for (int l = 0; l < simd::W; ++l) live += live_v[l];
-    if (live > kChunk / 4) {
-      s.flush();  // keep lane indices increasing for the dense update
-      gumbel_terms(key, s.hi, stream, base, g);
-      for (int i = 0; i < kChunk; i += simd::W) {
-        s.acc.update(simd::load(zc + i) - simd::load(g + i), static_cast<int32_t>(base + i));
-      }
-      const float m = s.acc.max();
-      s.bound = m > s.bound ? m : s.bound;
-      continue;
-    }
-    if (s.num_cand + live > kChunk) s.flush();
-    for (int i = 0; i < kChunk; ++i) {
-      if (zc[i] >= floor && zc[i] != -kInf) {
-        s.cand_z[s.num_cand] = zc[i];
-        s.cand_i[s.num_cand] = static_cast<int32_t>(base + i);
-        ++s.num_cand;
-      }
-    }
+  SparseGumbel<false> s(key, position, stream, start);
+  for (int64_t base = v0; base < v1; base += kGumbelBlock) {
+    const int n = static_cast<int>(v1 - base < kGumbelBlock ? v1 - base : kGumbelBlock);
+    const float m = block_max(z + base, n);
+    if (m != -kInf) s.offer(base + find_first(z + base, n, m), m);
+    s.stage(z + base, base, n, m);
   }
-  s.flush();
-  return better(start, s.acc.result());
+  return s.result();
 }
 
-// Sum of exp(z - m) over [v0, v1), accumulated in double.
-inline double sum_exp_impl(const float* z, float m, int64_t v0, int64_t v1) {
+// The same sample straight from the logits, z = sanitize(logit / temperature) computed block by block
+// into L1 (rows without top-k / top-p): one pass over the row.
+template <DType D>
+ArgMax gumbel_argmax_logits_t(const void* row, float temperature, const PhiloxKey& key, int64_t position,
+                              int stream, int64_t v0, int64_t v1, ArgMax start) {
+  SparseGumbel<false> s(key, position, stream, start);
+  alignas(64) float z[simd::W];
+  const auto* p = static_cast<const typename Elem<D>::type*>(row);
+  for (int64_t base = v0; base < v1; base += kGumbelBlock) {
+    const int n = static_cast<int>(v1 - base < kGumbelBlock ? v1 - base : kGumbelBlock);
+    const float floor = s.live_floor();
+    // One pass: scale, block maximum, and the live entries straight into the candidates.
+    simd::f32v lane = simd::f32v{} - kInf;
+    int i = 0;
+    for (; i + simd::W <= n; i += simd::W) {
+      load_chunk<D>(row, base + i, simd::W, z);
+      const simd::f32v x = sanitize_v(simd::load(z) / temperature);
+      lane = x > lane ? x : lane;
+      s.push(x, static_cast<int32_t>(base + i), floor);
+    }
+    float m = -kInf;
+    for (int l = 0; l < simd::W; ++l) m = lane[l] > m ? lane[l] : m;
+    for (; i < n; ++i) {
+      const float x = sanitize(Elem<D>::load(p, base + i) / temperature);
+      m = x > m ? x : m;
+      s.push_one(x, static_cast<int32_t>(base + i), floor);
+    }
+    if (!s.live_block(m, floor)) {
+      s.num = 0;
+      continue;
+    }
+    // The block maximum is a candidate (m >= floor); the first one in index order seeds the bound.
+    const int at = find_first(s.cand_v, s.num, m);
+    s.offer(s.cand_i[at], m);
+    s.flush(s.word_threshold(m));
+  }
+  return s.result();
+}
+
+// w_v = exp(z_v - m) written over z[v0, v1) (the softmax numerators); returns their sum in double.
+inline double softmax_weights_impl(float* z, float m, int64_t v0, int64_t v1) {
   simd::f64v acc = {};
   int64_t v = v0;
   for (; v + simd::W <= v1; v += simd::W) {
-    acc += __builtin_convertvector(simd::exp_f32(simd::load(z + v) - m), simd::f64v);
+    const simd::f32v w = simd::exp_f32(simd::load(z + v) - m);
+    simd::store(z + v, w);
+    acc += __builtin_convertvector(w, simd::f64v);
   }
   double tail = 0.0;
-  for (; v < v1; ++v) tail += static_cast<double>(exp_f32(z[v] - m));
+  for (; v < v1; ++v) {
+    z[v] = exp_f32(z[v] - m);
+    tail += static_cast<double>(z[v]);
+  }
   double total = 0.0;
   for (int l = 0; l < simd::W; ++l) total += acc[l];
   return total + tail;
 }
 
-// Recovery sample from norm(max(0, p - q)) with p = softmax(z) (one-hot 0 when m = -inf):
-// argmax_v log(max(0, p_v - q_v)) - log(-log u_v) on the recovery stream.
+// Recovery sample from norm(max(0, p - q)) with p = w / total (w from softmax_weights; w = nullptr:
+// p one-hot at 0, the all -inf row): argmax_v log(max(0, p_v - q_v)) - log(-log u_v) on the recovery
+// stream, sparse (gumbel.h).
 template <DType Q>
-ResidualResult residual_argmax_t(const float* z, float m, float total, const void* q, const PhiloxKey& key,
+ResidualResult residual_argmax_t(const float* w, float total, const void* q, const PhiloxKey& key,
                                  int64_t position, int64_t v0, int64_t v1) {
-  const uint32_t hi = philox_offset_hi(position);
-  ResidualResult res{kArgMaxInit, false};
-  LaneArgMax acc;
-  alignas(64) float r[kChunk];
-  alignas(64) float g[kChunk];
-  const bool finite = m != -kInf;
-  for (int64_t base = v0; base < v1; base += kChunk) {
-    const int n = static_cast<int>(v1 - base < kChunk ? v1 - base : kChunk);
-    load_chunk<Q>(q, base, n, g);
-    if (finite && n == kChunk) {
-      for (int i = 0; i < kChunk; i += simd::W) {
-        const simd::f32v p = simd::exp_f32(simd::load(z + base + i) - m) / total;
-        const simd::f32v d = p - simd::load(g + i);
-        simd::store(r + i, d > 0.0f ? d : 0.0f);
-      }
-    } else {
-      for (int i = 0; i < n; ++i) {
-        const int64_t v = base + i;
-        const float p = finite ? exp_f32(z[v] - m) / total : (v == 0 ? 1.0f : 0.0f);
-        const float d = p - g[i];
-        r[i] = d > 0.0f ? d : 0.0f;
+  SparseGumbel<true> s(key, position, kStreamRecovery, kArgMaxInit);
+  alignas(64) float r[kGumbelBlock];
+  bool any_positive = false;
+  for (int64_t base = v0; base < v1; base += kGumbelBlock) {
+    const int n = static_cast<int>(v1 - base < kGumbelBlock ? v1 - base : kGumbelBlock);
+    load_chunk<Q>(q, base, n, r);
+    int i = 0;
+    simd::f32v lane = {};
+    if (w != nullptr) {
+      for (; i + simd::W <= n; i += simd::W) {
+        const simd::f32v d = simd::load(w + base + i) / total - simd::load(r + i);
+        const simd::f32v x = d > 0.0f ? d : 0.0f;
+        simd::store(r + i, x);
+        lane = x > lane ? x : lane;
       }
     }
-    if (!(chunk_max(r, n) > 0.0f)) continue;
-    res.any_positive = true;
-    for (int i = n; i < kChunk; ++i) r[i] = 0.0f;
-    gumbel_terms(key, hi, kStreamRecovery, base, g);
-    for (int i = 0; i < kChunk; i += simd::W) {
-      acc.update(simd::log_f32(simd::load(r + i)) - simd::load(g + i), static_cast<int32_t>(base + i));
+    float m = 0.0f;
+    for (int l = 0; l < simd::W; ++l) m = lane[l] > m ? lane[l] : m;
+    for (; i < n; ++i) {
+      const int64_t v = base + i;
+      const float p = w != nullptr ? w[v] / total : (v == 0 ? 1.0f : 0.0f);
+      const float d = p - r[i];
+      r[i] = d > 0.0f ? d : 0.0f;
+      m = r[i] > m ? r[i] : m;
     }
+    if (!(m > 0.0f)) continue;
+    any_positive = true;
+    s.offer(base + find_first(r, n, m), m);
+    s.stage(r, base, n, m);
   }
-  res.best = acc.result();
-  return res;
+  return {s.result(), any_positive};
 }
 
 // argmax_v log(w_v) - log(-log u_v) for nonnegative weights w (log 0 = -inf): Gumbel-max sampling
-// from norm(w), with the float32 log of the reference.
+// from norm(w), with the float32 log of the reference. Sparse (gumbel.h).
 inline ArgMax log_gumbel_argmax_impl(const float* w, const PhiloxKey& key, int64_t position, int stream, int64_t v0,
                                      int64_t v1) {
-  const uint32_t hi = philox_offset_hi(position);
-  alignas(64) float g[kChunk];
-  alignas(64) float r[kChunk];
-  LaneArgMax acc;
-  for (int64_t base = v0; base < v1; base += kChunk) {
-    const int n = static_cast<int>(v1 - base < kChunk ? v1 - base : kChunk);
-    for (int i = 0; i < n; ++i) r[i] = w[base + i];
-    for (int i = n; i < kChunk; ++i) r[i] = 0.0f;
-    if (!(chunk_max(r, kChunk) > 0.0f)) continue;
-    gumbel_terms(key, hi, stream, base, g);
-    for (int i = 0; i < kChunk; i += simd::W) {
-      acc.update(simd::log_f32(simd::load(r + i)) - simd::load(g + i), static_cast<int32_t>(base + i));
-    }
+  SparseGumbel<true> s(key, position, stream, kArgMaxInit);
+  for (int64_t base = v0; base < v1; base += kGumbelBlock) {
+    const int n = static_cast<int>(v1 - base < kGumbelBlock ? v1 - base : kGumbelBlock);
+    const float m = block_max(w + base, n);
+    if (!(m > 0.0f)) continue;
+    s.offer(base + find_first(w + base, n, m), m);
+    s.stage(w + base, base, n, m);
   }
-  return acc.result();
+  return s.result();
 }
 
 // The table entries (dtype switches outside the loops).
@@ -315,12 +206,23 @@ inline ArgMax scale_row_any(const void* row, DType d, float temperature, float* 
   }
 }
 
-inline ResidualResult residual_argmax_any(const float* z, float m, float total, const void* q, DType qd,
-                                          const PhiloxKey& key, int64_t position, int64_t v0, int64_t v1) {
+inline ArgMax gumbel_argmax_logits_any(const void* row, DType d, float temperature, const PhiloxKey& key,
+                                       int64_t position, int stream, int64_t v0, int64_t v1, ArgMax start) {
+  switch (d) {
+    case DType::kBFloat16:
+      return gumbel_argmax_logits_t<DType::kBFloat16>(row, temperature, key, position, stream, v0, v1, start);
+    case DType::kFloat16:
+      return gumbel_argmax_logits_t<DType::kFloat16>(row, temperature, key, position, stream, v0, v1, start);
+    default: return gumbel_argmax_logits_t<DType::kFloat32>(row, temperature, key, position, stream, v0, v1, start);
+  }
+}
+
+inline ResidualResult residual_argmax_any(const float* w, float total, const void* q, DType qd, const PhiloxKey& key,
+                                          int64_t position, int64_t v0, int64_t v1) {
   switch (qd) {
-    case DType::kBFloat16: return residual_argmax_t<DType::kBFloat16>(z, m, total, q, key, position, v0, v1);
-    case DType::kFloat16: return residual_argmax_t<DType::kFloat16>(z, m, total, q, key, position, v0, v1);
-    default: return residual_argmax_t<DType::kFloat32>(z, m, total, q, key, position, v0, v1);
+    case DType::kBFloat16: return residual_argmax_t<DType::kBFloat16>(w, total, q, key, position, v0, v1);
+    case DType::kFloat16: return residual_argmax_t<DType::kFloat16>(w, total, q, key, position, v0, v1);
+    default: return residual_argmax_t<DType::kFloat32>(w, total, q, key, position, v0, v1);
   }
 }
 
@@ -329,7 +231,8 @@ inline RowKernels make_row_kernels() {
   k.greedy_argmax = greedy_argmax_any;
   k.scale_row = scale_row_any;
   k.gumbel_argmax = gumbel_argmax_impl;
-  k.sum_exp = sum_exp_impl;
+  k.gumbel_argmax_logits = gumbel_argmax_logits_any;
+  k.softmax_weights = softmax_weights_impl;
   k.residual_argmax = residual_argmax_any;
   k.log_gumbel_argmax = log_gumbel_argmax_impl;
   return k;

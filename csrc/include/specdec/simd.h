@@ -1,6 +1,6 @@
 // Portable SIMD for the host kernels: GCC/Clang vector extensions of W lanes (W = 16 with AVX-512,
-// 8 with AVX2, 4 otherwise), plus intrinsics for the 32x32->64-bit multiplies of Philox where the
-// instruction set has them. Every function computes exactly what its scalar twin in philox.h /
+// 8 with AVX2, 4 otherwise), plus intrinsics for Philox's 32x32->64-bit multiplies and for masks where
+// the instruction set has them. Every function computes exactly what its scalar twin in philox.h /
 // math.h computes (same operations, same order), so tokens do not depend on the instruction set.
 #pragma once
 
@@ -53,36 +53,93 @@ SPECDEC_SIMD_INLINE i32v iota_i32() {
   return v;
 }
 
+#if defined(__AVX512F__) || defined(__AVX2__)
+// Philox on 64-bit lanes (the even or the odd 32-bit lanes of a vector): one vpmuludq yields a whole
+// 64-bit product, so a round costs two multiplies, two shifts and two three-way XORs per register, with
+// no blends. The high halves of the state lanes carry garbage that only ever reaches high halves again
+// (multiplies read the low 32 bits; XOR is lane-local); the word is the low half of the result.
+#if defined(__AVX512F__)
+typedef __m512i q64v;
+SPECDEC_SIMD_INLINE q64v q_set1(uint32_t x) { return _mm512_set1_epi64(static_cast<long long>(x)); }
+SPECDEC_SIMD_INLINE q64v q_mul(q64v a, q64v b) { return _mm512_mul_epu32(a, b); }
+SPECDEC_SIMD_INLINE q64v q_hi(q64v a) { return _mm512_srli_epi64(a, 32); }
+SPECDEC_SIMD_INLINE q64v q_xor3(q64v a, q64v b, q64v c) { return _mm512_ternarylogic_epi64(a, b, c, 0x96); }
+SPECDEC_SIMD_INLINE q64v q_xor(q64v a, q64v b) { return _mm512_xor_si512(a, b); }
+SPECDEC_SIMD_INLINE q64v q_load(const u32v& v) {
+  q64v q;
+  __builtin_memcpy(&q, &v, sizeof(q));
+  return q;
+}
+SPECDEC_SIMD_INLINE u32v q_interleave(q64v even, q64v odd) {
+  const q64v w = _mm512_mask_blend_epi32(0xAAAA, even, _mm512_slli_epi64(odd, 32));
+  u32v out;
+  __builtin_memcpy(&out, &w, sizeof(out));
+  return out;
+}
+#else
+typedef __m256i q64v;
+SPECDEC_SIMD_INLINE q64v q_set1(uint32_t x) { return _mm256_set1_epi64x(static_cast<long long>(x)); }
+SPECDEC_SIMD_INLINE q64v q_mul(q64v a, q64v b) { return _mm256_mul_epu32(a, b); }
+SPECDEC_SIMD_INLINE q64v q_hi(q64v a) { return _mm256_srli_epi64(a, 32); }
+SPECDEC_SIMD_INLINE q64v q_xor3(q64v a, q64v b, q64v c) { return _mm256_xor_si256(_mm256_xor_si256(a, b), c); }
+SPECDEC_SIMD_INLINE q64v q_xor(q64v a, q64v b) { return _mm256_xor_si256(a, b); }
+SPECDEC_SIMD_INLINE q64v q_load(const u32v& v) {
+  q64v q;
+  __builtin_memcpy(&q, &v, sizeof(q));
+  return q;
+}
+SPECDEC_SIMD_INLINE u32v q_interleave(q64v even, q64v odd) {
+  const q64v w = _mm256_blend_epi32(even, _mm256_slli_epi64(odd, 32), 0xAA);
+  u32v out;
+  __builtin_memcpy(&out, &w, sizeof(out));
+  return out;
+}
+#endif
+
+// The ten rounds for counters (x, c1, 0, 0), x in the low halves of the lanes. Rounds 0 and 1 are
+// folded: round 0 multiplies only x (c2 = c3 = 0), round 1 multiplies a constant c0; the last round
+// needs only the product that feeds word 0.
+SPECDEC_SIMD_INLINE q64v philox_word_q(const PhiloxKey& key, q64v x, uint32_t c1) {
+  const q64v ka = q_set1(kPhiloxRoundA), kb = q_set1(kPhiloxRoundB);
+  const uint32_t s0 = c1 ^ key.k0[0];  // word 0 after round 0
+  const uint64_t p1 = static_cast<uint64_t>(kPhiloxRoundA) * s0;  // round 1's c0 product (all lanes)
+  q64v pa = q_mul(x, ka);
+  q64v c2 = q_xor(q_hi(pa), q_set1(key.k1[0]));
+  q64v c3 = pa;
+  q64v pb = q_mul(c2, kb);
+  q64v c0 = q_xor(q_hi(pb), q_set1(key.k0[1]));
+  q64v c1v = pb;
+  c2 = q_xor(c3, q_set1(static_cast<uint32_t>(p1 >> 32) ^ key.k1[1]));
+  c3 = q_set1(static_cast<uint32_t>(p1));
+#pragma GCC unroll 8
+  for (int r = 2; r < kPhiloxRounds - 1; ++r) {
+    pb = q_mul(c2, kb);
+    pa = q_mul(c0, ka);
+    c0 = q_xor3(q_hi(pb), c1v, q_set1(key.k0[r]));
+    c2 = q_xor3(q_hi(pa), c3, q_set1(key.k1[r]));
+    c1v = pb;
+    c3 = pa;
+  }
+  pb = q_mul(c2, kb);
+  return q_xor3(q_hi(pb), c1v, q_set1(key.k0[kPhiloxRounds - 1]));
+}
+
+// philox_word for W counters c0 (same key and c1): even and odd lanes as two 64-bit-lane chains.
+SPECDEC_SIMD_INLINE u32v philox_word(const PhiloxKey& key, u32v c0, uint32_t c1_scalar) {
+  const q64v x = q_load(c0);
+  const q64v even = philox_word_q(key, x, c1_scalar);
+  const q64v odd = philox_word_q(key, q_hi(x), c1_scalar);
+  return q_interleave(even, odd);
+}
+#else
 // (hi, lo) words of a * c for every lane.
 SPECDEC_SIMD_INLINE void mulhilo(uint32_t a, u32v c, u32v& hi, u32v& lo) {
-#if defined(__AVX512F__)
-  __m512i x;
-  __builtin_memcpy(&x, &c, sizeof(x));
-  const __m512i av = _mm512_set1_epi64(a);
-  const __m512i even = _mm512_mul_epu32(x, av);
-  const __m512i odd = _mm512_mul_epu32(_mm512_srli_epi64(x, 32), av);
-  const __m512i h = _mm512_mask_blend_epi32(0xAAAA, _mm512_srli_epi64(even, 32), odd);
-  const __m512i l = _mm512_mask_blend_epi32(0xAAAA, even, _mm512_slli_epi64(odd, 32));
-  __builtin_memcpy(&hi, &h, sizeof(hi));
-  __builtin_memcpy(&lo, &l, sizeof(lo));
-#elif defined(__AVX2__)
-  __m256i x;
-  __builtin_memcpy(&x, &c, sizeof(x));
-  const __m256i av = _mm256_set1_epi64x(a);
-  const __m256i even = _mm256_mul_epu32(x, av);
-  const __m256i odd = _mm256_mul_epu32(_mm256_srli_epi64(x, 32), av);
-  const __m256i h = _mm256_blend_epi32(_mm256_srli_epi64(even, 32), odd, 0xAA);
-  const __m256i l = _mm256_blend_epi32(even, _mm256_slli_epi64(odd, 32), 0xAA);
-  __builtin_memcpy(&hi, &h, sizeof(hi));
-  __builtin_memcpy(&lo, &l, sizeof(lo));
-#else
   const u64v p = __builtin_convertvector(c, u64v) * static_cast<uint64_t>(a);
   hi = __builtin_convertvector(p >> 32, u32v);
   lo = __builtin_convertvector(p, u32v);
-#endif
 }
 
-// philox_word for W consecutive counters c0 (same key and c1).
+// philox_word for W counters c0 (same key and c1).
 SPECDEC_SIMD_INLINE u32v philox_word(const PhiloxKey& key, u32v c0, uint32_t c1_scalar) {
   // Round 0 has c2 = c3 = 0, so its first product is zero.
   u32v ha, la;
@@ -104,6 +161,45 @@ SPECDEC_SIMD_INLINE u32v philox_word(const PhiloxKey& key, u32v c0, uint32_t c1_
     c3 = la;
   }
   return c0;
+}
+#endif
+
+// Folded 31-bit Philox word (philox_uniform's integer before the float conversion).
+SPECDEC_SIMD_INLINE u32v fold(u32v w) { return w >= 0x80000000u ? ~w : w; }
+
+// Bit l set iff a[l] >= t (a, t < 2^31).
+SPECDEC_SIMD_INLINE uint32_t ge_mask(u32v a, uint32_t t) {
+#if defined(__AVX512F__)
+  __m512i x;
+  __builtin_memcpy(&x, &a, sizeof(x));
+  return _mm512_cmpge_epu32_mask(x, _mm512_set1_epi32(static_cast<int>(t)));
+#elif defined(__AVX2__)
+  __m256i x;
+  __builtin_memcpy(&x, &a, sizeof(x));
+  const __m256i gt = _mm256_cmpgt_epi32(x, _mm256_set1_epi32(static_cast<int>(t) - 1));
+  return static_cast<uint32_t>(_mm256_movemask_ps(_mm256_castsi256_ps(gt)));
+#else
+  uint32_t m = 0;
+  for (int l = 0; l < W; ++l) m |= (a[l] >= t ? 1u : 0u) << l;
+  return m;
+#endif
+}
+
+// Bit l set iff a[l] == m.
+SPECDEC_SIMD_INLINE uint32_t eq_mask(f32v a, float m) {
+#if defined(__AVX512F__)
+  __m512 x;
+  __builtin_memcpy(&x, &a, sizeof(x));
+  return _mm512_cmp_ps_mask(x, _mm512_set1_ps(m), _CMP_EQ_OQ);
+#elif defined(__AVX2__)
+  __m256 x;
+  __builtin_memcpy(&x, &a, sizeof(x));
+  return static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(x, _mm256_set1_ps(m), _CMP_EQ_OQ)));
+#else
+  uint32_t mask = 0;
+  for (int l = 0; l < W; ++l) mask |= (a[l] == m ? 1u : 0u) << l;
+  return mask;
+#endif
 }
 
 SPECDEC_SIMD_INLINE f32v philox_uniform(u32v w) {

@@ -31,9 +31,14 @@ struct RowKernels {
   ArgMax (*scale_row)(const void* row, DType dtype, float temperature, float* z, int64_t v0, int64_t v1);
   ArgMax (*gumbel_argmax)(const float* z, const PhiloxKey& key, int64_t position, int stream, int64_t v0,
                           int64_t v1, ArgMax init);
-  double (*sum_exp)(const float* z, float m, int64_t v0, int64_t v1);
-  ResidualResult (*residual_argmax)(const float* z, float m, float total, const void* q, DType q_dtype,
-                                    const PhiloxKey& key, int64_t position, int64_t v0, int64_t v1);
+  // gumbel_argmax of z = sanitize(logit / temperature), computed on the fly from the row.
+  ArgMax (*gumbel_argmax_logits)(const void* row, DType dtype, float temperature, const PhiloxKey& key,
+                                 int64_t position, int stream, int64_t v0, int64_t v1, ArgMax init);
+  // Overwrites z with exp(z - m) and returns the sum (double).
+  double (*softmax_weights)(float* z, float m, int64_t v0, int64_t v1);
+  // w = softmax_weights' output (nullptr: the all -inf row, p one-hot at 0).
+  ResidualResult (*residual_argmax)(const float* w, float total, const void* q, DType q_dtype, const PhiloxKey& key,
+                                    int64_t position, int64_t v0, int64_t v1);
   ArgMax (*log_gumbel_argmax)(const float* w, const PhiloxKey& key, int64_t position, int stream, int64_t v0,
                               int64_t v1);
 };
