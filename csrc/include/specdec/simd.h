@@ -65,16 +65,9 @@ SPECDEC_SIMD_INLINE q64v q_mul(q64v a, q64v b) { return _mm512_mul_epu32(a, b); 
 SPECDEC_SIMD_INLINE q64v q_hi(q64v a) { return _mm512_srli_epi64(a, 32); }
 SPECDEC_SIMD_INLINE q64v q_xor3(q64v a, q64v b, q64v c) { return _mm512_ternarylogic_epi64(a, b, c, 0x96); }
 SPECDEC_SIMD_INLINE q64v q_xor(q64v a, q64v b) { return _mm512_xor_si512(a, b); }
-SPECDEC_SIMD_INLINE q64v q_load(const u32v& v) {
-  q64v q;
-  __builtin_memcpy(&q, &v, sizeof(q));
-  return q;
-}
-SPECDEC_SIMD_INLINE u32v q_interleave(q64v even, q64v odd) {
-  const q64v w = _mm512_mask_blend_epi32(0xAAAA, even, _mm512_slli_epi64(odd, 32));
-  u32v out;
-  __builtin_memcpy(&out, &w, sizeof(out));
-  return out;
+// Low halves of even's lanes into the even 32-bit lanes, of odd's into the odd ones.
+SPECDEC_SIMD_INLINE q64v q_pack(q64v even, q64v odd) {
+  return _mm512_mask_blend_epi32(0xAAAA, even, _mm512_slli_epi64(odd, 32));
 }
 #else
 typedef __m256i q64v;
@@ -83,18 +76,22 @@ SPECDEC_SIMD_INLINE q64v q_mul(q64v a, q64v b) { return _mm256_mul_epu32(a, b); 
 SPECDEC_SIMD_INLINE q64v q_hi(q64v a) { return _mm256_srli_epi64(a, 32); }
 SPECDEC_SIMD_INLINE q64v q_xor3(q64v a, q64v b, q64v c) { return _mm256_xor_si256(_mm256_xor_si256(a, b), c); }
 SPECDEC_SIMD_INLINE q64v q_xor(q64v a, q64v b) { return _mm256_xor_si256(a, b); }
+SPECDEC_SIMD_INLINE q64v q_pack(q64v even, q64v odd) {
+  return _mm256_blend_epi32(even, _mm256_slli_epi64(odd, 32), 0xAA);
+}
+#endif
+SPECDEC_SIMD_INLINE u32v q_interleave(q64v even, q64v odd) {
+  const q64v w = q_pack(even, odd);
+  u32v out;
+  __builtin_memcpy(&out, &w, sizeof(out));
+  return out;
+}
+// The 32-bit lanes of v as 64-bit lanes (no data movement).
 SPECDEC_SIMD_INLINE q64v q_load(const u32v& v) {
   q64v q;
   __builtin_memcpy(&q, &v, sizeof(q));
   return q;
 }
-SPECDEC_SIMD_INLINE u32v q_interleave(q64v even, q64v odd) {
-  const q64v w = _mm256_blend_epi32(even, _mm256_slli_epi64(odd, 32), 0xAA);
-  u32v out;
-  __builtin_memcpy(&out, &w, sizeof(out));
-  return out;
-}
-#endif
 
 // The ten rounds for counters (x, c1, 0, 0), x in the low halves of the lanes. Rounds 0 and 1 are
 // folded: round 0 multiplies only x (c2 = c3 = 0), round 1 multiplies a constant c0; the last round
