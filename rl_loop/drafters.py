@@ -305,10 +305,13 @@ def distill(
     lr: float = 3e-3,
     time_limit_s: float | None = None,
     optimizer: torch.optim.Optimizer | None = None,
+    unroll: int | None = None,
 ) -> list[float]:
     """Train the drafter to match the policy on ``batches()`` -> (ids [B, T], mask [B, T-1]) sequences.
 
     Used for the warm start (reference solutions) and for online adaptation (fresh rollouts).
+    ``unroll``: training-time-test steps of an EAGLE-style head (None: the drafter's default); unrolling
+    ``k - 1`` steps trains every draft position a k-token proposal uses.
     """
     module = drafter.trainable()
     params = [p for p in module.parameters() if p.requires_grad]
@@ -321,7 +324,7 @@ def distill(
             for g in opt.param_groups:
                 g["lr"] = lr * 0.5 * (1 + math.cos(math.pi * step / steps)) * min(1.0, (step + 1) / 10)
         ids, mask = batches()
-        loss = drafter.distill_loss(policy, ids, mask)
+        loss = drafter.distill_loss(policy, ids, mask) if unroll is None else drafter.distill_loss(policy, ids, mask, unroll)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)

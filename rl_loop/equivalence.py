@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         p.requires_grad_(False)
     drafter = build_drafter(args.drafter, policy, args.seed)
     distill(drafter, policy, problem_batches(train_set, tok, cfg.warm_start_batch, args.seed + 1),
-            cfg.drafter_warm_steps)
+            cfg.drafter_warm_steps, unroll=args.k - 1)
     engine = RolloutEngine(policy, drafter, tok.eos_id)
     eq_cfg = EquivalenceConfig(num_prompts=args.prompts, samples_per_prompt=args.samples, seed=args.seed,
                                generation=replace(cfg.generation(), k=args.k))
