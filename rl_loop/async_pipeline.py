@@ -124,6 +124,8 @@ def run_async(cfg: RunConfig) -> dict:
     check_async_config(cfg)
     t_run = time.perf_counter()
     log = open_run(cfg)
+    threads = max(1, cfg.num_threads // 2)  # the trainer and the generator actor share the cores
+    torch.set_num_threads(threads)
     s = setup(cfg, log)
     st = s["state"]
     evaluate_start(cfg, s, log)
@@ -133,7 +135,7 @@ def run_async(cfg: RunConfig) -> dict:
         actor_cls = ray.remote(num_cpus=1)(GeneratorActor)
         version = st["step"]  # one update per step: after a resume the trainer holds version `step`
         s["policy"].eval()
-        actor = actor_cls.remote((s["policy"], s["drafter"]), s["tok"].eos_id, cfg.num_threads)
+        actor = actor_cls.remote((s["policy"], s["drafter"]), s["tok"].eos_id, threads)
         ray.get(actor.load_weights.remote(version, *_weights(s)))
         snapshots = {version: _weights(s)[0]}  # policy versions the actor may still generate with
         behaviour = Qwen3(cfg.model)

@@ -113,7 +113,7 @@ class TaskConfig:
     families: tuple[str, ...] = FAMILIES
     difficulties: tuple[int, ...] = (1, 2)
     num_train: int = 4096
-    num_val: int = 128
+    num_val: int = 512
     seed: int = 0
 
 

@@ -57,6 +57,7 @@ class RunConfig:
     max_batch: int = 32
     # optimisation
     lr: float = 2e-5
+    lr_warmup_steps: int = 10  # linear warm-up of the RL learning rate (Adam's first steps are sign-like)
     minibatches: int = 2
     clip_low: float = 0.2
     clip_high: float = 0.28
@@ -67,22 +68,22 @@ class RunConfig:
     # groups and reinforces wrong answers; centring keeps the format term a nudge.
     scale_advantages: bool = False
     # warm starts and drafter adaptation
-    warm_start_steps: int = 350
+    warm_start_steps: int = 600
     warm_start_batch: int = 32
-    warm_start_lr: float = 3e-3
-    drafter_warm_steps: int = 150
+    warm_start_lr: float = 1e-3
+    drafter_warm_steps: int = 300
     drafter_adapt_steps: int = 1  # online adaptation: gradient steps on the fresh rollouts (0 disables)
     drafter_adapt_every: int = 4  # ... every n RL steps (the policy drifts slowly; adaptation is not free)
     # measurement
     compare_every: int = 4  # AR rollouts of the same requests side by side every n steps (0: never)
-    num_val: int = 128
+    num_val: int = 512
     eval_every: int = 0  # 0: only at start and end
     equivalence: bool = True
     equivalence_prompts: int = 16
     equivalence_samples: int = 24
     checkpoint_every: int = 8
     resume: bool = False
-    num_threads: int = 1
+    num_threads: int = 2  # torch intra-op threads (both cores of the 2-core target machine)
     plots: bool = True
     progress: bool = True
 
@@ -240,7 +241,7 @@ def setup(cfg: RunConfig, log) -> dict:
             for p in policy.parameters():
                 p.requires_grad_(False)
             losses = distill(drafter, policy, problem_batches(train_set, tok, cfg.warm_start_batch, cfg.seed + 1),
-                             cfg.drafter_warm_steps)
+                             cfg.drafter_warm_steps, unroll=cfg.k - 1)
             for p in policy.parameters():
                 p.requires_grad_(True)
             timings["drafter_warm_s"] = time.perf_counter() - t0
@@ -340,6 +341,8 @@ def learn(cfg: RunConfig, s: dict, step: int, problems: list[Problem], prompts: 
         idx = keep.nonzero().squeeze(1).tolist()
         ids, mask = build_batch([prompts[i] for i in idx], [rollouts.response_ids[i] for i in idx],
                                 [rollouts.finished[i] for i in idx], tok)
+        for group in s["opt"].param_groups:
+            group["lr"] = cfg.lr * min(1.0, (step + 1) / max(cfg.lr_warmup_steps, 1))
         train_stats = train_on_batch(policy, s["opt"], ids, mask, adv[keep], cfg, s["ref"], behaviour)
     row.update(train_stats)
     t0 = time.perf_counter()
@@ -349,7 +352,7 @@ def learn(cfg: RunConfig, s: dict, step: int, problems: list[Problem], prompts: 
         for p in policy.parameters():
             p.requires_grad_(False)
         losses = distill(s["drafter"], policy, lambda: (ids, mask), cfg.drafter_adapt_steps,
-                         optimizer=s["drafter_opt"])
+                         optimizer=s["drafter_opt"], unroll=cfg.k - 1)
         for p in policy.parameters():
             p.requires_grad_(True)
         row["drafter_loss"] = losses[-1]
