@@ -40,7 +40,6 @@ from .train import (
     account_step,
     check_run_config,
     compare_step,
-    evaluate,
     evaluate_start,
     finish_run,
     learn,
@@ -49,6 +48,7 @@ from .train import (
     save_checkpoint,
     setup,
     step_requests,
+    validate,
 )
 
 
@@ -174,7 +174,7 @@ def run_async(cfg: RunConfig) -> dict:
             row.update(policy_version=version - 1, rollout_version=rollout_version, policy_lag=lag,
                        wait_s=wait_s, push_s=time.perf_counter() - t_push)
             if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:
-                row["val_accuracy"] = evaluate(s["engine"], s["val"], s["tok"], gen)
+                row.update(validate(cfg, s))
             row["async_step_s"] = time.perf_counter() - t0
             lags.append(lag)
             step_walls.append((row["async_step_s"], row["step_s"], ar is not None))

@@ -6,7 +6,8 @@ rollouts autoregressive (``spec="none"``) and speculative (``spec="chain"``, the
 Speculation is lossless, so the two arms train on samples of the same law and their reward curves should
 differ only by sampling noise. Per seed, a paired two-sided Wilcoxon signed-rank test compares the per-step
 mean rollout rewards of the arms; a pooled test covers every (seed, step) pair. Writes
-``OUT/seeds.json`` (curves, validation accuracy at the end of each arm, p-values) and ``OUT/seeds.png``.
+``OUT/seeds.json`` (curves, validation accuracy at the start and at the end of each arm, p-values) and
+``OUT/seeds.png``.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from dataclasses import replace
 
 import torch
 
-from .train import RunConfig, evaluate, rl_step, setup
+from .train import RunConfig, rl_step, setup, validate
 
 
 def paired_p(a: list[float], b: list[float]) -> float:
@@ -39,8 +40,7 @@ def train_arm(cfg: RunConfig, spec: str, weights: dict) -> dict:
         s["drafter"].trainable().load_state_dict(weights["drafter"])
     s["engine"].sync()
     rewards = [rl_step(arm, s, step)["reward_mean"] for step in range(arm.steps)]
-    accuracy = evaluate(s["engine"], s["val"], s["tok"], arm.generation())
-    return {"reward": rewards, "val_accuracy_end": accuracy}
+    return {"reward": rewards, **{f"{k}_end": v for k, v in validate(arm, s).items()}}
 
 
 def compare_seed(cfg: RunConfig) -> dict:
@@ -48,9 +48,9 @@ def compare_seed(cfg: RunConfig) -> dict:
     s = setup(replace(cfg, spec="chain"), lambda row: None)
     weights = {"policy": {k: v.clone() for k, v in s["policy"].state_dict().items()},
                "drafter": {k: v.clone() for k, v in s["drafter"].trainable().state_dict().items()}}
-    start = evaluate(s["engine"], s["val"], s["tok"], cfg.generation())
+    start = {f"{k}_start": v for k, v in validate(cfg, s).items()}
     ar, sp = train_arm(cfg, "none", weights), train_arm(cfg, "chain", weights)
-    return {"seed": cfg.seed, "val_accuracy_start": start, "ar": ar, "spec": sp,
+    return {"seed": cfg.seed, **start, "ar": ar, "spec": sp,
             "wilcoxon_p": paired_p(ar["reward"], sp["reward"])}
 
 

@@ -77,6 +77,9 @@ class RunConfig:
     # measurement
     compare_every: int = 4  # AR rollouts of the same requests side by side every n steps (0: never)
     num_val: int = 512
+    # val_accuracy: pass@1 of the policy as it samples rollouts (rollout temperature), averaged over this many
+    # responses per problem with fixed Philox keys; 0: greedy. val_greedy_accuracy is always reported too.
+    eval_samples: int = 4
     eval_every: int = 0  # 0: only at start and end
     equivalence: bool = True
     equivalence_prompts: int = 16
@@ -97,6 +100,8 @@ class RunConfig:
             raise ValueError(f"temperature must be > 0 for RL rollouts, got {self.temperature}")
         if self.steps < 0 or self.k < 1 or self.group_size < 2 or self.prompts_per_step < 1:
             raise ValueError("steps >= 0, k >= 1, group_size >= 2 and prompts_per_step >= 1 are required")
+        if self.eval_samples < 0:
+            raise ValueError(f"eval_samples must be >= 0, got {self.eval_samples}")
 
     def generation(self, spec: str | None = None, temperature: float | None = None) -> GenerationConfig:
         return GenerationConfig(
@@ -156,12 +161,32 @@ def policy_log_probs(policy: Qwen3, ids: torch.Tensor, temperature: float = 1.0)
     return grpo.token_log_probs(logits[:, :-1] / temperature, ids[:, 1:])
 
 
-def evaluate(engine: RolloutEngine, problems: list[Problem], tok: CharTokenizer, gen: GenerationConfig) -> float:
-    """Greedy (temperature 0) accuracy on ``problems``; speculation is lossless, so any spec mode works."""
+def evaluate(engine: RolloutEngine, problems: list[Problem], tok: CharTokenizer, gen: GenerationConfig,
+             samples: int = 0, seed: int = 0) -> float:
+    """Accuracy on ``problems``; speculation is lossless, so any spec mode works.
+
+    ``samples=0``: greedy (temperature 0). Otherwise the mean over ``samples`` responses per problem at
+    ``gen.temperature``, drawn with Philox keys fixed by ``seed``: every evaluation of a run uses the same
+    keys, so two evaluations differ by the policy, not by the draw.
+    """
+    if samples:
+        problems = [p for p in problems for _ in range(samples)]
+        seeds, gen = request_seeds(seed, -1, len(problems)), gen
+    else:
+        seeds, gen = [0] * len(problems), replace(gen, temperature=0.0)
     prompts = [tok.encode(p.prompt, bos=True) for p in problems]
-    out = engine.generate(prompts, [0] * len(prompts), replace(gen, temperature=0.0))
+    out = engine.generate(prompts, seeds, gen)
     rewards = [reward(p, tok.decode(r), f) for p, r, f in zip(problems, out.response_ids, out.finished, strict=True)]
     return sum(r == 1.0 for r in rewards) / max(len(rewards), 1)
+
+
+def validate(cfg: RunConfig, s: dict) -> dict:
+    """``val_accuracy`` (see ``RunConfig.eval_samples``; greedy when it is 0) and ``val_greedy_accuracy`` of
+    the current policy on the validation problems."""
+    engine, val, tok, gen = s["engine"], s["val"], s["tok"], cfg.generation()
+    greedy = evaluate(engine, val, tok, gen)
+    sampled = evaluate(engine, val, tok, gen, cfg.eval_samples, cfg.seed) if cfg.eval_samples else greedy
+    return {"val_accuracy": sampled, "val_greedy_accuracy": greedy}
 
 
 def score(problems: list[Problem], rollouts: Rollouts, tok: CharTokenizer) -> torch.Tensor:
@@ -268,14 +293,16 @@ def setup(cfg: RunConfig, log) -> dict:
         ref = Qwen3(cfg.model)
         ref.load_state_dict(policy.state_dict() if ckpt is None else ckpt["ref"])
         ref.eval()
-    state = {"step": 0, "metrics": [], "val_accuracy_start": None, "spec_stats": RolloutStats(k=cfg.k),
+    state = {"step": 0, "metrics": [], "val_accuracy_start": None, "val_greedy_accuracy_start": None,
+             "spec_stats": RolloutStats(k=cfg.k),
              "cmp": {"spec_tokens": 0, "spec_s": 0.0, "ar_tokens": 0, "ar_s": 0.0, "spec_step_s": 0.0,
                      "ar_step_s": 0.0}}
     if ckpt is not None:
         opt.load_state_dict(ckpt["opt"])
         if drafter_opt is not None and ckpt.get("drafter_opt") is not None:
             drafter_opt.load_state_dict(ckpt["drafter_opt"])
-        state.update(step=ckpt["step"], val_accuracy_start=ckpt["val_accuracy_start"], cmp=ckpt["cmp"])
+        state.update(step=ckpt["step"], val_accuracy_start=ckpt["val_accuracy_start"], cmp=ckpt["cmp"],
+                     val_greedy_accuracy_start=ckpt.get("val_greedy_accuracy_start"))
         state["spec_stats"] = ckpt["spec_stats"]
         timings = ckpt.get("timings", {})
     return dict(tok=tok, train=train_set, val=val_set[: cfg.num_val], policy=policy, drafter=drafter,
@@ -289,7 +316,8 @@ def save_checkpoint(cfg: RunConfig, s: dict) -> None:
         "drafter": None if s["drafter"] is None else s["drafter"].trainable().state_dict(),
         "drafter_opt": None if s["drafter_opt"] is None else s["drafter_opt"].state_dict(),
         "ref": None if s["ref"] is None else s["ref"].state_dict(),
-        "val_accuracy_start": st["val_accuracy_start"], "cmp": st["cmp"], "spec_stats": st["spec_stats"],
+        "val_accuracy_start": st["val_accuracy_start"], "val_greedy_accuracy_start": st["val_greedy_accuracy_start"],
+        "cmp": st["cmp"], "spec_stats": st["spec_stats"],
         "timings": s["timings"], "config": asdict(cfg),
     }
     tmp = os.path.join(cfg.out, "checkpoint.pt.tmp")
@@ -422,8 +450,9 @@ def open_run(cfg: RunConfig):
 def evaluate_start(cfg: RunConfig, s: dict, log) -> None:
     st = s["state"]
     if st["val_accuracy_start"] is None:
-        st["val_accuracy_start"] = evaluate(s["engine"], s["val"], s["tok"], cfg.generation())
-        log({"event": "eval", "step": 0, "val_accuracy": st["val_accuracy_start"]})
+        v = validate(cfg, s)
+        st["val_accuracy_start"], st["val_greedy_accuracy_start"] = v["val_accuracy"], v["val_greedy_accuracy"]
+        log({"event": "eval", "step": 0, **v})
 
 
 def run(cfg: RunConfig) -> dict:
@@ -437,13 +466,12 @@ def run(cfg: RunConfig) -> dict:
     log = open_run(cfg)
     s = setup(cfg, log)
     st = s["state"]
-    gen = cfg.generation()
     evaluate_start(cfg, s, log)
     for step in _progress(range(st["step"], cfg.steps), cfg.progress, desc="grpo", initial=st["step"],
                           total=cfg.steps):
         row = rl_step(cfg, s, step)
         if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:
-            row["val_accuracy"] = evaluate(s["engine"], s["val"], s["tok"], gen)
+            row.update(validate(cfg, s))
         log(row)
         st["step"] = step + 1
         if cfg.checkpoint_every and st["step"] % cfg.checkpoint_every == 0:
@@ -455,8 +483,8 @@ def finish_run(cfg: RunConfig, s: dict, log, t_run: float, extra: dict | None = 
     """Final evaluation, checkpoint, exported policy, equivalence check, ``summary.json`` (+ ``extra``), plots."""
     st = s["state"]
     gen = cfg.generation()
-    val_end = evaluate(s["engine"], s["val"], s["tok"], gen)
-    log({"event": "eval", "step": cfg.steps, "val_accuracy": val_end})
+    val_end = validate(cfg, s)
+    log({"event": "eval", "step": cfg.steps, **val_end})
     save_checkpoint(cfg, s)
     save_pretrained(s["policy"], os.path.join(cfg.out, "policy"), s["tok"])
 
@@ -483,7 +511,10 @@ def finish_run(cfg: RunConfig, s: dict, log, t_run: float, extra: dict | None = 
         "acceptance_by_position": spec_stats.acceptance_by_position if spec_stats.rounds else None,
         **eq,
         "val_accuracy_start": st["val_accuracy_start"],
-        "val_accuracy_end": val_end,
+        "val_accuracy_end": val_end["val_accuracy"],
+        "val_greedy_accuracy_start": st["val_greedy_accuracy_start"],
+        "val_greedy_accuracy_end": val_end["val_greedy_accuracy"],
+        "eval_samples": cfg.eval_samples,
         "k": cfg.k,
         "spec": cfg.spec, "drafter": cfg.drafter, "pipeline": cfg.pipeline, "backend": cfg.backend,
         "verify_backend": gen.backend, "steps": cfg.steps, "seed": cfg.seed,

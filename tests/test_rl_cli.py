@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from rl_loop.__main__ import parse_args
-from rl_loop.train import REQUIRED_SUMMARY_KEYS, RunConfig, run, tiny_config
+from rl_loop.train import REQUIRED_SUMMARY_KEYS, RunConfig, evaluate, run, setup, tiny_config, validate
 
 pytestmark = pytest.mark.rl
 torch.set_num_threads(1)
@@ -62,6 +62,19 @@ def test_tiny_run_writes_summary_and_resume_continues_exactly(tmp_path):
     for name, tensor in a["policy"].items():  # resuming reproduces the uninterrupted run
         assert torch.equal(tensor, b["policy"][name]), name
     assert resumed["val_accuracy_end"] == straight["val_accuracy_end"]
+    assert resumed["val_greedy_accuracy_start"] == straight["val_greedy_accuracy_start"]
+
+
+def test_sampled_validation_reuses_its_keys_and_counts_every_sample(tmp_path):
+    cfg = tiny_config(out=str(tmp_path), spec="none", eval_samples=3)
+    s = setup(cfg, lambda row: None)
+    engine, val, tok, gen = s["engine"], s["val"], s["tok"], cfg.generation()
+    first = evaluate(engine, val, tok, gen, samples=3, seed=5)
+    assert first == evaluate(engine, val, tok, gen, samples=3, seed=5)  # fixed Philox keys: same draw
+    assert first * 3 * len(val) == pytest.approx(round(first * 3 * len(val)))  # a mean over 3 x |val| samples
+    v = validate(cfg, s)
+    assert v["val_greedy_accuracy"] == evaluate(engine, val, tok, gen)
+    assert validate(replace(cfg, eval_samples=0), s)["val_accuracy"] == v["val_greedy_accuracy"]
 
 
 def test_not_implemented_modes_say_so(tmp_path):
