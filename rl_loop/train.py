@@ -50,7 +50,7 @@ class RunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
     # rollouts
-    prompts_per_step: int = 8
+    prompts_per_step: int = 16
     group_size: int = 8
     temperature: float = 0.7  # rollout temperature; the trainer's log-probs use the same tempered policy
     max_new_tokens: int = 48
