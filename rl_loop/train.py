@@ -171,7 +171,7 @@ def evaluate(engine: RolloutEngine, problems: list[Problem], tok: CharTokenizer,
     """
     if samples:
         problems = [p for p in problems for _ in range(samples)]
-        seeds, gen = request_seeds(seed, -1, len(problems)), gen
+        seeds = request_seeds(seed, -1, len(problems))  # step -1: never a training step's keys
     else:
         seeds, gen = [0] * len(problems), replace(gen, temperature=0.0)
     prompts = [tok.encode(p.prompt, bos=True) for p in problems]
