@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from .engine_costs import cpu_time
 from .generation import Parallelism, Speculation, Workload, forward_time, simulate_generation
 from .hardware import Hardware
 from .harness import HarnessConfig, RunResult, build_models, run_rollouts
@@ -43,18 +44,6 @@ DEFAULT_HARNESS = HarnessConfig(vocab_size=512, hidden_size=512, intermediate_si
 QUICK_HARNESS = HarnessConfig(vocab_size=512, hidden_size=128, intermediate_size=384, num_layers=4,
                               num_heads=2, num_kv_heads=1, head_dim=64, batch=3, response_median=12,
                               max_response_len=32)
-
-
-def cpu_time(fn: Callable[[], object], repeats: int = 7, warmup: int = 1) -> float:
-    """Minimum thread CPU seconds of ``fn()`` over ``repeats`` calls (after ``warmup`` calls)."""
-    for _ in range(warmup):
-        fn()
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.thread_time()
-        fn()
-        best = min(best, time.thread_time() - t)
-    return best
 
 
 # ----------------------------------------------------------------------------------------------------

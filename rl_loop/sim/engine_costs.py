@@ -26,8 +26,10 @@ import torch
 from .generation import Speculation, Workload, simulate_replica
 
 
-def _cpu(fn: Callable[[], object], repeats: int) -> float:
-    fn()
+def cpu_time(fn: Callable[[], object], repeats: int = 7, warmup: int = 1) -> float:
+    """Minimum thread CPU seconds of ``fn()`` over ``repeats`` calls (after ``warmup`` calls)."""
+    for _ in range(warmup):
+        fn()
     best = float("inf")
     for _ in range(repeats):
         t = time.thread_time()
@@ -146,13 +148,13 @@ def measure_components(cfg, s: dict, prompts: list[list[int]], batches=(2, 8, 16
         cache = KVCache(policy.config, r, max_len)
         start = torch.full((r,), width, dtype=torch.long)
         ids = torch.zeros(r, 1, dtype=torch.long)
-        t = _cpu(lambda ids=ids, cache=cache, start=start: policy.step(ids, cache, None, start, width + 1), repeats)
+        t = cpu_time(lambda ids=ids, cache=cache, start=start: policy.step(ids, cache, None, start, width + 1), repeats)
         feats["ar"][0].append([1.0, r])
         feats["ar"][1].append(t)
         rows.append({"component": "target forward (AR)", "requests": r, "tokens_per_request": 1, "measured_s": t})
         for n in (2, 4, 6):
             ids = torch.zeros(r, n, dtype=torch.long)
-            t = _cpu(lambda ids=ids, n=n, cache=cache, start=start: policy.step(ids, cache, None, start, width + n, hidden_layers=layers),
+            t = cpu_time(lambda ids=ids, n=n, cache=cache, start=start: policy.step(ids, cache, None, start, width + n, hidden_layers=layers),
                      repeats)
             feats["target"][0].append([1.0, r, r * n])
             feats["target"][1].append(t)
@@ -167,13 +169,13 @@ def measure_components(cfg, s: dict, prompts: list[list[int]], batches=(2, 8, 16
             drafter.reset(r, max_len)
             drafter.admit(list(range(r)), batch, hidden)
 
-        t = _cpu(admit, repeats)
+        t = cpu_time(admit, repeats)
         feats["admit"][0].append([1.0, r])
         feats["admit"][1].append(t)
         temp = torch.ones(r)
         for k in ks:
             admit()
-            t = _cpu(lambda k=k, temp=temp: drafter.propose(None, k, temp, gen), min(repeats, 3))
+            t = cpu_time(lambda k=k, temp=temp: drafter.propose(None, k, temp, gen), min(repeats, 3))
             feats["drafter"][0].append([1.0, r, k, k * r])
             feats["drafter"][1].append(t)
             rows.append({"component": "drafter propose", "requests": r, "k": k, "pending": 1, "measured_s": t})
@@ -182,7 +184,7 @@ def measure_components(cfg, s: dict, prompts: list[list[int]], batches=(2, 8, 16
             drafter.propose(None, k, temp, gen)
             drafter.commit(None, [k] * r, [[1] * (k + 1)] * r,
                            [torch.randn(r, k + 1, policy.config.hidden_size) for _ in layers])
-            t_full = _cpu(lambda k=k, temp=temp: drafter.propose(None, k, temp, gen), min(repeats, 3))
+            t_full = cpu_time(lambda k=k, temp=temp: drafter.propose(None, k, temp, gen), min(repeats, 3))
             feats["pending"][0].append([k, k * r])
             feats["pending"][1].append(max(t_full - t, 0.0))
             rows.append({"component": "drafter propose", "requests": r, "k": k, "pending": k + 1, "measured_s": t_full})
@@ -191,7 +193,7 @@ def measure_components(cfg, s: dict, prompts: list[list[int]], batches=(2, 8, 16
             q = torch.softmax(torch.randn(r * k, V), -1)
             cu = torch.arange(r + 1) * k
             seeds = torch.arange(r, dtype=torch.int64)
-            t = _cpu(lambda logits=logits, drafts=drafts, q=q, cu=cu, seeds=seeds, temp=temp, k=k, start=start: sk.verify_chain(
+            t = cpu_time(lambda logits=logits, drafts=drafts, q=q, cu=cu, seeds=seeds, temp=temp, k=k, start=start: sk.verify_chain(
                 logits, drafts, cu, draft_probs=q, temperature=temp, seed=seeds, position=start,
                 backend=backend, max_draft_len=k), repeats)
             feats["sampler"][0].append([1.0, r * (k + 1)])
@@ -199,12 +201,12 @@ def measure_components(cfg, s: dict, prompts: list[list[int]], batches=(2, 8, 16
             rows.append({"component": "verify_chain", "requests": r, "k": k, "measured_s": t})
             hid = [torch.randn(r, k + 1, policy.config.hidden_size) for _ in layers]
             outs = [[1] * (k + 1)] * r
-            t = _cpu(lambda hid=hid, outs=outs, k=k, r=r: drafter.commit(None, [k] * r, outs, hid), repeats)
+            t = cpu_time(lambda hid=hid, outs=outs, k=k, r=r: drafter.commit(None, [k] * r, outs, hid), repeats)
             feats["commit"][0].append([1.0, r])
             feats["commit"][1].append(t)
         # AR sampling: verify_chain with no drafts
         logits = torch.randn(r, V)
-        t = _cpu(lambda logits=logits, r=r, start=start: sk.verify_chain(
+        t = cpu_time(lambda logits=logits, r=r, start=start: sk.verify_chain(
             logits, torch.empty(0, dtype=torch.long), torch.zeros(r + 1, dtype=torch.long), temperature=torch.ones(r),
             seed=torch.arange(r, dtype=torch.int64), position=start, backend=backend, max_draft_len=0), repeats)
         feats["sampler"][0].append([1.0, r])
