@@ -29,6 +29,15 @@ STAT_BACKENDS = [b for b in available_backends(DEVICE) if b in STAT_READY_BACKEN
 INTERPRETED_TRITON = HAS_TRITON and not torch.cuda.is_available()
 
 
+@pytest.fixture
+def one_thread():
+    """One torch thread for the test (tiny shapes: more threads only add synchronisation), then restore."""
+    prev = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(prev)
+
+
 @pytest.fixture(scope="session", params=STAT_BACKENDS)
 def backend(request) -> str:
     """Backend under test in the statistical exactness suite."""

@@ -12,15 +12,7 @@ import torch
 from specdec_kernels.drafters import head_ops
 from tests.conftest import requires_triton
 
-pytestmark = [pytest.mark.triton, requires_triton]
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    prev = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(prev)
+pytestmark = [pytest.mark.triton, requires_triton, pytest.mark.usefixtures("one_thread")]
 
 
 def _err(a: torch.Tensor, b: torch.Tensor) -> float:

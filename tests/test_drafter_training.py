@@ -27,12 +27,7 @@ from specdec_kernels.drafters.training import (
 V = 96
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    prev = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(prev)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def make_target(seed: int = 0):
