@@ -196,6 +196,35 @@ class DraftSampler:
         return token, q
 
 
+class _Requests:
+    """The requests of one ``generate`` call and the slots serving them (continuous batching).
+
+    Per request: its response so far and whether it ended with EOS; the queue of requests not yet admitted.
+    Per slot: the request it serves (-1: free), that request's Philox key, its valid cache length (tokens
+    so far - 1) and its last emitted token, not yet in the cache.
+    """
+
+    def __init__(self, prompts: list[list[int]], seeds: list[int], num_slots: int) -> None:
+        if len(prompts) != len(seeds):
+            raise ValueError(f"prompts and seeds must have the same length, got {len(prompts)} and {len(seeds)}")
+        if any(len(p) < 1 for p in prompts):
+            raise ValueError("every prompt needs at least one token")
+        self.prompts, self.seeds = prompts, seeds
+        self.responses: list[list[int]] = [[] for _ in prompts]
+        self.finished = [False] * len(prompts)
+        self.queue = deque(range(len(prompts)))
+        self.slot_req = [-1] * num_slots
+        self.seed_t = torch.zeros(num_slots, dtype=torch.long)
+        self.length = torch.zeros(num_slots, dtype=torch.long)
+        self.last = torch.zeros(num_slots, dtype=torch.long)
+
+    def rollouts(self, stats: RolloutStats, t_start: float) -> Rollouts:
+        """The responses in request order, with the call's token count and wall time booked in ``stats``."""
+        stats.tokens = sum(len(x) + int(f) for x, f in zip(self.responses, self.finished, strict=True))
+        stats.time_s = time.perf_counter() - t_start
+        return Rollouts(self.responses, self.finished, stats)
+
+
 class RolloutEngine:
     """Generates responses for token prompts with the policy, autoregressively or speculatively."""
 
@@ -213,8 +242,7 @@ class RolloutEngine:
 
     def _record_round(
         self, stats: RolloutStats, times: tuple[float, float, float, float], active: list[int],
-        out: list[list[int]], num_acc: list[int], last: torch.Tensor, slot_req: list[int],
-        responses: list[list[int]], finished: list[bool], max_new_tokens: int,
+        out: list[list[int]], num_acc: list[int], req: _Requests, max_new_tokens: int,
     ) -> list[list[int]]:
         """Book one verification round: timings (draft / target / verify between the four ``times``),
         acceptance counters, each active slot's emitted tokens appended to its response (stopping at EOS or
@@ -233,27 +261,24 @@ class RolloutEngine:
             stats.emitted_per_round += a + 1
             for j in range(a):
                 stats.accepted_at[j] += 1
-            last[s] = emitted[-1]
-            req = slot_req[s]
-            resp = responses[req]
+            req.last[s] = emitted[-1]
+            r = req.slot_req[s]
+            resp = req.responses[r]
             for tok in emitted:
                 if tok == self.eos_id:
-                    finished[req] = True
+                    req.finished[r] = True
                     break
                 resp.append(tok)
                 if len(resp) >= max_new_tokens:
                     break
-            if finished[req] or len(resp) >= max_new_tokens:
-                slot_req[s] = -1
+            if req.finished[r] or len(resp) >= max_new_tokens:
+                req.slot_req[s] = -1
         return outputs
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], seeds: list[int], config: GenerationConfig) -> Rollouts:
         """Sample one response per prompt (prompts include BOS; ``seeds`` are int64 Philox keys per request)."""
-        if len(prompts) != len(seeds):
-            raise ValueError(f"prompts and seeds must have the same length, got {len(prompts)} and {len(seeds)}")
-        if any(len(p) < 1 for p in prompts):
-            raise ValueError("every prompt needs at least one token")
+        req = _Requests(prompts, seeds, min(config.max_batch, len(prompts)))
         spec = config.spec != "none"
         if spec and self.drafter is None:
             raise ValueError(f"spec={config.spec!r} needs a drafter")
@@ -262,7 +287,7 @@ class RolloutEngine:
         self.policy.eval()
         t_start = time.perf_counter()
         k = config.k if spec else 0
-        num_slots = min(config.max_batch, len(prompts))
+        num_slots = len(req.slot_req)
         max_len = max(map(len, prompts)) + config.max_new_tokens + k + 1
         if max_len > self.policy.config.max_position_embeddings:
             raise ValueError(f"prompt + max_new_tokens + k = {max_len} exceeds max_position_embeddings")
@@ -271,37 +296,13 @@ class RolloutEngine:
             self.drafter.reset(num_slots, max_len)
         stats = RolloutStats(k=k, accepted_at=[0] * k)
         generator = torch.Generator().manual_seed(int(sum(seeds)) & 0x7FFFFFFF)
-        responses: list[list[int]] = [[] for _ in prompts]
-        finished = [False] * len(prompts)
-        queue = deque(range(len(prompts)))
-        slot_req = [-1] * num_slots
-        seed_t = torch.zeros(num_slots, dtype=torch.long)
-        length = torch.zeros(num_slots, dtype=torch.long)  # valid cache length = tokens so far - 1
-        last = torch.zeros(num_slots, dtype=torch.long)  # last emitted token, not yet in the cache
+        seed_t, length, last = req.seed_t, req.length, req.last
         temp = torch.full((num_slots,), float(config.temperature))
         vocab = self.policy.config.vocab_size
         hidden_layers = self.drafter.hidden_layers if spec else ()
         backend = resolve_verify_backend(config.backend)
-        # Admit in chunks: one prefill per quarter of the slots, not one per finished request (prefill
-        # forwards are as expensive as decode forwards here, and idle slots cost almost nothing).
-        chunk = max(1, num_slots // 4)
         while True:
-            free = [s for s in range(num_slots) if slot_req[s] < 0]
-            if queue and (len(free) >= min(chunk, len(queue)) or len(free) == num_slots):
-                t0 = time.perf_counter()
-                admitted = [(s, queue.popleft()) for s in free[: len(queue)]]
-                slots = [s for s, _ in admitted]
-                batch = [prompts[r] for _, r in admitted]
-                hidden = self._prefill(cache, slots, batch, hidden_layers)
-                for s, r in admitted:
-                    slot_req[s] = r
-                    seed_t[s] = seeds[r]
-                    length[s] = len(prompts[r]) - 1
-                    last[s] = prompts[r][-1]
-                if spec:
-                    self.drafter.admit(slots, batch, hidden)
-                stats.prefill_s += time.perf_counter() - t0
-            active = [s for s in range(num_slots) if slot_req[s] >= 0]
+            active = self._admit(req, cache, hidden_layers, self.drafter if spec else None, stats)
             if not active:
                 break
             rows = None if len(active) == num_slots else torch.tensor(active)
@@ -330,13 +331,38 @@ class RolloutEngine:
             num_acc = res.num_accepted.tolist()
             t3 = time.perf_counter()
             length[idx] += 1 + res.num_accepted.long()
-            outputs = self._record_round(stats, (t0, t1, t2, t3), active, out, num_acc, last, slot_req,
-                                         responses, finished, config.max_new_tokens)
+            outputs = self._record_round(stats, (t0, t1, t2, t3), active, out, num_acc, req, config.max_new_tokens)
             if spec:
                 self.drafter.commit(rows, num_acc, outputs, hidden)
-        stats.tokens = sum(len(x) + int(f) for x, f in zip(responses, finished, strict=True))
-        stats.time_s = time.perf_counter() - t_start
-        return Rollouts(responses, finished, stats)
+        return req.rollouts(stats, t_start)
+
+    def _admit(
+        self, req: _Requests, cache: KVCache, hidden_layers: tuple[int, ...], drafter: SlotDrafter | None,
+        stats: RolloutStats,
+    ) -> list[int]:
+        """Prefill queued requests into free slots (and start them in ``drafter``); returns the active slots.
+
+        Admits in chunks: one prefill per quarter of the slots, not one per finished request (prefill
+        forwards are as expensive as decode forwards here, and idle slots cost almost nothing).
+        """
+        num_slots, queue, slot_req = len(req.slot_req), req.queue, req.slot_req
+        chunk = max(1, num_slots // 4)
+        free = [s for s in range(num_slots) if slot_req[s] < 0]
+        if queue and (len(free) >= min(chunk, len(queue)) or len(free) == num_slots):
+            t0 = time.perf_counter()
+            admitted = [(s, queue.popleft()) for s in free[: len(queue)]]
+            slots = [s for s, _ in admitted]
+            batch = [req.prompts[r] for _, r in admitted]
+            hidden = self._prefill(cache, slots, batch, hidden_layers)
+            for s, r in admitted:
+                slot_req[s] = r
+                req.seed_t[s] = req.seeds[r]
+                req.length[s] = len(req.prompts[r]) - 1
+                req.last[s] = req.prompts[r][-1]
+            if drafter is not None:
+                drafter.admit(slots, batch, hidden)
+            stats.prefill_s += time.perf_counter() - t0
+        return [s for s in range(num_slots) if slot_req[s] >= 0]
 
     def _prefill(
         self, cache: KVCache, slots: list[int], prompts: list[list[int]], hidden_layers: tuple[int, ...]

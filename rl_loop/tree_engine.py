@@ -30,7 +30,6 @@ it is the argmax chain, token-identical to autoregressive decoding.
 from __future__ import annotations
 
 import time
-from collections import deque
 from dataclasses import dataclass
 
 import torch
@@ -44,7 +43,7 @@ from specdec_kernels.drafters.tree_builder import (
 )
 
 from .drafters import Eagle3Drafter
-from .engine import GenerationConfig, RolloutEngine, Rollouts, RolloutStats, resolve_verify_backend
+from .engine import GenerationConfig, RolloutEngine, Rollouts, RolloutStats, _Requests, resolve_verify_backend
 from .model import KVCache, Qwen3
 
 __all__ = ["TreeShape", "TreeRolloutEngine", "check_tree_config", "sampled_paths", "tree_shape_for"]
@@ -169,10 +168,7 @@ class TreeRolloutEngine(RolloutEngine):
         ``self.shape`` (default :func:`tree_shape_for(config.k)`)."""
         if config.spec != "tree":
             return super().generate(prompts, seeds, config)
-        if len(prompts) != len(seeds):
-            raise ValueError(f"prompts and seeds must have the same length, got {len(prompts)} and {len(seeds)}")
-        if any(len(p) < 1 for p in prompts):
-            raise ValueError("every prompt needs at least one token")
+        req = _Requests(prompts, seeds, min(config.max_batch, len(prompts)))
         if not isinstance(self.drafter, Eagle3Drafter):
             raise ValueError("spec='tree' needs an EAGLE-3 or MTP drafter (drafter='eagle3' or 'mtp'), got "
                              f"{type(self.drafter).__name__}")
@@ -180,7 +176,7 @@ class TreeRolloutEngine(RolloutEngine):
         n = shape.budget + 1
         self.policy.eval()
         t_start = time.perf_counter()
-        num_slots = min(config.max_batch, len(prompts))
+        num_slots = len(req.slot_req)
         max_len = max(map(len, prompts)) + config.max_new_tokens + n + 1
         if max_len > self.policy.config.max_position_embeddings:
             raise ValueError(f"prompt + max_new_tokens + tree nodes = {max_len} exceeds max_position_embeddings")
@@ -188,13 +184,7 @@ class TreeRolloutEngine(RolloutEngine):
         drafter: Eagle3Drafter = self.drafter
         drafter.reset(num_slots, max_len)
         stats = RolloutStats(k=shape.depth, accepted_at=[0] * shape.depth)
-        responses: list[list[int]] = [[] for _ in prompts]
-        finished = [False] * len(prompts)
-        queue = deque(range(len(prompts)))
-        slot_req = [-1] * num_slots
-        seed_t = torch.zeros(num_slots, dtype=torch.long)
-        length = torch.zeros(num_slots, dtype=torch.long)  # valid cache length = tokens so far - 1
-        last = torch.zeros(num_slots, dtype=torch.long)  # last emitted token (the next root), not cached
+        seed_t, length, last = req.seed_t, req.length, req.last  # last emitted token: the next root
         temp = torch.full((num_slots,), float(config.temperature))
         vocab = self.policy.config.vocab_size
         hidden_layers = drafter.hidden_layers
@@ -207,23 +197,8 @@ class TreeRolloutEngine(RolloutEngine):
             topology = TreeTopology.from_paths(sampled_paths(shape.depth, shape.budget))
             max_depth = int(topology.depth.max())
         generator = torch.Generator().manual_seed(int(sum(seeds)) & 0x7FFFFFFF)
-        chunk = max(1, num_slots // 4)
         while True:
-            free = [s for s in range(num_slots) if slot_req[s] < 0]
-            if queue and (len(free) >= min(chunk, len(queue)) or len(free) == num_slots):
-                t0 = time.perf_counter()
-                admitted = [(s, queue.popleft()) for s in free[: len(queue)]]
-                slots = [s for s, _ in admitted]
-                batch = [prompts[r] for _, r in admitted]
-                hidden = self._prefill(cache, slots, batch, hidden_layers)
-                for s, r in admitted:
-                    slot_req[s] = r
-                    seed_t[s] = seeds[r]
-                    length[s] = len(prompts[r]) - 1
-                    last[s] = prompts[r][-1]
-                drafter.admit(slots, batch, hidden)
-                stats.prefill_s += time.perf_counter() - t0
-            active = [s for s in range(num_slots) if slot_req[s] >= 0]
+            active = self._admit(req, cache, hidden_layers, drafter, stats)
             if not active:
                 break
             r = len(active)
@@ -268,12 +243,9 @@ class TreeRolloutEngine(RolloutEngine):
             out = res.output_token_ids.tolist()
             num_acc = res.num_accepted.tolist()
             t3 = time.perf_counter()
-            outputs = self._record_round(stats, (t0, t1, t2, t3), active, out, num_acc, last, slot_req,
-                                         responses, finished, config.max_new_tokens)
+            outputs = self._record_round(stats, (t0, t1, t2, t3), active, out, num_acc, req, config.max_new_tokens)
             drafter.commit(rows, num_acc, outputs, path_hidden)
-        stats.tokens = sum(len(x) + int(f) for x, f in zip(responses, finished, strict=True))
-        stats.time_s = time.perf_counter() - t_start
-        return Rollouts(responses, finished, stats)
+        return req.rollouts(stats, t_start)
 
 
 def check_tree_config(drafter: str, pipeline: str) -> None:
