@@ -9,6 +9,14 @@
 
 namespace py = pybind11;
 
+namespace specdec {
+// csrc/cpu/decoder_step_cpu.cpp
+std::tuple<at::Tensor, at::Tensor> decoder_step_cpu(const at::Tensor& x, const std::vector<at::Tensor>& weights,
+                                                     at::Tensor k_cache, at::Tensor v_cache, const at::Tensor& rows,
+                                                     const at::Tensor& start, const at::Tensor& depth,
+                                                     const at::Tensor& rope, int64_t num_heads, double eps);
+}  // namespace specdec
+
 TORCH_LIBRARY(specdec, m) {
   m.def(specdec::kVerifyChainSchema);
   m.def(specdec::kVerifyTreeSchema);
@@ -84,6 +92,18 @@ PYBIND11_MODULE(_C, m) {
   m.def("verify_chain_cpu", &verify_chain, doc, py::arg("target_logits_"), py::arg("draft_token_ids"),
         py::arg("cu_num_draft_tokens"), py::arg("draft_probs"), py::arg("temperature"), py::arg("top_k"),
         py::arg("top_p"), py::arg("seed"), py::arg("position"), py::arg("max_draft_len"));
+  m.def(
+      "decoder_step_cpu",
+      [](const at::Tensor& x, const std::vector<at::Tensor>& weights, at::Tensor k_cache, at::Tensor v_cache,
+         const at::Tensor& rows, const at::Tensor& start, const at::Tensor& depth, const at::Tensor& rope,
+         int64_t num_heads, double eps) {
+        py::gil_scoped_release release;
+        return specdec::decoder_step_cpu(x, weights, k_cache, v_cache, rows, start, depth, rope, num_heads, eps);
+      },
+      "One Qwen3 decoder layer + final norm + LM head over x [R, n, H] against a KV cache (see "
+      "specdec_kernels.native.decoder_step); returns (logits [R, n, V], hidden [R, n, H]).",
+      py::arg("x"), py::arg("weights"), py::arg("k_cache"), py::arg("v_cache"), py::arg("rows"), py::arg("start"),
+      py::arg("depth"), py::arg("rope"), py::arg("num_heads"), py::arg("eps"));
 #if defined(SPECDEC_WITH_CUDA)
   m.def("verify_chain_cuda", &verify_chain, doc, py::arg("target_logits_"), py::arg("draft_token_ids"),
         py::arg("cu_num_draft_tokens"), py::arg("draft_probs"), py::arg("temperature"), py::arg("top_k"),

@@ -154,18 +154,61 @@ class Eagle3Head(nn.Module):
         return self.fuse(torch.cat([self.decoder.model.embed_tokens(tokens), feature], -1))
 
 
+class _NativeHeadStep:
+    """The head's decoder step as one native call (``specdec_kernels.native.decoder_step``).
+
+    A step of the one-layer head is ~40 small torch ops whose dispatch costs several times their
+    arithmetic at tens of rows; the fused CPU kernel runs the same math in one call. The input fusion
+    ``fuse([embed(t); f])`` is split as ``T[t] + f W2^T`` with ``T = embed W1^T`` precomputed per weight
+    sync. Snapshots the weights: rebuild after every weight change (``Eagle3Drafter.reset`` does).
+    """
+
+    def __init__(self, head: Eagle3Head) -> None:
+        from specdec_kernels import native
+
+        dec, c = head.decoder, head.decoder.config
+        (layer,) = dec.model.layers
+        wqkv, wgu, qn, kn = dec._fused[id(layer)]
+        h = c.hidden_size
+        with torch.no_grad():
+            self.token_table = (dec.model.embed_tokens.weight @ head.fuse.weight[:, :h].t()).contiguous()
+            self.feature_weight = head.fuse.weight[:, h:].t().contiguous()
+            self.weights = [w.detach().contiguous() for w in (
+                layer.input_layernorm.weight, wqkv, qn, kn, layer.self_attn.o_proj.weight,
+                layer.post_attention_layernorm.weight, wgu, layer.mlp.down_proj.weight, dec.model.norm.weight,
+                dec.lm_head.weight)]
+        self.rope = torch.view_as_real(dec.rope_cis).contiguous()
+        self.num_heads, self.eps = c.num_attention_heads, c.rms_norm_eps
+        self.step = native.decoder_step
+
+    def __call__(self, toks, feats, cache, rows, start, depth):
+        x = torch.addmm(self.token_table[toks].flatten(0, 1), feats.flatten(0, 1), self.feature_weight)
+        return self.step(x.view(*toks.shape, -1), self.weights, cache.k[0], cache.v[0], rows, start.contiguous(),
+                         depth.contiguous(), self.rope, self.num_heads, self.eps)
+
+
+def native_head_available() -> bool:
+    """True when the fused CPU head step (the compiled extension) can serve :class:`Eagle3Drafter`."""
+    from specdec_kernels import native
+
+    return native.has_op("decoder_step", "cpu")
+
+
 class Eagle3Drafter(SlotDrafter):
     """Slot-based EAGLE-3 style drafting (see module docstring).
 
     Per slot: committed head-cache length, and the pending rows (fused policy feature at position t,
     token t + 1) verified since the last proposal but not yet run by the head (1 .. k + 1 rows).
+    ``native``: run each head step as one fused CPU kernel call (None: when the extension is built and
+    the head is float32); False keeps the torch path (same math; tests compare the two).
     """
 
     kind = "eagle3"
 
-    def __init__(self, head: Eagle3Head) -> None:
+    def __init__(self, head: Eagle3Head, native: bool | None = None) -> None:
         self.head = head
         self.hidden_layers = head.feature_layers
+        self.native = native
 
     def sync(self, policy: Qwen3) -> None:
         self.head.sync(policy)
@@ -180,6 +223,21 @@ class Eagle3Drafter(SlotDrafter):
         self.pend_feat = torch.zeros(num_slots, 1, h)
         self.pend_tok = torch.zeros(num_slots, 1, dtype=torch.long)
         self.n_pend = torch.zeros(num_slots, dtype=torch.long)
+        self.all_rows = torch.arange(num_slots)
+        use_native = self.native
+        if use_native is None:
+            use_native = native_head_available() and self.head.fc.weight.dtype == torch.float32
+        self.kernel = _NativeHeadStep(self.head) if use_native else None
+
+    def _decode(self, toks, feats, slots, start, depth):
+        """Head logits [R, n, V] and output hidden states [R, n, H] for ``n`` new rows per slot (token
+        ``toks`` paired with policy/head feature ``feats``), appended to the head's cache at ``start``."""
+        if self.kernel is not None:
+            return self.kernel(toks, feats, self.cache, self.all_rows if slots is None else slots, start, depth)
+        n = toks.shape[1]
+        logits, (g,) = self.head.decoder.step(toks, self.cache, slots, start, int(start.max()) + n, depth=depth,
+                                              hidden_layers=(0,), inputs_embeds=self.head.inputs(toks, feats))
+        return logits, g
 
     @torch.no_grad()
     def admit(self, slots, prompts, hidden):
@@ -192,10 +250,8 @@ class Eagle3Drafter(SlotDrafter):
             toks = torch.zeros(len(slots), w, dtype=torch.long)
             for i, p in enumerate(prompts):
                 toks[i, : len(p) - 2] = torch.tensor(p[1:-1])
-            x = self.head.inputs(toks, feats[:, :w])
-            ones = torch.ones(len(slots), dtype=torch.long)
-            self.head.decoder.step(toks, self.cache, rows, ones * 0, w, depth=(torch.arange(w) + 1).expand(len(slots), w),
-                                   inputs_embeds=x)
+            self._decode(toks, feats[:, :w], rows, torch.zeros(len(slots), dtype=torch.long),
+                         (torch.arange(w) + 1).expand(len(slots), w))
         last = torch.tensor([len(p) - 2 for p in prompts])
         self.length[rows] = last
         self.pend_feat[rows, 0] = feats[torch.arange(len(slots)), last]
@@ -212,24 +268,20 @@ class Eagle3Drafter(SlotDrafter):
         start = self.length[idx]
         # head row j sits at the position of its token: the cache slot index + 1
         depth = torch.arange(width).expand(r, width) + 1
-        dec = self.head.decoder
-        logits, (g,) = dec.step(toks, self.cache, slots, start, int(start.max()) + width, depth=depth,
-                                hidden_layers=(0,), inputs_embeds=self.head.inputs(toks, feats))
+        logits, g = self._decode(toks, feats, slots, start, depth)
         ar = torch.arange(r)
         last, g = logits[ar, n - 1], g[ar, n - 1]
         base = start + n
         self.length[idx] = base  # pending rows are verified: committed
         sampler = DraftSampler(temperature, k, last.shape[-1], generator)
         tokens, probs = [], []
+        ones = torch.ones(r, 1, dtype=torch.long)
         for j in range(k):
             tok, q = sampler(last, j)
             tokens.append(tok)
             probs.append(q)
             if j + 1 < k:
-                x = self.head.inputs(tok[:, None], g[:, None])
-                logits, (g,) = dec.step(tok[:, None], self.cache, slots, base + j, int(base.max()) + j + 1,
-                                        depth=torch.ones(r, 1, dtype=torch.long), hidden_layers=(0,),
-                                        inputs_embeds=x)
+                logits, g = self._decode(tok[:, None], g[:, None], slots, base + j, ones)
                 last, g = logits[:, 0], g[:, 0]
         return torch.stack(tokens, 1), (torch.stack(probs, 1) if sampler.stochastic else None)
 

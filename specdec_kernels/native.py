@@ -70,6 +70,11 @@ def has_device(device_type: str) -> bool:
     return module is not None and device_type in getattr(module, "DEVICES", ())
 
 
+def has_op(name: str, device_type: str) -> bool:
+    """True when the extension has the op ``name`` for ``device_type`` (an older build may lack it)."""
+    return has_device(device_type) and hasattr(_load(), f"{name}_{device_type}")
+
+
 def op(name: str, device_type: str) -> Callable:
     """The native implementation of ``name`` for ``device_type``, or a clear RuntimeError."""
     module = _load()
@@ -78,3 +83,25 @@ def op(name: str, device_type: str) -> Callable:
     if device_type not in getattr(module, "DEVICES", ()):
         raise RuntimeError(f"specdec_kernels._C was built without {device_type} kernels")
     return getattr(module, f"{name}_{device_type}")
+
+
+def decoder_step(x, weights, k_cache, v_cache, rows, start, depth, rope, num_heads: int, eps: float):
+    """One Qwen3 decoder layer, final RMSNorm and LM head over ``n`` new tokens per request, fused (CPU).
+
+    The drafter-head step: tens of requests x a few tokens, where ~40 framework ops would cost more in
+    dispatch than in arithmetic. All tensors float32 / int64, contiguous, on the CPU:
+
+    - ``x`` [R, n, H]: layer input (token embeddings, or a head's fused inputs).
+    - ``weights``: input norm [H], qkv [(heads + 2 kv_heads) D, H] with each q/k head's rows ordered
+      (0, D/2, 1, D/2 + 1, ...) so RoPE rotates adjacent pairs, q_norm [D], k_norm [D] (same order),
+      o_proj [H, heads D], post-attention norm [H], gate_up [2 I, H] (gate rows first), down [H, I], final
+      norm [H], lm_head [V, H].
+    - ``k_cache``, ``v_cache`` [B, kv_heads, S, D]: request r uses cache row ``rows[r]``; new token i is
+      written to slot ``start[r] + i`` and attends to slots ``[0, start[r] + i]``.
+    - ``depth`` [R, n]: RoPE position of token i is ``start[r] + depth[r, i]``; ``rope`` [P, D/2, 2] holds
+      (cos, sin) per position and pair.
+
+    Returns logits [R, n, V] and the layer output (before the final norm) [R, n, H]. Shapes and index
+    ranges are checked (a clear error names the argument); values are not.
+    """
+    return op("decoder_step", "cpu")(x, list(weights), k_cache, v_cache, rows, start, depth, rope, num_heads, eps)
