@@ -121,7 +121,7 @@ def test_eagle3_drafter_same_drafts_native_and_torch():
         d.admit([0, 2, 3], prompts, hidden)
         slots = torch.tensor([0, 2, 3])
         first = d.propose(slots, 3, torch.zeros(3), torch.Generator().manual_seed(1))[0]
-        d.commit(slots, [2, 0, 3], [[int(t) for t in row[:a]] + [4] for row, a in zip(first, [2, 0, 3])],
+        d.commit(slots, [2, 0, 3], [[int(t) for t in row[:a]] + [4] for row, a in zip(first, [2, 0, 3], strict=True)],
                  [torch.randn(3, 4, policy.config.hidden_size, generator=torch.Generator().manual_seed(2))
                   for _ in range(3)])
         second = d.propose(slots, 3, torch.zeros(3), torch.Generator().manual_seed(1))[0]
