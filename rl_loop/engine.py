@@ -1,8 +1,9 @@
 """Batched rollouts: autoregressive and lossless chain speculation on our own verification kernels.
 
 One engine drives a fixed number of *slots* (rows of the KV cache). Requests wait in a queue; whenever a
-slot frees up (EOS or length cap) the next request is prefilled into it, so the batch stays full across a
-GRPO group (continuous batching). Every round, for the active slots:
+slot frees up (EOS or length cap) the next request starts in it, so the batch stays full across a GRPO
+group (continuous batching). Every distinct prompt of a call is prefilled once, all in one forward, and
+copied into the slots of its requests (a GRPO group shares its prompt). Every round, for the active slots:
 
 - ``spec="none"``: the policy runs one token per slot, and ``verify_chain`` with zero drafts samples the
   next token (its bonus path: Gumbel-max with Philox stream 2). Using the same kernel for autoregressive
@@ -213,6 +214,7 @@ class _Requests:
         self.responses: list[list[int]] = [[] for _ in prompts]
         self.finished = [False] * len(prompts)
         self.queue = deque(range(len(prompts)))
+        self.store: _PromptStore | None = None  # built at the first admission (needs the policy)
         self.slot_req = [-1] * num_slots
         self.seed_t = torch.zeros(num_slots, dtype=torch.long)
         self.length = torch.zeros(num_slots, dtype=torch.long)
@@ -340,40 +342,65 @@ class RolloutEngine:
         self, req: _Requests, cache: KVCache, hidden_layers: tuple[int, ...], drafter: SlotDrafter | None,
         stats: RolloutStats,
     ) -> list[int]:
-        """Prefill queued requests into free slots (and start them in ``drafter``); returns the active slots.
+        """Start queued requests in free slots (and in ``drafter``); returns the active slots.
 
-        Admits in chunks: one prefill per quarter of the slots, not one per finished request (prefill
-        forwards are as expensive as decode forwards here, and idle slots cost almost nothing).
+        A request's prompt keys/values come from the call's :class:`_PromptStore` (every distinct prompt
+        prefilled once, in one forward, at the first admission), so admitting is a copy and a freed slot
+        is refilled at once: no slot idles waiting for a prefill batch.
         """
         num_slots, queue, slot_req = len(req.slot_req), req.queue, req.slot_req
-        chunk = max(1, num_slots // 4)
         free = [s for s in range(num_slots) if slot_req[s] < 0]
-        if queue and (len(free) >= min(chunk, len(queue)) or len(free) == num_slots):
+        if queue and free:
             t0 = time.perf_counter()
+            if req.store is None:
+                req.store = _PromptStore(self.policy, req.prompts, hidden_layers)
             admitted = [(s, queue.popleft()) for s in free[: len(queue)]]
             slots = [s for s, _ in admitted]
-            batch = [req.prompts[r] for _, r in admitted]
-            hidden = self._prefill(cache, slots, batch, hidden_layers)
+            prompts = [req.prompts[r] for _, r in admitted]
+            hidden = req.store.copy_into(cache, slots, prompts)
             for s, r in admitted:
                 slot_req[s] = r
                 req.seed_t[s] = req.seeds[r]
                 req.length[s] = len(req.prompts[r]) - 1
                 req.last[s] = req.prompts[r][-1]
             if drafter is not None:
-                drafter.admit(slots, batch, hidden)
+                drafter.admit(slots, prompts, hidden)
             stats.prefill_s += time.perf_counter() - t0
         return [s for s in range(num_slots) if slot_req[s] >= 0]
 
-    def _prefill(
-        self, cache: KVCache, slots: list[int], prompts: list[list[int]], hidden_layers: tuple[int, ...]
-    ) -> list[torch.Tensor]:
-        """Run every prompt token but the last into the slots' cache; returns the requested hidden states."""
-        width = max(map(len, prompts)) - 1
-        if width == 0:
-            return []
-        ids = torch.zeros(len(slots), width, dtype=torch.long)
-        for i, p in enumerate(prompts):
+
+class _PromptStore:
+    """Prompt keys/values (and the policy hidden states a drafter needs) of every distinct prompt of one
+    ``generate`` call, from ONE prefill forward over all of them.
+
+    GRPO samples a group of responses per prompt, so distinct prompts are a fraction of the requests; and a
+    prefill forward costs about as much as a decode forward at these sizes (per-op overhead), so one batched
+    prefill replaces one per admission. Admission copies a prompt's cached rows into the request's slot.
+    Every token but the last of each prompt is stored (the last one is the first decode input).
+    """
+
+    def __init__(self, policy: Qwen3, prompts: list[list[int]], hidden_layers: tuple[int, ...]) -> None:
+        self.index: dict[tuple[int, ...], int] = {}
+        for p in prompts:
+            self.index.setdefault(tuple(p), len(self.index))
+        distinct = list(self.index)
+        self.width = max(map(len, distinct)) - 1
+        self.hidden: list[torch.Tensor] = []
+        if self.width == 0:
+            return
+        self.cache = KVCache(policy.config, len(distinct), self.width)
+        ids = torch.zeros(len(distinct), self.width, dtype=torch.long)
+        for i, p in enumerate(distinct):
             ids[i, : len(p) - 1] = torch.tensor(p[:-1])
-        _, hidden = self.policy.step(ids, cache, torch.tensor(slots), torch.zeros(len(slots), dtype=torch.long),
-                                     width, hidden_layers=hidden_layers)
-        return hidden
+        _, self.hidden = policy.step(ids, self.cache, None, torch.zeros(len(distinct), dtype=torch.long),
+                                     self.width, hidden_layers=hidden_layers)
+
+    def copy_into(self, cache: KVCache, slots: list[int], prompts: list[list[int]]) -> list[torch.Tensor]:
+        """Copy the stored ``prompts`` into cache rows ``slots``; returns their hidden states ([A, W, H] each)."""
+        if self.width == 0:
+            return []
+        src = torch.tensor([self.index[tuple(p)] for p in prompts])
+        dst = torch.tensor(slots)
+        cache.k[:, dst, :, : self.width] = self.cache.k[:, src]
+        cache.v[:, dst, :, : self.width] = self.cache.v[:, src]
+        return [h[src] for h in self.hidden]

@@ -66,6 +66,28 @@ def test_greedy_speculation_is_token_identical_to_autoregressive(policy, kind, k
         assert sp.stats.mean_accepted_length > 1 + 0.5 * k
 
 
+def test_requests_sharing_a_prompt_reuse_its_prefill(policy, monkeypatch):
+    """A GRPO group shares one prompt: the call prefills each distinct prompt once (one forward for all),
+    and every request started from the copied keys/values decodes as if it had been prefilled alone."""
+    engine = RolloutEngine(policy, build_drafter("eagle3", policy), EOS)
+    a, b = _prompts(2, seed=4)
+    prompts = [a] * 5 + [b] * 3
+    cfg = GenerationConfig(spec="chain", k=2, temperature=0.0, max_new_tokens=10, max_batch=3)
+    prefill_rows = []
+    step = policy.step
+
+    def counting_step(input_ids, cache, rows, start, kv_len, **kw):
+        if input_ids.shape[1] > cfg.k + 1:  # a prefill (prompt rows), not a decode or verification
+            prefill_rows.append(input_ids.shape[0])
+        return step(input_ids, cache, rows, start, kv_len, **kw)
+
+    monkeypatch.setattr(policy, "step", counting_step)
+    shared = engine.generate(prompts, list(range(8)), cfg)
+    assert prefill_rows == [2]
+    alone = [engine.generate([p], [0], cfg).response_ids[0] for p in (a, b)]
+    assert shared.response_ids == [alone[0]] * 5 + [alone[1]] * 3
+
+
 def test_rollouts_do_not_depend_on_the_batch(policy):
     """Continuous batching with 3 slots or 16: each request's tokens depend only on its own seed."""
     engine = RolloutEngine(policy, DraftModelDrafter(_perturbed_copy(policy, 0.05)), EOS)
