@@ -23,7 +23,15 @@ from rl_loop.sim.generation import (
 )
 from rl_loop.sim.hardware import GB200, H100, H200, Hardware, get_hardware
 from rl_loop.sim.model import QWEN3_8B, QWEN3_235B_A22B, ModelSpec, eagle3_head
-from rl_loop.sim.presets import PAPER_8B_THINK, PAPER_8B_ZERO, PAPER_235B, evaluate, get_preset
+from rl_loop.sim.presets import (
+    PAPER_8B_ASYNC_EXPOSED_SHARE,
+    PAPER_8B_THINK,
+    PAPER_8B_ZERO,
+    PAPER_235B,
+    PAPER_235B_512,
+    evaluate,
+    get_preset,
+)
 from rl_loop.sim.step import StepSetup, simulate_step, training_time
 
 # A toy accelerator with round numbers and no overheads: 1 TB/s, 1 PFLOP/s, perfect efficiency.
@@ -185,19 +193,32 @@ def test_bigger_k_costs_more_verification_and_drafting():
 
 @pytest.fixture(scope="module")
 def results():
-    return {s.name: evaluate(s) for s in (PAPER_8B_THINK, PAPER_8B_ZERO, PAPER_235B)}
+    return {s.name: evaluate(s) for s in (PAPER_8B_THINK, PAPER_8B_ZERO, PAPER_235B, PAPER_235B_512)}
 
 
+# Each tolerance is the current error rounded up by a point or two, so that a change in the model that
+# moves a figure shows up here (README, Simulator: "Against the paper").
 @pytest.mark.parametrize("name,key,paper,tol", [
-    ("paper-8b-think", "generation_speedup", 1.54, 0.10),
-    ("paper-8b-zero", "generation_speedup", 1.77, 0.10),
-    ("paper-8b-think", "step_speedup", 1.35, 0.10),
-    ("paper-8b-zero", "step_speedup", 1.41, 0.10),
-    ("paper-235b", "end_to_end_speedup", 2.5, 0.25),  # +21 %: see README
+    ("paper-8b-think", "generation_speedup", 1.54, 0.05),    # +4 %
+    ("paper-8b-zero", "generation_speedup", 1.77, 0.07),     # -6 %
+    ("paper-8b-think", "step_speedup", 1.35, 0.05),          # +4 %
+    ("paper-8b-zero", "step_speedup", 1.41, 0.02),           # -1 %
+    ("paper-8b-think", "async_speedup", 1.24, 0.08),         # -6 %: see README
+    ("paper-8b-zero", "async_speedup", 1.24, 0.08),          # -6 %
+    ("paper-235b", "async_rollout_speedup", 3.5, 0.02),      # 0 %
+    ("paper-235b", "end_to_end_speedup", 2.5, 0.02),         # 0 %
+    ("paper-235b-512", "end_to_end_speedup", 1.70, 0.05),    # +3 %
 ])
 def test_paper_figures_within_tolerance(results, name, key, paper, tol):
     ours = results[name][key]
     assert abs(ours / paper - 1) <= tol, f"{name} {key}: ours {ours:.3f} vs paper {paper}"
+
+
+def test_235b_acceptance_calibration_holds(results):
+    # Not a validation: the 235B acceptance (0.85) is the value at which the 512-GPU, k = 3 rollout
+    # speedup is the paper's 2.72x; this guards the calibration against changes in the cost model.
+    assert results["paper-235b-512"]["k"] == 3
+    assert results["paper-235b-512"]["generation_speedup"] == pytest.approx(2.72, rel=0.01)
 
 
 @pytest.mark.parametrize("name", ["paper-8b-think", "paper-8b-zero"])
@@ -208,11 +229,33 @@ def test_k3_beats_k5_and_k7(results, name):
 
 
 @pytest.mark.parametrize("name", ["paper-8b-think", "paper-8b-zero"])
-def test_async_speedup_bounds_bracket_the_paper(results, name):
-    r = results[name]
-    # Re-balanced pools gain less than generation alone; pools kept on the autoregressive split gain
-    # only the imbalance that split leaves. The paper's 1.24x (8B) lies between the two.
-    assert 1.0 <= r["async_speedup_fixed_split"] < 1.24 < r["async_speedup"] < r["generation_speedup"]
+def test_8b_async_at_the_papers_operating_point(results, name):
+    r, op = results[name], results[name]["async_operating_point"]
+    # The autoregressive pipeline sits where the paper measured it: 10.4 s of a 75.0 s step exposed.
+    assert op["ar_exposed"] / op["ar_step"] == pytest.approx(PAPER_8B_ASYNC_EXPOSED_SHARE, rel=1e-6)
+    # Speculation makes generation shorter than training on the same pools (the paper: 0.6 s exposed),
+    # so the step becomes the training side and the speedup is 1 / (1 - exposed share), 1.16x.
+    assert op["spec_exposed"] == 0.0
+    assert r["async_speedup"] == pytest.approx(1 / (1 - PAPER_8B_ASYNC_EXPOSED_SHARE), rel=1e-3)
+    # Re-balancing the pools for each pipeline gains more than switching speculation on in place.
+    assert r["async_speedup"] < r["end_to_end_speedup"] < r["generation_speedup"] * 1.05
+
+
+def test_operating_point_brackets_between_whole_splits():
+    from rl_loop.sim.step import _async_step, async_speedup_at_exposure, exposed_generation
+
+    setup, spec = PAPER_8B_ZERO.setup, PAPER_8B_ZERO.spec
+    op = async_speedup_at_exposure(setup, spec, 0.139)
+    lo, hi = op["splits"]
+    share = [exposed_generation(r) / r.step_time for r in (_async_step(setup, None, lo), _async_step(setup, None, hi))]
+    assert hi == lo + 1 and share[0] >= 0.139 >= share[1] and 0.0 <= op["weight"] <= 1.0
+    # At a whole split's own share the interpolation returns that split's step times.
+    at_lo = async_speedup_at_exposure(setup, spec, share[0])
+    assert at_lo["ar_step"] == pytest.approx(_async_step(setup, None, lo).step_time, rel=1e-9)
+    with pytest.raises(ValueError, match="async_exposed_share"):
+        replace(setup, async_exposed_share=1.0)
+    with pytest.raises(ValueError, match="policy_lag"):
+        replace(setup, policy_lag=0)
 
 
 def test_balanced_split_moves_devices_to_training_under_speculation():
@@ -245,14 +288,58 @@ def test_steady_generation_hides_the_tail():
     drained = simulate_generation(s.hardware, s.model, s.gen_par, s.workload)
     steady = simulate_steady_generation(s.hardware, s.model, s.gen_par, s.workload)
     assert steady.time < drained.time and steady.tokens == drained.tokens
+    # Two steps' prompts in flight: a fuller batch (up to the KV capacity), so fewer steps for the same tokens.
+    from rl_loop.sim.generation import kv_capacity_seqs
+
+    two = simulate_steady_generation(s.hardware, s.model, s.gen_par, s.workload, in_flight_steps=2)
+    capacity = kv_capacity_seqs(s.hardware, s.model, s.gen_par, s.workload)
+    assert steady.mean_batch == 128 and two.mean_batch == min(256, capacity) and two.steps < steady.steps
 
 
-def test_235b_rollout_speedup_at_best_k(results):
-    best = max(results["paper-235b"]["generation_speedup_by_k"].values())
-    # The paper: above 3.5x at its best settings; ours at acceptance 0.80 lands about 10% below (README).
-    assert 3.5 * 0.85 <= best < 3.5
+def test_steady_generation_by_hand():
+    from rl_loop.sim.generation import simulate_steady_generation
+
+    # Only a 1 ms host cost per engine step: 4 responses of 10 tokens on one replica. One step in flight:
+    # 4 slots, 40 tokens at 4 per engine step = 10 steps; two steps in flight: 8 slots, 5 steps.
+    hw = TOY_HW.with_(hbm_bandwidth=1e30, dense_flops={"bf16": 1e30}, step_overhead=1e-3)
+    wl = Workload(1, 4, prompt_len=4, response_median=10, response_sigma=0.0, max_response_len=100)
+    one = simulate_steady_generation(hw, TOY_MODEL, Parallelism(), wl)
+    two = simulate_steady_generation(hw, TOY_MODEL, Parallelism(), wl, in_flight_steps=2)
+    assert (one.steps, two.steps) == (10, 5)
+    assert one.breakdown["overhead"] == pytest.approx(10e-3) and two.breakdown["overhead"] == pytest.approx(5e-3)
+
+
+def test_policy_lag_two_never_drains_but_bounds_the_batch():
+    from rl_loop.sim.step import async_generation
+
+    setup = PAPER_235B.setup
+    par = replace(setup.gen_par, replicas=64)
+    for spec in (None, PAPER_235B.spec):
+        drained = async_generation(replace(setup, policy_lag=1), spec, par)
+        lag2 = async_generation(setup, spec, par)
+        assert drained.time / 2 <= lag2.time < drained.time
+        assert drained.time == simulate_generation(setup.hardware, setup.model, par, setup.workload, spec).time
+
+
+def test_235b_best_settings(results):
+    r = results["paper-235b"]
+    # At the paper's most favourable point, the best k's rollout speedup is above 3.5x.
+    assert max(r["generation_speedup_by_k"].values()) > 3.5 and r["best_k"] == 8
     # Generation dominates the autoregressive 235B step far more than at 8B.
-    assert results["paper-235b"]["generation_fraction_ar"] > results["paper-8b-think"]["generation_fraction_ar"]
+    assert r["generation_fraction_ar"] > results["paper-8b-think"]["generation_fraction_ar"]
+
+
+def test_operating_point_sweep_finds_2048_gpus_lag_2_fastest():
+    from rl_loop.sim.sweep import sweep_operating_points
+
+    rows = sweep_operating_points(PAPER_235B, gpus=(1024, 2048), lags=(1, 2), ks=(PAPER_235B.spec.k,))
+    fastest = [r for r in rows if r["fastest"]]
+    assert len(fastest) == 1 and (fastest[0]["gpus"], fastest[0]["policy_lag"]) == (2048, 2)
+    # Lag 2 makes the autoregressive pipeline faster too (its tail is hidden), so speculation's share of
+    # the gain is smaller there than at lag 1.
+    by = {(r["gpus"], r["policy_lag"]): r for r in rows}
+    assert by[2048, 2]["async_ar_step_s"] < by[2048, 1]["async_ar_step_s"]
+    assert by[2048, 2]["end_to_end_speedup"] < by[2048, 1]["end_to_end_speedup"]
 
 
 def test_async_overlap_never_slower_than_sync():
@@ -348,7 +435,8 @@ def test_cli_json_keys(capsys):
 
     assert main(["--preset", "paper-8b-zero", "--k", "2", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    for key in ("generation_speedup", "step_speedup", "best_k", "async_speedup", "end_to_end_speedup", "paper"):
+    for key in ("generation_speedup", "step_speedup", "best_k", "async_speedup", "async_rollout_speedup",
+                "end_to_end_speedup", "sync_to_async_speedup", "policy_lag", "paper"):
         assert key in out
     assert out["k"] == 2 and out["best_k"] == 3
 

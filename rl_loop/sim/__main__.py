@@ -1,6 +1,6 @@
 """``python -m rl_loop.sim``: project the speedup of speculative rollouts on RL step time.
 
-    python -m rl_loop.sim --preset paper-8b-think|paper-8b-zero|paper-235b|cpu-here [--k K] [--json]
+    python -m rl_loop.sim --preset paper-8b-think|paper-8b-zero|paper-235b|paper-235b-512|cpu-here [--k K] [--json]
     python -m rl_loop.sim sweep [--preset ...] [--out DIR]     (tables and plots; see ``sweep --help``)
 """
 
@@ -50,14 +50,20 @@ def format_report(r: dict) -> str:
 
     out = [f"{r['preset']}: {r['description']}",
            f"  {r['model']} on {r['gpus']} x {r['hardware']}, k = {r['k']}, "
-           f"{r['tokens_per_step']:.2f} tokens per verification step",
+           f"{r['tokens_per_step']:.2f} tokens per verification step, async policy lag {r['policy_lag']}",
            line("generation speedup (sync)", "generation_speedup"),
            line("step speedup (sync)", "step_speedup"),
-           line("async speedup (async AR -> spec)", "async_speedup"),
-           line("end-to-end (sync AR -> async spec)", "end_to_end_speedup"),
+           line("async speedup (same pools)", "async_speedup"),
+           line("async rollout speedup (AR pool)", "async_rollout_speedup"),
+           line("end-to-end (async, each balanced)", "end_to_end_speedup"),
+           line("sync AR -> async spec", "sync_to_async_speedup"),
            line("best k (generation)", "best_k"),
            "  generation speedup by k: " + ", ".join(f"{k}: {v:.2f}x" for k, v in r["generation_speedup_by_k"].items()),
            f"  generation share of the AR step: {r['generation_fraction_ar'] * 100:.0f}%",
+           *([f"  async operating point: AR step {op['ar_step']:.1f} s ({op['ar_exposed']:.1f} s exposed "
+              f"generation), spec step {op['spec_step']:.1f} s ({op['spec_exposed']:.1f} s exposed), between "
+              f"{op['splits'][0]} and {op['splits'][1]} generation replicas"]
+             if (op := r.get("async_operating_point")) else []),
            "  sync AR phases (s): " + ", ".join(f"{k} {v:.1f}" for k, v in r["phases_sync_ar"].items()),
            "  sync spec phases (s): " + ", ".join(f"{k} {v:.1f}" for k, v in r["phases_sync_spec"].items()),
            "  assumptions:"]

@@ -382,24 +382,24 @@ def simulate_generation(hw: Hardware, model: ModelSpec, par: Parallelism, worklo
 
 
 def simulate_steady_generation(hw: Hardware, model: ModelSpec, par: Parallelism, workload: Workload,
-                               spec: Speculation | None = None) -> GenerationResult:
-    """Generation time of one RL step when the engine never drains (asynchronous RL, policy lag <= 1).
+                               spec: Speculation | None = None, in_flight_steps: int = 1) -> GenerationResult:
+    """Generation time of one RL step when the engine never drains (asynchronous RL that refills slots).
 
-    An async generation pool does not wait for a step's last response: as a slot frees up it takes a
-    prompt of the next step (those rollouts are at most one policy version old), so every replica decodes
-    at full slots all the time, and one step's rollouts cost their tokens at that steady-state throughput.
-    A slot then holds a response picked in proportion to its length and is, on average, half way
-    through it, so the mean cached context is ``prompt + E[L^2] / (2 E[L])``. In flight per replica: one
-    step's share of the responses (lag 1), capped by ``max_num_seqs`` and the KV capacity. The long tail
-    that synchronous RL waits for, where speculation gains most (a few sequences, latency-bound steps),
-    is hidden; what is left is the speculative speedup at a full batch.
+    An async generation pool that need not wait for a step's last response gives each freed slot a
+    prompt of a later step, so every replica decodes at full slots all the time, and one step's rollouts
+    cost their tokens at that steady-state throughput. A slot then holds a response picked in proportion
+    to its length and is, on average, half way through it, so the mean cached context is
+    ``prompt + E[L^2] / (2 E[L])``. In flight per replica: ``in_flight_steps`` steps' share of the
+    responses (the policy lag bounds how many steps may be in flight at once), capped by ``max_num_seqs``
+    and the KV capacity. The long tail that synchronous RL waits for, where speculation gains most (a few
+    sequences, latency-bound steps), is hidden; what is left is the speculative speedup at a full batch.
     """
     costs = RooflineCosts(hw, model, par, spec)
     lengths = workload.response_lengths()
     per_replica = len(lengths) / par.replicas
     mean_ctx = workload.prompt_len + float(np.mean(lengths**2) / (2 * np.mean(lengths)))
     capacity = kv_capacity_seqs(hw, model, par, workload, spec.drafter if spec else None)
-    slots = np.asarray(float(max(1, min(workload.max_num_seqs, capacity, round(per_replica)))))
+    slots = np.asarray(float(max(1, min(workload.max_num_seqs, capacity, round(in_flight_steps * per_replica)))))
     tau = spec.expected_tokens() if spec else 1.0
     k = spec.k if spec else 0
     context = slots * mean_ctx

@@ -4,8 +4,11 @@
 - ``speedup_vs_acceptance``: a constant conditional acceptance rate from 0.3 to 0.95, at the preset's k
   and at the best k;
 - ``speedup_vs_scale``: the same global batch spread over more or fewer generation replicas (GPUs),
-  sync generation speedup and end-to-end (sync AR -> async speculative) speedup;
-- ``speedup_vs_async_split``: async speedup against the share of devices that generate.
+  sync generation speedup and end-to-end (async) speedup;
+- ``speedup_vs_async_split``: async speedup (same pools) against the share of devices that generate;
+- ``speedup_vs_operating_point`` (235B): the knobs the paper names for its 235B projection, GPUs
+  (512/1024/2048) x policy lag (1/2) x k (1..8), with the speculative async step time, so that the
+  fastest configuration ("the most favourable operating point") can be read off.
 """
 
 from __future__ import annotations
@@ -16,12 +19,15 @@ import os
 from dataclasses import replace
 
 from .presets import PRESETS, Scenario, evaluate
-from .step import simulate_step
+from .step import async_split, simulate_async_fixed_split, simulate_step
 
 K_VALUES = tuple(range(1, 9))
 ACCEPTANCE_VALUES = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95)
 SCALE_FACTORS = (0.25, 0.5, 1.0, 2.0, 4.0)
 ASYNC_FRACTIONS = (0.375, 0.5, 0.5625, 0.625, 0.6875, 0.75, 0.875)
+OPERATING_GPUS = (512, 1024, 2048)
+OPERATING_LAGS = (1, 2)
+OPERATING_PRESET = "paper-235b"
 
 
 def sweep_k(scn: Scenario, ks: tuple[int, ...] = K_VALUES) -> list[dict]:
@@ -76,6 +82,36 @@ def sweep_async_split(scn: Scenario, fractions: tuple[float, ...] = ASYNC_FRACTI
     return rows
 
 
+def sweep_operating_points(scn: Scenario, gpus: tuple[int, ...] = OPERATING_GPUS,
+                           lags: tuple[int, ...] = OPERATING_LAGS, ks: tuple[int, ...] = K_VALUES) -> list[dict]:
+    """For each GPU count (whole replicas of the preset's shape) x policy lag x k: the sync generation
+    speedup, the async rollout speedup (generation per step on the autoregressive pool), the end-to-end
+    speedup (async, each pipeline on its balanced split) and both async step times; ``fastest`` marks
+    the row with the shortest speculative async step."""
+    rows = []
+    for n_gpus in gpus:
+        par = replace(scn.setup.gen_par, replicas=max(2, n_gpus // scn.setup.gen_par.gpus_per_replica))
+        for lag in lags:
+            setup = replace(scn.setup, gen_par=par, policy_lag=lag)
+            sync_ar = simulate_step(setup, None, "sync").phases["generation"]
+            n_ar = async_split(setup, None)
+            async_ar = simulate_step(setup, None, "async")
+            for k in ks:
+                spec = scn.spec.with_k(k)
+                sync_sp = simulate_step(setup, spec, "sync").phases["generation"]
+                same = simulate_async_fixed_split(setup, spec)
+                async_sp = simulate_step(setup, spec, "async")
+                rows.append({"preset": scn.name, "gpus": par.gpus, "policy_lag": lag, "k": k,
+                             "generation_speedup": sync_ar / sync_sp,
+                             "async_rollout_speedup": async_ar.phases["generation"] / same.phases["generation"],
+                             "end_to_end_speedup": async_ar.step_time / async_sp.step_time,
+                             "async_ar_step_s": async_ar.step_time, "async_spec_step_s": async_sp.step_time,
+                             "gen_replicas_ar": n_ar, "gen_replicas_spec": async_split(setup, spec),
+                             "fastest": False})
+    min(rows, key=lambda r: r["async_spec_step_s"])["fastest"] = True
+    return rows
+
+
 def _write(rows: list[dict], out: str, name: str) -> None:
     with open(os.path.join(out, f"{name}.csv"), "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
@@ -118,19 +154,27 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     names = args.preset or sorted(PRESETS)
     os.makedirs(args.out, exist_ok=True)
-    tables = {"speedup_vs_k": ({}, sweep_k, "k", ("generation_speedup", "step_speedup"), "draft length k", False),
-              "speedup_vs_acceptance": ({}, sweep_acceptance, "acceptance",
-                                        ("generation_speedup", "best_generation_speedup"),
-                                        "conditional acceptance rate (constant)", False),
-              "speedup_vs_scale": ({}, sweep_scale, "gpus", ("generation_speedup", "end_to_end_speedup"),
-                                   "GPUs (same global batch)", True),
-              "speedup_vs_async_split": ({}, sweep_async_split, "async_gen_fraction", ("async_speedup",),
-                                         "share of devices generating (async)", False)}
-    for table, (groups, fn, x, ys, xlabel, log_x) in tables.items():
-        for name in names:
-            groups[name] = fn(PRESETS[name])
-        _write([r for rows in groups.values() for r in rows], args.out, table)
+    # name: (rows for one preset, x, ys, x label, log x, presets it applies to)
+    tables = {"speedup_vs_k": (sweep_k, "k", ("generation_speedup", "step_speedup"), "draft length k", False, names),
+              "speedup_vs_acceptance": (sweep_acceptance, "acceptance", ("generation_speedup", "best_generation_speedup"),
+                                        "conditional acceptance rate (constant)", False, names),
+              "speedup_vs_scale": (sweep_scale, "gpus", ("generation_speedup", "end_to_end_speedup"),
+                                   "GPUs (same global batch)", True, names),
+              "speedup_vs_async_split": (sweep_async_split, "async_gen_fraction", ("async_speedup",),
+                                         "share of devices generating (async, same pools)", False, names),
+              "speedup_vs_operating_point": (sweep_operating_points, "k", ("async_rollout_speedup", "end_to_end_speedup"),
+                                             "draft length k", False, [n for n in names if n == OPERATING_PRESET])}
+    for table, (fn, x, ys, xlabel, log_x, presets) in tables.items():
+        if not presets:
+            continue
+        rows = [r for name in presets for r in fn(PRESETS[name])]
+        _write(rows, args.out, table)
         if not args.no_plots:
+            # One line per preset, or per (GPUs, policy lag) for the operating points.
+            groups: dict[str, list[dict]] = {}
+            for r in rows:
+                key = f"{r['gpus']} GPUs, lag {r['policy_lag']}" if "policy_lag" in r else r["preset"]
+                groups.setdefault(key, []).append(r)
             _plot(groups, x, ys, os.path.join(args.out, f"{table}.png"), xlabel, log_x)
         print(f"wrote {os.path.join(args.out, table)}.csv/.md" + ("" if args.no_plots else "/.png"))
     return 0
