@@ -9,6 +9,7 @@ import torch
 
 from benchmarks import bench_chain, roofline
 from benchmarks.common import BASE_COLUMNS, PROVENANCE_COLUMNS, read_csv
+from specdec_kernels import native
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 
@@ -51,3 +52,17 @@ def test_chain_min_bytes_counts_decided_rows():
     assert roofline.chain_min_bytes(accepted, lengths, 10, 2, 4) == 6 * 10 * 2 + 4 * 10 * 4 + small
     assert roofline.chain_all_rows_bytes(lengths, 10, 2, 4) == 8 * 10 * 2 + 5 * 10 * 4 + small
     assert roofline.achieved_fraction(10**9, 1000.0, 2.0) == pytest.approx(0.5)
+
+
+@pytest.mark.skipif(not native.has_op("decoder_step", "cpu"), reason="specdec_kernels._C not built")
+def test_bench_decoder_step_writes_csv_with_provenance(tmp_path):
+    from benchmarks import bench_decoder_step
+
+    out = tmp_path / "step.csv"
+    bench_decoder_step.main(["--heads", "rl_loop", "--requests", "4", "--new-tokens", "1,3", "--context", "8",
+                             "--reps", "2", "--out", str(out)])
+    rows = read_csv([out])
+    assert set(BASE_COLUMNS) <= set(rows[0])
+    assert sorted((r["provider"], r["new_tokens"]) for r in rows) == [
+        ("native", "1"), ("native", "3"), ("torch", "1"), ("torch", "3")]
+    assert all(float(r["max_abs_diff"]) < 1e-4 and float(r["median_ms"]) > 0 for r in rows)
