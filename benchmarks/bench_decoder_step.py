@@ -36,15 +36,6 @@ CASE_COLUMNS = ("head", "requests", "new_tokens", "context", "threads")
 RESULT_COLUMNS = ("speedup_vs_torch", "max_abs_diff")
 
 
-def _weights(model: Qwen3) -> list[torch.Tensor]:
-    (layer,) = model.model.layers
-    wqkv, wgu, qn, kn = model._fused[id(layer)]
-    return [w.detach().contiguous() for w in (
-        layer.input_layernorm.weight, wqkv, qn, kn, layer.self_attn.o_proj.weight,
-        layer.post_attention_layernorm.weight, wgu, layer.mlp.down_proj.weight, model.model.norm.weight,
-        model.lm_head.weight)]
-
-
 def _interleaved(fns: dict, reps: int) -> dict[str, list[float]]:
     """Seconds per call of each callable, alternating between them every repetition."""
     for fn in fns.values():
@@ -73,7 +64,7 @@ def bench_case(head: str, reqs: int, n: int, context: int, reps: int) -> dict:
     depth = torch.arange(n).expand(reqs, n).contiguous()
     rows = torch.arange(reqs)
     ids = torch.zeros(reqs, n, dtype=torch.long)
-    weights, rope = _weights(model), torch.view_as_real(model.rope_cis).contiguous()
+    weights, rope = model.native_step_args(0)
 
     def run_torch():
         return model.step(ids, caches[0], None, start, context + n, depth=depth, hidden_layers=(0,),

@@ -167,17 +167,11 @@ class _NativeHeadStep:
         from specdec_kernels import native
 
         dec, c = head.decoder, head.decoder.config
-        (layer,) = dec.model.layers
-        wqkv, wgu, qn, kn = dec._fused[id(layer)]
         h = c.hidden_size
         with torch.no_grad():
             self.token_table = (dec.model.embed_tokens.weight @ head.fuse.weight[:, :h].t()).contiguous()
             self.feature_weight = head.fuse.weight[:, h:].t().contiguous()
-            self.weights = [w.detach().contiguous() for w in (
-                layer.input_layernorm.weight, wqkv, qn, kn, layer.self_attn.o_proj.weight,
-                layer.post_attention_layernorm.weight, wgu, layer.mlp.down_proj.weight, dec.model.norm.weight,
-                dec.lm_head.weight)]
-        self.rope = torch.view_as_real(dec.rope_cis).contiguous()
+        self.weights, self.rope = dec.native_step_args(0)
         self.num_heads, self.eps = c.num_attention_heads, c.rms_norm_eps
         self.step = native.decoder_step
 

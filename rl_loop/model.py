@@ -248,6 +248,19 @@ class Qwen3(nn.Module):
             for layer in self.model.layers
         }
 
+    @torch.no_grad()
+    def native_step_args(self, index: int = 0) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """Decoder layer ``index`` with the final norm and LM head, as ``specdec_kernels.native.decoder_step``
+        takes them: the weight list (fused q/k/v and gate/up from :meth:`sync_inference_weights`, which must
+        have run) and the RoPE table [P, D/2, 2]. Snapshots: rebuild after a weight update."""
+        layer = self.model.layers[index]
+        wqkv, wgu, qn, kn = self._fused[id(layer)]
+        weights = [w.detach().contiguous() for w in (
+            layer.input_layernorm.weight, wqkv, qn, kn, layer.self_attn.o_proj.weight,
+            layer.post_attention_layernorm.weight, wgu, layer.mlp.down_proj.weight, self.model.norm.weight,
+            self.lm_head.weight)]
+        return weights, torch.view_as_real(self.rope_cis).contiguous()
+
     def forward(
         self,
         input_ids: torch.Tensor | None,

@@ -22,15 +22,6 @@ pytestmark = [
 ]
 
 
-def _layer_weights(model: Qwen3) -> list[torch.Tensor]:
-    (layer,) = model.model.layers
-    wqkv, wgu, qn, kn = model._fused[id(layer)]
-    return [w.detach().contiguous() for w in (
-        layer.input_layernorm.weight, wqkv, qn, kn, layer.self_attn.o_proj.weight,
-        layer.post_attention_layernorm.weight, wgu, layer.mlp.down_proj.weight, model.model.norm.weight,
-        model.lm_head.weight)]
-
-
 def _model(heads: int, kv_heads: int, seed: int) -> Qwen3:
     torch.manual_seed(seed)
     cfg = ModelConfig(vocab_size=40, hidden_size=48, intermediate_size=80, num_hidden_layers=1,
@@ -64,8 +55,8 @@ def test_matches_torch_layer(heads, kv_heads, n):
         ref_logits, (ref_hidden,) = model.step(torch.zeros(reqs, n, dtype=torch.long), ref_cache, rows, start,
                                                int(start.max()) + n, depth=depth, hidden_layers=(0,),
                                                inputs_embeds=x)
-    rope = torch.view_as_real(model.rope_cis).contiguous()
-    logits, hidden = native.decoder_step(x, _layer_weights(model), cache.k[0], cache.v[0], rows, start, depth, rope,
+    weights, rope = model.native_step_args(0)
+    logits, hidden = native.decoder_step(x, weights, cache.k[0], cache.v[0], rows, start, depth, rope,
                                          heads, model.config.rms_norm_eps)
     torch.testing.assert_close(logits, ref_logits, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(hidden, ref_hidden, rtol=1e-4, atol=1e-4)
@@ -74,18 +65,19 @@ def test_matches_torch_layer(heads, kv_heads, n):
 
 
 def _args(model: Qwen3, reqs=2, n=2, batch=3, cache_len=16):
+    weights, rope = model.native_step_args(0)
     return dict(
-        x=torch.zeros(reqs, n, model.config.hidden_size), weights=_layer_weights(model),
+        x=torch.zeros(reqs, n, model.config.hidden_size), weights=weights,
         k_cache=torch.zeros(batch, model.config.num_key_value_heads, cache_len, model.config.head_dim),
         v_cache=torch.zeros(batch, model.config.num_key_value_heads, cache_len, model.config.head_dim),
         rows=torch.arange(reqs), start=torch.zeros(reqs, dtype=torch.long),
-        depth=torch.arange(n).expand(reqs, n).contiguous(), rope=torch.view_as_real(model.rope_cis).contiguous(),
+        depth=torch.arange(n).expand(reqs, n).contiguous(), rope=rope,
         num_heads=model.config.num_attention_heads, eps=1e-6,
     )
 
 
 @pytest.mark.parametrize("change,message", [
-    (lambda a: a.update(x=a["x"].double()), "x must be float32"),
+    (lambda a: a.update(x=a["x"].double()), "x must be Float"),
     (lambda a: a.update(rows=torch.tensor([0, 3])), "rows\\[1\\] = 3 is outside the cache batch"),
     (lambda a: a.update(start=torch.tensor([0, 15])), "start\\[1\\] \\+ n = 17 exceeds the cache length"),
     (lambda a: a.update(depth=torch.tensor([[0, 1], [0, 500]])), "outside the rope table"),

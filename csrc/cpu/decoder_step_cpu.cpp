@@ -20,17 +20,9 @@ namespace {
 #define SPECDEC_CLONES
 #endif
 
-void check_f32(const at::Tensor& t, const char* name, std::vector<int64_t> shape) {
+void check(const at::Tensor& t, const char* name, at::ScalarType dtype, std::vector<int64_t> shape) {
   TORCH_CHECK(t.device().is_cpu(), name, " must be a CPU tensor");
-  TORCH_CHECK_TYPE(t.scalar_type() == at::kFloat, name, " must be float32, got ", t.scalar_type());
-  TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
-  TORCH_CHECK(t.sizes() == at::IntArrayRef(shape), name, " must have shape ", at::IntArrayRef(shape), ", got ",
-              t.sizes());
-}
-
-void check_long(const at::Tensor& t, const char* name, std::vector<int64_t> shape) {
-  TORCH_CHECK(t.device().is_cpu(), name, " must be a CPU tensor");
-  TORCH_CHECK_TYPE(t.scalar_type() == at::kLong, name, " must be int64, got ", t.scalar_type());
+  TORCH_CHECK_TYPE(t.scalar_type() == dtype, name, " must be ", dtype, ", got ", t.scalar_type());
   TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
   TORCH_CHECK(t.sizes() == at::IntArrayRef(shape), name, " must have shape ", at::IntArrayRef(shape), ", got ",
               t.sizes());
@@ -135,25 +127,25 @@ std::tuple<at::Tensor, at::Tensor> decoder_step_cpu(const at::Tensor& x, const s
   TORCH_CHECK(w_gu.dim() == 2 && w_gu.size(0) % 2 == 0, "gate_up weight must be [2 I, H], got ", w_gu.sizes());
   TORCH_CHECK(lm_head.dim() == 2, "lm_head weight must be [V, H], got ", lm_head.sizes());
   const int64_t inter = w_gu.size(0) / 2, vocab = lm_head.size(0);
-  check_f32(x, "x", {reqs, n, hidden});
-  check_f32(weights[0], "input_layernorm weight", {hidden});
-  check_f32(w_qkv, "qkv weight", {(num_heads + 2 * kv_heads) * d, hidden});
-  check_f32(weights[2], "q_norm weight", {d});
-  check_f32(weights[3], "k_norm weight", {d});
-  check_f32(weights[4], "o_proj weight", {hidden, num_heads * d});
-  check_f32(weights[5], "post_attention_layernorm weight", {hidden});
-  check_f32(w_gu, "gate_up weight", {2 * inter, hidden});
-  check_f32(weights[7], "down weight", {hidden, inter});
-  check_f32(weights[8], "final norm weight", {hidden});
-  check_f32(lm_head, "lm_head weight", {vocab, hidden});
-  check_f32(k_cache, "k_cache", {batch, kv_heads, cache_len, d});
-  check_f32(v_cache, "v_cache", {batch, kv_heads, cache_len, d});
-  check_long(rows, "rows", {reqs});
-  check_long(start, "start", {reqs});
-  check_long(depth, "depth", {reqs, n});
+  check(x, "x", at::kFloat, {reqs, n, hidden});
+  check(weights[0], "input_layernorm weight", at::kFloat, {hidden});
+  check(w_qkv, "qkv weight", at::kFloat, {(num_heads + 2 * kv_heads) * d, hidden});
+  check(weights[2], "q_norm weight", at::kFloat, {d});
+  check(weights[3], "k_norm weight", at::kFloat, {d});
+  check(weights[4], "o_proj weight", at::kFloat, {hidden, num_heads * d});
+  check(weights[5], "post_attention_layernorm weight", at::kFloat, {hidden});
+  check(w_gu, "gate_up weight", at::kFloat, {2 * inter, hidden});
+  check(weights[7], "down weight", at::kFloat, {hidden, inter});
+  check(weights[8], "final norm weight", at::kFloat, {hidden});
+  check(lm_head, "lm_head weight", at::kFloat, {vocab, hidden});
+  check(k_cache, "k_cache", at::kFloat, {batch, kv_heads, cache_len, d});
+  check(v_cache, "v_cache", at::kFloat, {batch, kv_heads, cache_len, d});
+  check(rows, "rows", at::kLong, {reqs});
+  check(start, "start", at::kLong, {reqs});
+  check(depth, "depth", at::kLong, {reqs, n});
   TORCH_CHECK(rope.dim() == 3 && rope.size(1) == d / 2 && rope.size(2) == 2,
               "rope must be [P, head_dim / 2, 2], got ", rope.sizes());
-  check_f32(rope, "rope", {rope.size(0), d / 2, 2});
+  check(rope, "rope", at::kFloat, {rope.size(0), d / 2, 2});
   const int64_t* rw = rows.data_ptr<int64_t>();
   const int64_t* st = start.data_ptr<int64_t>();
   const int64_t* dp = depth.data_ptr<int64_t>();
