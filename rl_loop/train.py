@@ -218,12 +218,13 @@ def train_on_batch(
                              None if ref_lp is None else ref_lp[chunk], cfg.kl_coef)
         opt.zero_grad(set_to_none=True)
         out.loss.backward()
-        torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
+        grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
         opt.step()
-        stats.append([out.loss.item(), out.clip_fraction.item(), out.mean_ratio.item(), out.kl.item()])
+        stats.append([out.loss.item(), out.clip_fraction.item(), out.mean_ratio.item(), out.kl.item(),
+                      grad_norm.item()])
     policy.eval()
-    mean = [sum(s[i] for s in stats) / len(stats) for i in range(4)]
-    return {"loss": mean[0], "clip_fraction": mean[1], "ratio": mean[2], "kl": mean[3],
+    mean = [sum(s[i] for s in stats) / len(stats) for i in range(5)]
+    return {"loss": mean[0], "clip_fraction": mean[1], "ratio": mean[2], "kl": mean[3], "grad_norm": mean[4],
             "logprob_s": t1 - t0, "train_s": time.perf_counter() - t1}
 
 
@@ -363,8 +364,10 @@ def learn(cfg: RunConfig, s: dict, step: int, problems: list[Problem], prompts: 
     keep = grpo.dynamic_sampling_mask(rewards, cfg.group_size) if cfg.dynamic_sampling else torch.ones_like(rewards, dtype=torch.bool)
     row.update(reward_mean=rewards.mean().item(), accuracy=(rewards == 1.0).float().mean().item(),
                kept_fraction=keep.float().mean().item(),
-               response_length=sum(map(len, rollouts.response_ids)) / len(prompts))
-    train_stats = {"loss": 0.0, "clip_fraction": 0.0, "ratio": 1.0, "kl": 0.0, "logprob_s": 0.0, "train_s": 0.0}
+               response_length=sum(map(len, rollouts.response_ids)) / len(prompts),
+               truncated=1.0 - sum(rollouts.finished) / len(prompts))
+    train_stats = {"loss": 0.0, "clip_fraction": 0.0, "ratio": 1.0, "kl": 0.0, "grad_norm": 0.0, "logprob_s": 0.0,
+                   "train_s": 0.0}
     if keep.any():
         idx = keep.nonzero().squeeze(1).tolist()
         ids, mask = build_batch([prompts[i] for i in idx], [rollouts.response_ids[i] for i in idx],
@@ -372,7 +375,7 @@ def learn(cfg: RunConfig, s: dict, step: int, problems: list[Problem], prompts: 
         for group in s["opt"].param_groups:
             group["lr"] = cfg.lr * min(1.0, (step + 1) / max(cfg.lr_warmup_steps, 1))
         train_stats = train_on_batch(policy, s["opt"], ids, mask, adv[keep], cfg, s["ref"], behaviour)
-    row.update(train_stats)
+    row.update(train_stats, output_gain=policy.model.norm.weight.mean().item())  # the policy's sharpness
     t0 = time.perf_counter()
     s["engine"].sync()  # weight sync: the engine and the drafter see the new policy
     if s["drafter"] is not None and cfg.drafter_adapt_steps > 0 and step % cfg.drafter_adapt_every == 0:
