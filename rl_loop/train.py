@@ -40,8 +40,8 @@ class RunConfig:
 
     out: str = "runs/latest"
     seed: int = 0
-    # ~1.05 s a step on the 2-core target (rollouts, training, every 4th step's AR comparison): the default
-    # run takes ~370 s of the 10-minute budget, ~165 s of it warm starts, evaluation and the equivalence check.
+    # ~1 s a step on the 2-core target (rollouts, training, every 4th step's AR comparison): the default run
+    # takes ~420 s of the 10-minute budget, ~230 s of it warm starts, evaluation and the equivalence check.
     steps: int = 192
     pipeline: str = "sync"  # sync | async
     spec: str = "chain"  # none | chain | tree
