@@ -40,7 +40,7 @@ void norm_rows(const float* x, const float* w, float* y, int64_t rows, int64_t d
 }
 
 struct Shapes {
-  int64_t reqs, n, hidden, heads, kv_heads, head_dim;
+  int64_t reqs, n, heads, kv_heads, head_dim;
 };
 
 // q/k per-head RMSNorm + rotary embedding in place in qkv [M, (heads + 2 kv_heads) D]; new keys and
@@ -159,7 +159,7 @@ std::tuple<at::Tensor, at::Tensor> decoder_step_cpu(const at::Tensor& x, const s
                   rope.size(0), " positions)");
     }
   }
-  const Shapes s{reqs, n, hidden, num_heads, kv_heads, d};
+  const Shapes s{reqs, n, num_heads, kv_heads, d};
   const int64_t rows_m = reqs * n;
   const float e = static_cast<float>(eps);
 
