@@ -173,7 +173,7 @@ class _NativeHeadStep:
             self.feature_weight = head.fuse.weight[:, h:].t().contiguous()
         self.weights, self.rope = dec.native_step_args(0)
         self.num_heads, self.eps = c.num_attention_heads, c.rms_norm_eps
-        self.step = native.decoder_step
+        self.step = native.op("decoder_step", "cpu")  # resolved once, not per draft step (native.decoder_step)
 
     def __call__(self, toks, feats, cache, rows, start, depth):
         x = torch.addmm(self.token_table[toks].flatten(0, 1), feats.flatten(0, 1), self.feature_weight)
