@@ -188,9 +188,8 @@ def evaluate(engine: RolloutEngine, problems: list[Problem], tok: CharTokenizer,
     else:
         seeds, gen = [0] * len(problems), replace(gen, temperature=0.0)
     prompts = [tok.encode(p.prompt, bos=True) for p in problems]
-    out = engine.generate(prompts, seeds, gen)
-    rewards = [reward(p, tok.decode(r), f) for p, r, f in zip(problems, out.response_ids, out.finished, strict=True)]
-    return sum(r == 1.0 for r in rewards) / max(len(rewards), 1)
+    rewards = score(problems, engine.generate(prompts, seeds, gen), tok)
+    return int((rewards == 1.0).sum()) / max(len(rewards), 1)
 
 
 def validate(cfg: RunConfig, s: dict) -> dict:
