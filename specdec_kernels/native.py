@@ -109,3 +109,10 @@ def decoder_step(x, weights, k_cache, v_cache, rows, start, depth, rope, num_hea
     """
     return op("decoder_step", "cpu")(x, list(weights), k_cache, v_cache, rows, start, depth, rope, num_heads, eps,
                                      qkv_add)
+
+
+def uniform_rows(seed, position, stream: int, vocab_size: int):
+    """[R, V] float32 Philox uniforms of rows (``seed`` [R], ``position`` [R] int64, CPU) on ``stream``:
+    ``specdec_kernels.reference.philox.uniform_rows`` bit for bit, in one native call (the drafters'
+    sampling noise, stream 3)."""
+    return op("philox_uniform_rows", "cpu")(seed, position, stream, vocab_size)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from specdec_kernels import native
 from specdec_kernels.drafters.base import STREAM_DRAFT, DraftProposal
 from specdec_kernels.drafters.draft_model import DraftModelDrafter, DraftModelHead
 from specdec_kernels.drafters.eagle3 import Eagle3Config, Eagle3Drafter, Eagle3Head, default_feature_layers
@@ -311,11 +312,29 @@ def test_chain_proposal_equals_the_one_branch_tree(target):
     with torch.no_grad():
         feats = capture_target_features(target, ids, head.cfg.feature_layers).eagle3_features
     temp, seed = torch.tensor([1.0, 0.0, 0.7]), torch.tensor([3, 4, 5])
-    for native in (False, None):
-        d = Eagle3Drafter(head, native=native)
+    for use_native in (False, None):
+        d = Eagle3Drafter(head, native=use_native)
         d.prefill(ids, lengths, nxt, feats)
         for t, s in ((None, None), (temp, seed)):
             chain, tree = d.propose(4, t, s), d.propose_tree(4, 1, 1, t, s)
             assert torch.equal(chain.token_ids, tree.node_token_ids[:, 1:])
             if t is not None:
                 torch.testing.assert_close(chain.probs, tree.draft_probs[:, :4], rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.native
+@pytest.mark.skipif(not native.has_op("philox_uniform_rows", "cpu"), reason="specdec_kernels._C not built")
+def test_native_draft_uniforms_are_the_reference_philox():
+    """The drafters' noise in one native call equals reference/philox.py bit for bit (every stream, extreme
+    seeds and positions); bad arguments name themselves."""
+    g = torch.Generator().manual_seed(0)
+    seed = torch.cat([torch.randint(-2**62, 2**62, (64,), generator=g), torch.tensor([0, -1, 2**63 - 1, -2**63])])
+    pos = torch.cat([torch.randint(0, 2**31, (64,), generator=g), torch.tensor([0, 2**31 - 1, 5, 7])])
+    for stream in range(4):
+        assert torch.equal(native.uniform_rows(seed, pos, stream, 777), philox.uniform_rows(seed, pos, stream, 777))
+    with pytest.raises(ValueError, match="position"):
+        native.uniform_rows(seed[:1], torch.tensor([-1]), 3, 8)
+    with pytest.raises(ValueError, match="stream"):
+        native.uniform_rows(seed[:1], pos[:1], 4, 8)
+    with pytest.raises(TypeError, match="seed"):
+        native.uniform_rows(seed[:1].int(), pos[:1], 3, 8)

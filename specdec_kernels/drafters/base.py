@@ -45,6 +45,7 @@ row is a distribution over the *target* vocabulary (zero outside the draft vocab
 from __future__ import annotations
 
 import abc
+import functools
 from typing import NamedTuple
 
 import torch
@@ -199,8 +200,20 @@ class Drafter(abc.ABC):
 # ---------------------------------------------------------------------------------------------------
 
 def draft_uniforms(seed: torch.Tensor, position: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """[R, V] Philox uniforms on :data:`STREAM_DRAFT` for rows with ``seed`` [R] and ``position`` [R]."""
+    """[R, V] Philox uniforms on :data:`STREAM_DRAFT` for rows with ``seed`` [R] and ``position`` [R]
+    (``reference/philox.py``; on CPU one native call when the extension is built, bit-identical)."""
+    if seed.device.type == "cpu" and _native_uniforms():
+        from .. import native
+
+        return native.uniform_rows(seed.to(torch.int64), position.to(torch.int64), STREAM_DRAFT, vocab_size)
     return philox.uniform_rows(seed, position, STREAM_DRAFT, vocab_size)
+
+
+@functools.cache
+def _native_uniforms() -> bool:
+    from .. import native
+
+    return native.has_op("philox_uniform_rows", "cpu")
 
 
 def scatter_to_target(draft_values: torch.Tensor, d2t: torch.Tensor, vocab_size: int, fill: float) -> torch.Tensor:
