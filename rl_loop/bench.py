@@ -20,7 +20,6 @@ from specdec_kernels.models import ModelConfig
 
 from .batch import request_seeds
 from .config import RunConfig
-from .rollouts import GenerationConfig
 from .session import setup
 from .task import TaskConfig
 
@@ -87,4 +86,4 @@ if __name__ == "__main__":
     raise SystemExit(main())
 
 
-__all__ = ["sweep", "load_run_config", "GenerationConfig"]
+__all__ = ["sweep", "load_run_config"]

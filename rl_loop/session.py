@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import asdict, replace
 
 import torch
 
+from specdec_kernels.drafters import CachedDrafter
 from specdec_kernels.models import Qwen3, save_pretrained
 
 from .accounting import summary_figures
@@ -19,11 +21,11 @@ from .engine import RolloutEngine
 from .evaluation import validate
 from .learn import policy_optimizer
 from .model import supervised_warm_start
-from .state import RunState, Session, load_checkpoint, save_checkpoint
+from .state import Engine, RunState, Session, load_checkpoint, save_checkpoint
 from .task import CharTokenizer, make_splits
 
 
-def open_run(cfg: RunConfig):
+def open_run(cfg: RunConfig) -> Callable[[dict], None]:
     """Threads, OUT and ``metrics.jsonl`` (truncated unless resuming); returns the ``log(row)`` function."""
     torch.set_num_threads(cfg.num_threads)
     os.makedirs(cfg.out, exist_ok=True)
@@ -50,7 +52,7 @@ def _frozen(policy: Qwen3):
             p.requires_grad_(True)
 
 
-def make_engine(cfg: RunConfig, policy: Qwen3, drafter, tok: CharTokenizer):
+def make_engine(cfg: RunConfig, policy: Qwen3, drafter: CachedDrafter | None, tok: CharTokenizer) -> Engine:
     """The rollout engine of ``cfg.backend``: ours, or vLLM serving the policy and drafter."""
     if cfg.backend == "vllm":
         from .vllm_backend import make_vllm_engine
@@ -59,7 +61,7 @@ def make_engine(cfg: RunConfig, policy: Qwen3, drafter, tok: CharTokenizer):
     return RolloutEngine(policy, drafter, tok.eos_id)
 
 
-def setup(cfg: RunConfig, log) -> Session:
+def setup(cfg: RunConfig, log: Callable[[dict], None]) -> Session:
     """Tokenizer, splits, warm-started policy and drafter, engine and optimizers (or restored from OUT)."""
     torch.manual_seed(cfg.seed)
     tok = CharTokenizer()

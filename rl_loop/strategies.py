@@ -29,6 +29,7 @@ import torch
 import specdec_kernels as sk
 from specdec_kernels.drafters import CachedDrafter
 from specdec_kernels.drafters.tree_builder import tree_attention_mask
+from specdec_kernels.models import KVCache
 
 from .rollouts import TreeShape
 
@@ -61,20 +62,22 @@ class Autoregressive:
     def admit(self, slots: list[int], prompts: list[list[int]], features: list[torch.Tensor]) -> None:
         pass
 
-    def propose(self, rows, last, temperature, seed, position) -> Proposal:
+    def propose(self, rows: torch.Tensor, last: torch.Tensor, temperature: torch.Tensor, seed: torch.Tensor,
+                position: torch.Tensor) -> Proposal:
         return Proposal(last[:, None], None, None, None)
 
-    def verify(self, logits, proposal, temperature, seed, position, backend) -> Verified:
+    def verify(self, logits: torch.Tensor, proposal: Proposal, temperature: torch.Tensor, seed: torch.Tensor,
+               position: torch.Tensor, backend: str) -> Verified:
         r = logits.shape[0]
         res = sk.verify_chain(logits.reshape(r, -1), torch.zeros(0, dtype=torch.long),
                               torch.zeros(r + 1, dtype=torch.long), temperature=temperature, seed=seed,
                               position=position, backend=backend, max_draft_len=0)
         return Verified(res.output_token_ids, res.num_accepted, None)
 
-    def compact(self, cache, rows, start, verified) -> None:
+    def compact(self, cache: KVCache, rows: torch.Tensor, start: torch.Tensor, verified: Verified) -> None:
         pass
 
-    def commit(self, rows, verified, features) -> None:
+    def commit(self, rows: torch.Tensor, verified: Verified, features: list[torch.Tensor]) -> None:
         pass
 
 
@@ -107,11 +110,11 @@ class _Drafting:
         self.drafter.admit(torch.tensor(slots), ids, torch.tensor([len(p) - 1 for p in prompts]),
                            torch.tensor([p[-1] for p in prompts]), self.features(features))
 
-    def draft_args(self, temperature, seed, position):
+    def draft_args(self, temperature: torch.Tensor, seed: torch.Tensor, position: torch.Tensor) -> tuple:
         """(temperature, seed, position) for the drafter: None for greedy requests (deterministic drafts)."""
         return (temperature, seed, position) if self.sampled else (None, None, None)
 
-    def commit(self, rows, verified, features) -> None:
+    def commit(self, rows: torch.Tensor, verified: Verified, features: list[torch.Tensor]) -> None:
         feats = self.features(features)
         if feats is not None and verified.path is not None:  # the policy features along the accepted path
             feats = feats[torch.arange(feats.shape[0])[:, None], verified.path.clamp(min=0)]
@@ -126,18 +129,20 @@ class ChainSpeculation(_Drafting):
         self.depth = k
         self.width = k + 1
 
-    def propose(self, rows, last, temperature, seed, position) -> Proposal:
+    def propose(self, rows: torch.Tensor, last: torch.Tensor, temperature: torch.Tensor, seed: torch.Tensor,
+                position: torch.Tensor) -> Proposal:
         drafts = self.drafter.propose(self.depth, *self.draft_args(temperature, seed, position), rows=rows)
         return Proposal(torch.cat([last[:, None], drafts.token_ids], 1), None, None, drafts)
 
-    def verify(self, logits, proposal, temperature, seed, position, backend) -> Verified:
+    def verify(self, logits: torch.Tensor, proposal: Proposal, temperature: torch.Tensor, seed: torch.Tensor,
+               position: torch.Tensor, backend: str) -> Verified:
         tokens, cu, probs = proposal.drafts.flat()
         r, n, v = logits.shape
         res = sk.verify_chain(logits.reshape(r * n, v), tokens, cu, draft_probs=probs, temperature=temperature,
                               seed=seed, position=position, backend=backend, max_draft_len=self.depth)
         return Verified(res.output_token_ids, res.num_accepted, None)
 
-    def compact(self, cache, rows, start, verified) -> None:
+    def compact(self, cache: KVCache, rows: torch.Tensor, start: torch.Tensor, verified: Verified) -> None:
         pass  # the engine's length update drops the rejected tail
 
 
@@ -150,13 +155,15 @@ class TreeSpeculation(_Drafting):
         self.depth = shape.depth
         self.width = shape.num_nodes
 
-    def propose(self, rows, last, temperature, seed, position) -> Proposal:
+    def propose(self, rows: torch.Tensor, last: torch.Tensor, temperature: torch.Tensor, seed: torch.Tensor,
+                position: torch.Tensor) -> Proposal:
         s = self.shape
         tree = self.drafter.propose_tree(s.depth, s.top_k, s.beam, *self.draft_args(temperature, seed, position),
                                          rows=rows)
         return Proposal(tree.node_token_ids, tree.depth, tree_attention_mask(tree.parent, 0), tree)
 
-    def verify(self, logits, proposal, temperature, seed, position, backend) -> Verified:
+    def verify(self, logits: torch.Tensor, proposal: Proposal, temperature: torch.Tensor, seed: torch.Tensor,
+               position: torch.Tensor, backend: str) -> Verified:
         nodes, parent, cu, probs = proposal.drafts.flat()
         r, n, v = logits.shape
         res = sk.verify_tree(logits.reshape(r * n, v), nodes, parent, cu, draft_probs=probs,
@@ -165,7 +172,7 @@ class TreeSpeculation(_Drafting):
                              max_depth=self.depth)
         return Verified(res.output_token_ids, res.num_accepted, res.accepted_nodes.long())
 
-    def compact(self, cache, rows, start, verified) -> None:
+    def compact(self, cache: KVCache, rows: torch.Tensor, start: torch.Tensor, verified: Verified) -> None:
         """Move the accepted path's keys/values to contiguous slots after the prefix."""
         width = verified.path.shape[1]
         j = torch.arange(width)
@@ -174,7 +181,8 @@ class TreeSpeculation(_Drafting):
         cache.gather_positions(rows, src, start[:, None] + j[None, :])
 
 
-def strategy_for(spec: str, drafter: CachedDrafter | None, k: int, tree: TreeShape, temperature: float):
+def strategy_for(spec: str, drafter: CachedDrafter | None, k: int, tree: TreeShape, temperature: float
+                 ) -> Autoregressive | ChainSpeculation | TreeSpeculation:
     """The strategy of ``spec`` ("none" | "chain" | "tree") with ``drafter``."""
     if spec == "none":
         return Autoregressive()

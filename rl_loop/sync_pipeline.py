@@ -7,6 +7,7 @@ Reads top to bottom; every piece lives in its own module (``batch``, ``learn``, 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 
 from .accounting import account_step, compare_step, rollout_row
 from .batch import step_requests
@@ -17,7 +18,8 @@ from .session import finish_run, open_run, setup
 from .state import Session, save_checkpoint
 
 
-def progress(iterable, enabled: bool, **kw):
+def progress(iterable: Iterable, enabled: bool, **kw) -> Iterable:
+    """``iterable``, with a tqdm progress bar when ``enabled``."""
     if not enabled:
         return iterable
     from tqdm import tqdm

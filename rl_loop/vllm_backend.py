@@ -157,6 +157,8 @@ class VllmRolloutEngine:
         """The vLLM engine with (``spec``) or without speculative decoding, started on first use."""
         key = "spec" if spec else "ar"
         if key not in self._engines:
+            if spec and self.method == "eagle3":
+                self._check_head_not_shared()
             from vllm import LLM
 
             # vLLM's CPU worker replaces torch.set_num_threads with a no-op in its process, which here is
@@ -173,6 +175,15 @@ class VllmRolloutEngine:
             torch.set_num_threads = set_num_threads
             torch.set_num_threads(threads)
         return self._engines[key]
+
+    def _check_head_not_shared(self) -> None:
+        """vLLM shares the target's LM head with an EAGLE-3 head whose ``lm_head`` equals it at load time;
+        a later head sync would then overwrite the policy's (tied) LM head. A distilled head never equals
+        it; refuse an untrained one instead of corrupting the policy."""
+        head = self.drafter.head
+        if torch.equal(head.lm_head.weight, self.policy.lm_head.weight[head.draft_to_target()]):
+            raise ValueError("the EAGLE-3 head's lm_head equals the policy's (an untrained head): vLLM would "
+                             "share one LM head between them; distil the head first (drafter_warm_steps > 0)")
 
     def sync(self, version: int | None = None) -> None:
         """Push the current policy and drafter weights (tagged ``version``) to every started vLLM engine."""

@@ -68,6 +68,12 @@ def test_config_checks_and_drafter_mapping(tmp_path):
     with pytest.raises(ValueError, match="head_dim"):
         VllmRolloutEngine(Qwen3(ModelConfig(num_hidden_layers=1, head_dim=32)), None, CharTokenizer(),
                           VllmOptions(workdir=str(tmp_path)))
+    # an untrained EAGLE-3 head's lm_head is the policy's: vLLM would share them and a sync would overwrite
+    # the policy's LM head, so the engine refuses it before starting vLLM
+    untrained = VllmRolloutEngine(policy, build_drafter("eagle3", policy), CharTokenizer(),
+                                  VllmOptions(workdir=str(tmp_path / "w")))
+    with pytest.raises(ValueError, match="untrained"):
+        untrained.llm(True)
 
 
 @pytest.mark.slow
