@@ -6,7 +6,8 @@ import argparse
 import json
 from dataclasses import replace
 
-from .config import REQUIRED_SUMMARY_KEYS, RunConfig, tiny_config
+from .config import POLICY_PRESETS, REQUIRED_SUMMARY_KEYS, RunConfig, tiny_config
+from .decode import DECODE_PATHS
 from .train import run
 
 
@@ -34,6 +35,11 @@ def parse_args(argv: list[str] | None = None) -> RunConfig:
     p.add_argument("--verify-backend", default=d.verify_backend,
                    help="specdec_kernels backend for verification: default (native CPU if built, else reference), "
                         "reference, cpu, triton, cuda")
+    p.add_argument("--policy", choices=tuple(POLICY_PRESETS), default=None,
+                   help="policy shape preset: default (12 layers x hidden 96), wide (4 x 256), stream (4 x 1024, "
+                        "weights beyond the last-level cache); default: the configuration's own")
+    p.add_argument("--decode", choices=DECODE_PATHS, default=d.decode,
+                   help="the policy's decode path for both arms (auto: native fused layer step when built)")
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
     p.add_argument("--no-equivalence", action="store_true", help="skip the AR-vs-speculative equivalence check")
     p.add_argument("--no-plots", action="store_true")
@@ -41,9 +47,12 @@ def parse_args(argv: list[str] | None = None) -> RunConfig:
     a = p.parse_args(argv)
     base = tiny_config() if a.tiny else d
     steps = a.steps if a.steps != d.steps or not a.tiny else base.steps
+    if a.policy is not None:
+        base = replace(base, model=POLICY_PRESETS[a.policy]())
     return replace(
         base, pipeline=a.pipeline, spec=a.spec, drafter=a.drafter, k=a.k, backend=a.backend, steps=steps,
         seed=a.seed, out=a.out, temperature=a.temperature, verify_backend=a.verify_backend, resume=a.resume,
+        decode=a.decode,
         equivalence=not a.no_equivalence, plots=base.plots and not a.no_plots,
     )
 

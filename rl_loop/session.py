@@ -19,7 +19,9 @@ from .config import RunConfig
 from .drafting import adapter, build_drafter, problem_batches, warm_start
 from .engine import RolloutEngine
 from .evaluation import validate
+from .heldout import evaluate_test, heldout_report, make_test_split
 from .learn import policy_optimizer
+from .report import ar_baseline, protocol_figures
 from .model import supervised_warm_start
 from .state import Engine, RunState, Session, load_checkpoint, save_checkpoint
 from .task import CharTokenizer, make_splits
@@ -58,7 +60,7 @@ def make_engine(cfg: RunConfig, policy: Qwen3, drafter: CachedDrafter | None, to
         from .vllm_backend import make_vllm_engine
 
         return make_vllm_engine(cfg, policy, drafter, tok)
-    return RolloutEngine(policy, drafter, tok.eos_id)
+    return RolloutEngine(policy, drafter, tok.eos_id, cfg.decode)
 
 
 def setup(cfg: RunConfig, log: Callable[[dict], None]) -> Session:
@@ -66,6 +68,7 @@ def setup(cfg: RunConfig, log: Callable[[dict], None]) -> Session:
     torch.manual_seed(cfg.seed)
     tok = CharTokenizer()
     train_set, val_set = make_splits(replace(cfg.task, seed=cfg.seed))
+    test_set = make_test_split(replace(cfg.task, seed=cfg.seed), cfg.num_test, train_set + val_set)
     policy = Qwen3(cfg.model)
     ckpt = load_checkpoint(cfg)
     state = RunState() if ckpt is None else RunState.from_dict(ckpt["state"])
@@ -105,7 +108,7 @@ def setup(cfg: RunConfig, log: Callable[[dict], None]) -> Session:
         ref.load_state_dict(policy.state_dict() if ckpt is None else ckpt["ref"])
         ref.eval()
     return Session(cfg=cfg, tok=tok, train=train_set, val=val_set[: cfg.num_val], policy=policy, drafter=drafter,
-                   engine=engine, opt=opt, drafter_trainer=trainer, ref=ref, state=state, log=log)
+                   engine=engine, opt=opt, drafter_trainer=trainer, ref=ref, state=state, log=log, test=test_set)
 
 
 def finish_run(s: Session, t_run: float, extra: dict | None = None) -> dict:
@@ -117,7 +120,11 @@ def finish_run(s: Session, t_run: float, extra: dict | None = None) -> dict:
     save_checkpoint(s)
     save_pretrained(s.policy, os.path.join(cfg.out, "policy"), s.tok)
 
-    eq = {"equivalence_pass": None, "equivalence_min_pvalue": None}
+    test = {}
+    if s.test and st.test_start is not None:
+        test = heldout_report(st.test_start, evaluate_test(s.engine, s.test, s.tok, gen, cfg.test_samples, cfg.seed))
+    eq = {"equivalence_pass": None, "equivalence_min_pvalue": None, "equivalence_control_rejected": None}
+    t_eq = time.perf_counter()
     if cfg.equivalence and s.drafter is not None:
         from .equivalence import EquivalenceConfig, check_equivalence
 
@@ -126,13 +133,24 @@ def finish_run(s: Session, t_run: float, extra: dict | None = None) -> dict:
         result = check_equivalence(s.engine, s.val, s.tok, eq_cfg)
         with open(os.path.join(cfg.out, "equivalence.json"), "w") as f:
             json.dump(result, f, indent=1)
-        eq = {"equivalence_pass": result["pass"], "equivalence_min_pvalue": result["min_pvalue"]}
+        eq = {"equivalence_pass": result["pass"], "equivalence_min_pvalue": result["min_pvalue"],
+              "equivalence_control_rejected": result["control_rejected"],
+              "equivalence_power_tv": result["power"]["tv"],
+              "equivalence_power": result["power"]["two_sample_power"]}
+    equivalence_s = time.perf_counter() - t_eq
 
     figures = summary_figures(cfg, st)
+    engine_info = s.engine.summary()
+    protocol = protocol_figures(st, time.perf_counter() - t_run, equivalence_s)
     summary = {
         **{k: figures.pop(k) for k in ("rollout_speedup", "step_speedup", "mean_accepted_length",
                                        "acceptance_by_position")},
+        **{k: protocol.pop(k) for k in ("rollout_speedup_ci", "step_speedup_ci", "end_to_end_speedup",
+                                        "break_even_steps")},
+        "rollout_temperature": cfg.temperature,
+        "ar_baseline": ar_baseline(engine_info.get("decode_path", cfg.backend), gen.backend),
         **eq,
+        **test,
         "val_accuracy_start": st.val_accuracy_start,
         "val_accuracy_end": val_end["val_accuracy"],
         "val_greedy_accuracy_start": st.val_greedy_accuracy_start,
@@ -142,7 +160,9 @@ def finish_run(s: Session, t_run: float, extra: dict | None = None) -> dict:
         "spec": cfg.spec, "drafter": cfg.drafter, "pipeline": cfg.pipeline, "backend": cfg.backend,
         "verify_backend": gen.backend, "steps": cfg.steps, "seed": cfg.seed,
         **figures,
-        **s.engine.summary(),
+        **protocol,
+        "equivalence_s": equivalence_s,
+        **engine_info,
         **(extra or {}),
         "config": asdict(cfg),
         "wall_s": time.perf_counter() - t_run,

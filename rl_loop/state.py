@@ -44,6 +44,8 @@ class Comparison:
     adapt_s: float = 0.0  # weight sync + drafter adaptation over every step (amortised into spec steps)
     steps: int = 0
     compared: int = 0
+    # one row per compared step: [spec_tokens, spec_s, ar_tokens, ar_s, spec_step_s, ar_step_s, ar_first]
+    per_step: list[list[float]] = field(default_factory=list)
 
     @property
     def spec_tokens_per_s(self) -> float | None:
@@ -83,13 +85,14 @@ class RunState:
     spec_stats: RolloutStats = field(default_factory=RolloutStats)
     comparison: Comparison = field(default_factory=Comparison)
     times: WarmStartTimes = field(default_factory=WarmStartTimes)
+    test_start: dict | None = None  # held-out test correctness at the start (``heldout.evaluate_test``)
 
     @staticmethod
     def from_dict(d: dict) -> RunState:
         return RunState(step=d["step"], val_accuracy_start=d["val_accuracy_start"],
                         val_greedy_accuracy_start=d["val_greedy_accuracy_start"],
                         spec_stats=RolloutStats(**d["spec_stats"]), comparison=Comparison(**d["comparison"]),
-                        times=WarmStartTimes(**d["times"]))
+                        times=WarmStartTimes(**d["times"]), test_start=d.get("test_start"))
 
 
 @dataclass
@@ -108,6 +111,7 @@ class Session:
     ref: Qwen3 | None
     state: RunState
     log: Callable[[dict], None]
+    test: list[Problem] = field(default_factory=list)  # held-out test split (``heldout.py``)
 
 
 def checkpoint_path(cfg: RunConfig) -> str:
