@@ -21,8 +21,8 @@ from .engine import RolloutEngine
 from .evaluation import validate
 from .heldout import evaluate_test, heldout_report, make_test_split
 from .learn import policy_optimizer
-from .report import ar_baseline, protocol_figures
 from .model import supervised_warm_start
+from .report import ar_baseline, protocol_figures
 from .state import Engine, RunState, Session, load_checkpoint, save_checkpoint
 from .task import CharTokenizer, make_splits
 
