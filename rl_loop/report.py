@@ -52,6 +52,7 @@ def protocol_figures(state: RunState, wall_s: float, equivalence_s: float) -> di
     out: dict = {"rollout_speedup_ci": rollout_ci, "step_speedup_ci": step_ci,
                  "rollout_speedup_per_step": [(r[0] / r[1]) / (r[2] / r[3]) for r in rows],
                  "ar_first_steps": int(sum(r[6] for r in rows)), "compared_steps": len(rows),
+                 "comparison_rows": rows,
                  "end_to_end_speedup": None, "break_even_steps": None}
     speedup = c.rollout_speedup
     if speedup is None:

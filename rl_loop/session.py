@@ -22,6 +22,7 @@ from .evaluation import validate
 from .heldout import evaluate_test, heldout_report, make_test_split
 from .learn import policy_optimizer
 from .model import supervised_warm_start
+from .provenance import provenance
 from .report import ar_baseline, protocol_figures
 from .state import Engine, RunState, Session, load_checkpoint, save_checkpoint
 from .task import CharTokenizer, make_splits
@@ -162,9 +163,11 @@ def finish_run(s: Session, t_run: float, extra: dict | None = None) -> dict:
         **figures,
         **protocol,
         "equivalence_s": equivalence_s,
+        "output_gain_end": float(s.policy.model.norm.weight.detach().mean()),  # the policy's learned sharpness
         **engine_info,
         **(extra or {}),
         "config": asdict(cfg),
+        "provenance": provenance(),
         "wall_s": time.perf_counter() - t_run,
     }
     with open(os.path.join(cfg.out, "summary.json"), "w") as f:
