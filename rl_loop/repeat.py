@@ -5,7 +5,8 @@ defaults, or ``--steps`` / ``--policy`` / ``--k``) once per seed into ``OUT/seed
 ``metrics.jsonl``, ``equivalence.json``) and writes ``OUT/repeat.json`` and ``OUT/repeat.md``: per figure the
 median over seeds and the [min, max] range, each seed's value, and for the speedups a 95 % bootstrap
 interval over every (seed, compared step) pair, resampled within seeds. Provenance (commit, date, CPU,
-threads, the command) is recorded with the figures.
+threads, the command) is recorded with the figures (and in each seed's ``summary.json``). ``--reuse``
+keeps seeds already run, so a repeat can be split over several timing sessions.
 """
 
 from __future__ import annotations
@@ -86,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=None, help="GRPO steps per run (default: the configuration's)")
     p.add_argument("--policy", choices=tuple(POLICY_PRESETS), default=None, help="policy shape preset")
     p.add_argument("--k", type=int, default=None)
+    p.add_argument("--reuse", action="store_true",
+                   help="keep the runs whose OUT/seed<s>/summary.json exists (a repeat split over several sessions)")
     p.add_argument("--tiny", action="store_true", help="seconds-long configuration (tests, smoke runs)")
     a = p.parse_args(argv)
     try:
@@ -103,7 +106,12 @@ def main(argv: list[str] | None = None) -> int:
     summaries, rows = [], []
     for seed in seeds:
         out = os.path.join(a.out, f"seed{seed}")
-        summaries.append(run(replace(base, seed=seed, out=out)))
+        done = os.path.join(out, "summary.json")
+        if a.reuse and os.path.exists(done):
+            with open(done) as f:
+                summaries.append(json.load(f))
+        else:
+            summaries.append(run(replace(base, seed=seed, out=out)))
         rows.append(summaries[-1].get("comparison_rows", []))
     agg = aggregate(summaries, rows)
     command = None if argv is None else " ".join(["python -m rl_loop.repeat", *argv])
