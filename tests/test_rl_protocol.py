@@ -23,8 +23,15 @@ from rl_loop.repeat import aggregate, markdown, pooled_ci
 from rl_loop.report import protocol_figures
 from rl_loop.rollouts import GenerationConfig, RolloutStats
 from rl_loop.state import Comparison, RunState, WarmStartTimes
-from rl_loop.stats import (bootstrap_ci, clustered_mean, paired_change, pass_at_k, ratio_of_rates,
-                           two_sample_chi2_power, two_sample_size)
+from rl_loop.stats import (
+    bootstrap_ci,
+    clustered_mean,
+    paired_change,
+    pass_at_k,
+    ratio_of_rates,
+    two_sample_chi2_power,
+    two_sample_size,
+)
 from rl_loop.task import CharTokenizer, TaskConfig, make_splits
 from specdec_kernels import native
 from specdec_kernels.drafters import DraftModelDrafter
