@@ -40,6 +40,7 @@ def parse_args(argv: list[str] | None = None) -> RunConfig:
                         "weights beyond the last-level cache); default: the configuration's own")
     p.add_argument("--decode", choices=DECODE_PATHS, default=d.decode,
                    help="the policy's decode path for both arms (auto: native fused layer step when built)")
+    p.add_argument("--threads", type=int, default=d.num_threads, help="torch intra-op threads (both arms)")
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
     p.add_argument("--no-equivalence", action="store_true", help="skip the AR-vs-speculative equivalence check")
     p.add_argument("--no-plots", action="store_true")
@@ -52,7 +53,7 @@ def parse_args(argv: list[str] | None = None) -> RunConfig:
     return replace(
         base, pipeline=a.pipeline, spec=a.spec, drafter=a.drafter, k=a.k, backend=a.backend, steps=steps,
         seed=a.seed, out=a.out, temperature=a.temperature, verify_backend=a.verify_backend, resume=a.resume,
-        decode=a.decode,
+        decode=a.decode, num_threads=a.threads,
         equivalence=not a.no_equivalence, plots=base.plots and not a.no_plots,
     )
 

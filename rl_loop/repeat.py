@@ -87,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=None, help="GRPO steps per run (default: the configuration's)")
     p.add_argument("--policy", choices=tuple(POLICY_PRESETS), default=None, help="policy shape preset")
     p.add_argument("--k", type=int, default=None)
+    p.add_argument("--threads", type=int, default=None, help="torch threads of both arms (default: the config's)")
     p.add_argument("--reuse", action="store_true",
                    help="keep the runs whose OUT/seed<s>/summary.json exists (a repeat split over several sessions)")
     p.add_argument("--tiny", action="store_true", help="seconds-long configuration (tests, smoke runs)")
@@ -103,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
         base = replace(base, model=POLICY_PRESETS[a.policy]())
     if a.k is not None:
         base = replace(base, k=a.k)
+    if a.threads is not None:
+        base = replace(base, num_threads=a.threads)
     summaries, rows = [], []
     for seed in seeds:
         out = os.path.join(a.out, f"seed{seed}")
@@ -116,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     agg = aggregate(summaries, rows)
     command = None if argv is None else " ".join(["python -m rl_loop.repeat", *argv])
     report = {"provenance": provenance(command), "seeds": seeds, "steps": base.steps,
-              "k": base.k, "rollout_temperature": base.temperature, "figures": agg}
+              "k": base.k, "rollout_temperature": base.temperature, "threads": base.num_threads, "figures": agg}
     with open(os.path.join(a.out, "repeat.json"), "w") as f:
         json.dump(report, f, indent=1)
     table = markdown(agg, seeds)
