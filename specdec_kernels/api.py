@@ -312,6 +312,8 @@ def verify_chain(
                        f"cu_num_draft_tokens[-1] must equal len(draft_token_ids) = {num_drafts}")
         checks.fail_if((draft_token_ids < -1) | (draft_token_ids >= vocab_size),
                        f"draft_token_ids must be in [0, {vocab_size}) or -1 (placeholder)")
+        if draft_probs is not None:
+            checks.fail_if(~torch.isfinite(draft_probs) | (draft_probs < 0), "draft_probs must be finite and >= 0")
         if max_draft_len is not None:
             checks.fail_if(lengths > max_draft_len, f"max_draft_len={max_draft_len} is smaller than the longest chain")
         checks.fail_if(position > MAX_POSITION - lengths, f"position + num draft tokens must be <= {MAX_POSITION}")

@@ -19,10 +19,11 @@ import torch
 from hypothesis import HealthCheck, given, settings
 
 import specdec_kernels as sk
-from specdec_kernels.testing.fuzz import GUARD_ROWS, FuzzCall, chain_call, outcomes, problems, tree_call
+from specdec_kernels.testing import fuzz
+from specdec_kernels.testing.fuzz import FuzzCall, chain_call, outcomes, problems, tree_call
 from tests.conftest import DEVICE, INTERPRETED_TRITON
 
-BACKENDS = sk.available_backends(DEVICE)
+BACKENDS = fuzz.default_backends(DEVICE)  # every backend, and the raw native op
 FUZZ = settings(max_examples=80 if INTERPRETED_TRITON and "triton" in BACKENDS else 150, deadline=None,
                 derandomize=True, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
@@ -31,13 +32,13 @@ def _call(op: str, vocab: int = 6, comparable: bool = False, **kwargs) -> FuzzCa
     """A hand-written call whose logits sit between guard rows (token V - 1 only there)."""
     rows = kwargs["target_logits_rows"]
     gen = torch.Generator().manual_seed(rows * 7 + vocab)
-    buffer = torch.full((rows + 2 * GUARD_ROWS, vocab), -1.0e4)
+    buffer = torch.full((rows + 2 * fuzz.GUARD_ROWS, vocab), -1.0e4)
     buffer[:, vocab - 1] = 1.0e4
-    buffer[GUARD_ROWS : GUARD_ROWS + rows, : vocab - 1] = torch.randn(rows, vocab - 1, generator=gen)
-    buffer[GUARD_ROWS : GUARD_ROWS + rows, vocab - 1] = float("-inf")
+    buffer[fuzz.GUARD_ROWS : fuzz.GUARD_ROWS + rows, : vocab - 1] = torch.randn(rows, vocab - 1, generator=gen)
+    buffer[fuzz.GUARD_ROWS : fuzz.GUARD_ROWS + rows, vocab - 1] = float("-inf")
     kw = {k: v for k, v in kwargs.items() if k != "target_logits_rows"}
     num_reqs = kw["cu_num_draft_tokens" if op == "chain" else "cu_num_nodes"].numel() - 1
-    kw.update(target_logits=buffer[GUARD_ROWS : GUARD_ROWS + rows], validate=False,
+    kw.update(target_logits=buffer[fuzz.GUARD_ROWS : fuzz.GUARD_ROWS + rows], validate=False,
               temperature=torch.tensor([1.0, 0.0, 0.7, 1.3][:num_reqs]), seed=torch.arange(num_reqs) + 11)
     width = kw.get("max_draft_len" if op == "chain" else "max_depth")
     return FuzzCall(op, kw, vocab, rows, width, comparable, vocab - 1)

@@ -14,6 +14,8 @@ import contextlib
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import specdec_kernels as sk
@@ -91,6 +93,15 @@ def test_output_width_is_bounded_and_typed(name, value, exc):
         sk.verify_chain(**_chain(**{name: value}))
     with pytest.raises(exc, match="max_depth"):
         sk.verify_tree(**_tree(max_depth=value))
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -0.1])
+def test_chain_draft_probs_must_be_finite_and_non_negative(bad):
+    """As verify_tree already required: a NaN / inf / negative q is refused, not silently verified."""
+    q = torch.softmax(torch.randn(5, 12), -1)
+    q[3, 4] = bad
+    with pytest.raises(ValueError, match="draft_probs must be finite and >= 0"):
+        sk.verify_chain(**_chain(draft_probs=q))
 
 
 def test_numpy_integer_width_is_accepted():
@@ -298,3 +309,37 @@ def test_decoder_step_checks_without_overflow(changes, exc, match):
 def test_decoder_step_valid_call_runs():
     logits, hidden = native.decoder_step(**_step_args())
     assert logits.shape == (2, 2, 10) and hidden.shape == (2, 2, 16) and torch.isfinite(logits).all()
+
+
+def _mutations(x):
+    """Wrong shapes, dtypes and layouts for one raw-op tensor argument."""
+    if x is None:
+        return [torch.zeros(3, 4), torch.zeros(2, dtype=torch.long)]
+    out = [x.float(), x.long(), x.int(), x.double(), x.reshape(1, -1), x[:0], torch.cat([x, x]),
+           x.to(torch.bool), torch.zeros(())]
+    if x.dim() >= 1 and x.numel() > 1:
+        out.append(torch.stack([x, x], -1)[..., 0])  # non-contiguous
+    return out
+
+
+@needs_native
+@settings(max_examples=120, deadline=None, derandomize=True)
+@given(op=st.sampled_from(["chain", "tree"]), index=st.integers(0, 11), choice=st.integers(0, 10),
+       width=st.sampled_from([0, 1, 2, 5, 2**31, 2**62, -1]))
+def test_fuzz_raw_op_arguments_raise_value_or_type_errors(op, index, choice, width):
+    """One raw-op argument replaced by a wrong shape / dtype / layout, and any width: the op answers in range
+    or raises ValueError / TypeError (never a crash or another error)."""
+    args = list(_raw_chain() if op == "chain" else _raw_tree())
+    width_at = len(args) - 1
+    args[width_at] = width
+    slot = index % (width_at if op == "chain" else width_at - 1)  # tensor slots (not sibling_sampling)
+    if width < 2**31:
+        variants = _mutations(args[slot])
+        args[slot] = variants[choice % len(variants)]
+    fn = torch.ops.specdec.verify_chain if op == "chain" else torch.ops.specdec.verify_tree
+    try:
+        res = fn(*args)
+    except (ValueError, TypeError):
+        return
+    vocab = args[0].shape[-1]
+    assert all(((r >= -1) & (r < max(vocab, args[0].shape[0]))).all() for r in res)

@@ -184,3 +184,16 @@ def test_min_p_and_logit_bias_requests_pass_vllms_gate_when_honoured(method, all
             else:
                 with pytest.raises(VLLMValidationError, match="not yet supported with speculative decoding"):
                     params._validate_spec_decode(spec)
+
+
+def test_inactive_processors_cost_nothing(monkeypatch):
+    """Built processors holding no request's min-p or bias are skipped (no per-step work on every batch)."""
+    calls = []
+    monkeypatch.setattr(v1, "apply_per_step", lambda *args: calls.append(args))
+    sm = sampling_metadata(3, temperature=[1.0] * 3)
+    sm.logitsprocs = processors(3)  # min_p 0, no bias
+    sample([[1, 2], [3], []], torch.randn(6, 8), sm)
+    assert not calls
+    sm.logitsprocs = processors(3, min_p=0.2)
+    sample([[1, 2], [3], []], torch.randn(6, 8), sm)
+    assert len(calls) == 1

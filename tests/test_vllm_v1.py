@@ -11,6 +11,7 @@ patched output is also compared with vLLM's original sampler on the same inputs.
 from __future__ import annotations
 
 import contextlib
+import os
 from types import SimpleNamespace
 
 import numpy as np
@@ -315,6 +316,23 @@ def test_synthetic_mode_runs_vllms_original(monkeypatch):
 
 def _current(target: compat.Target):
     return compat.resolve(target)[1]
+
+
+def test_every_target_is_patched_and_restored_on_the_vllm_under_test():
+    """All four targets (V1 forward, V1 logits-processor builder, the min-p / logit-bias request gate, V2
+    verify) patch and restore; with SPECDEC_EXPECT_VLLM set (tests/test_vllm_033.py) this must be that vLLM."""
+    import vllm
+
+    expected = os.environ.get("SPECDEC_EXPECT_VLLM")
+    assert expected is None or vllm.__version__ == expected, vllm.__version__
+    targets = (compat.V1_FORWARD, compat.V1_BUILD_LOGITSPROCS, compat.SPEC_DECODE_PARAMS_GATE, compat.V2_VERIFY)
+    originals = {t: _current(t) for t in targets}
+    try:
+        assert plugin.apply(v2_required=True) == [t.qualname for t in targets]
+        assert all(_current(t) is not originals[t] for t in targets)
+    finally:
+        plugin.revert()
+    assert all(_current(t) is originals[t] for t in targets)
 
 
 def test_apply_revert_restore_the_very_objects():

@@ -18,6 +18,9 @@ backend and :func:`problems` lists what went wrong:
   parameters; ``reference.chain.chain_spans`` / ``reference.tree.tree_spans``), backends that answer must
   emit identical tokens.
 
+Backend "raw" calls the raw torch op (``torch.ops.specdec.verify_chain`` / ``verify_tree``) with the op's
+dtypes and no Python validation at all: ValueError is its only allowed error too.
+
 ``python -m specdec_kernels.testing.fuzz --examples 2000`` runs a longer campaign and prints the counts per
 category (the CI part in ``tests/test_unvalidated.py`` is small and seeded).
 """
@@ -105,6 +108,15 @@ def _cu(draw, kind: str, num_reqs: int, total: int, g: torch.Generator, strict: 
     return _ints(draw, num_reqs + 1, -total - 5, 2 * total + 5, g, extremes=kind == "extreme"), kind
 
 
+def _draft_probs(draw, rows: int, vocab: int, g: torch.Generator) -> torch.Tensor:
+    """Normalised random draft distributions; sometimes a row of NaN, inf, negative or zero entries."""
+    probs = torch.rand(rows, vocab, generator=g)
+    probs = probs / probs.sum(-1, keepdim=True).clamp(min=1e-30)
+    if rows and draw(st.booleans()):
+        probs[draw(st.integers(0, rows - 1))] = draw(st.sampled_from([float("nan"), float("inf"), -0.5, 0.0]))
+    return probs
+
+
 def _sampling(draw, num_reqs: int, vocab: int, g: torch.Generator) -> tuple[dict, bool]:
     """temperature / top_k / top_p / seed / position, sane or garbage; returns (kwargs, sane)."""
     sane = draw(st.sampled_from([True, True, False]))
@@ -152,8 +164,7 @@ def chain_call(draw, max_batch: int = 4, max_drafts: int = 8, vocab_sizes: tuple
         width = draw(st.integers(0, max_drafts + 2))  # a computed width follows the clamped lengths anyway
     probs = None
     if draw(st.booleans()):
-        probs = torch.rand(num_drafts, vocab, generator=g)
-        probs = probs / probs.sum(-1, keepdim=True).clamp(min=1e-30)
+        probs = _draft_probs(draw, num_drafts, vocab, g)
     kw.update(target_logits=logits, draft_token_ids=ids, cu_num_draft_tokens=cu, draft_probs=probs,
               max_draft_len=width, validate=False)
     return FuzzCall("chain", kw, vocab, num_drafts + num_reqs, width, cu_kind in ("valid", "monotone") and sane,
@@ -182,8 +193,7 @@ def tree_call(draw, max_batch: int = 4, max_nodes: int = 10, vocab_sizes: tuple[
     probs = None
     sibling = "iid"
     if draw(st.booleans()):
-        probs = torch.rand(num_nodes, vocab, generator=g)
-        probs = probs / probs.sum(-1, keepdim=True).clamp(min=1e-30)
+        probs = _draft_probs(draw, num_nodes, vocab, g)
         sibling = draw(st.sampled_from(["iid", "without_replacement"]))
     kw.update(target_logits=logits, node_token_ids=ids, parent=parent, cu_num_nodes=cu, draft_probs=probs,
               sibling_sampling=sibling, max_depth=width, validate=False)
@@ -202,14 +212,38 @@ def on_device(call: FuzzCall, device: torch.device | str) -> dict:
     return kwargs
 
 
+def raw_op(call: FuzzCall, kwargs: dict):
+    """The call through the raw torch op (``torch.ops.specdec.*``: no Python validation at all), with the
+    dtypes the op takes (int64 ids, int32 top-k, float32 temperature / top-p: garbage values included)."""
+    from .. import native
+    from ..reference.chain import ChainResult
+    from ..reference.tree import TreeResult
+
+    native.available()  # loading the extension registers the ops
+    optional = {name: None if kwargs.get(name) is None else kwargs[name].to(dtype)
+                for name, dtype in (("top_k", torch.int32), ("top_p", torch.float32))}
+    probs = kwargs["draft_probs"]
+    sampling = (None if probs is None else probs.float(), kwargs["temperature"].float(), optional["top_k"],
+                optional["top_p"], kwargs["seed"].long(), kwargs["position"].long())
+    if call.op == "chain":
+        out = torch.ops.specdec.verify_chain(kwargs["target_logits"], kwargs["draft_token_ids"].long(),
+                                             kwargs["cu_num_draft_tokens"].long(), *sampling, call.width or 0)
+        return ChainResult(*out)
+    out = torch.ops.specdec.verify_tree(kwargs["target_logits"], kwargs["node_token_ids"].long(),
+                                        kwargs["parent"].long(), kwargs["cu_num_nodes"].long(), *sampling,
+                                        kwargs["sibling_sampling"], call.width or 0)
+    return TreeResult(*out)
+
+
 def outcomes(call: FuzzCall, backends: list[str], device: torch.device | str = "cpu") -> dict[str, object]:
-    """Each backend's result (on the host), or the exception it raised."""
+    """Each backend's result (on the host), or the exception it raised. Backend "raw" is the raw torch op
+    of the device's native kernels."""
     fn = api.verify_chain if call.op == "chain" else api.verify_tree
     kwargs = on_device(call, device)
     results: dict[str, object] = {}
     for backend in backends:
         try:
-            res = fn(**kwargs, backend=backend)
+            res = raw_op(call, kwargs) if backend == "raw" else fn(**kwargs, backend=backend)
             results[backend] = type(res)(*(t.cpu() for t in res))
         except Exception as exc:  # recorded, judged by problems()
             results[backend] = exc
@@ -223,13 +257,14 @@ def problems(call: FuzzCall, results: dict[str, object]) -> list[str]:
     num_reqs = call.kwargs["cu_num_draft_tokens" if call.op == "chain" else "cu_num_nodes"].numel() - 1
     for backend, res in results.items():
         if isinstance(res, Exception):
-            if not (backend == "cpu" and isinstance(res, ValueError)):
+            if not (backend in ("cpu", "raw") and isinstance(res, ValueError)):
                 found.append(f"error: {backend}: {type(res).__name__}: {str(res)[:200]}")
             continue
         out, acc = res.output_token_ids, res.num_accepted
+        expected_width = call.width if backend != "raw" else (call.width or 0)
         width = out.shape[1] - 1 if out.dim() == 2 else -1
         if (out.dtype, acc.dtype) != (torch.int32, torch.int32) or tuple(out.shape)[:1] != (num_reqs,) \
-                or (call.width is not None and width != call.width):
+                or (expected_width is not None and width != expected_width):
             found.append(f"out of range: {backend}: shape/dtype {tuple(out.shape)} {out.dtype}")
             continue
         if ((out < -1) | (out >= call.vocab)).any() or ((acc < 0) | (acc > width)).any():
@@ -240,10 +275,17 @@ def problems(call: FuzzCall, results: dict[str, object]) -> list[str]:
                 found.append(f"out of range: {backend}: accepted nodes {nodes.tolist()}")
         if call.guard is not None and (out == call.guard).any():
             found.append(f"out-of-bounds read: {backend}: guard token {call.guard} emitted: {out.tolist()}")
-        answers[backend] = json.dumps([r.tolist() for r in res])
+        if backend != "raw" or call.width is not None:  # the raw op's width 0 stands in for None
+            answers[backend] = json.dumps([r.tolist() for r in res])
     if call.comparable and len(set(answers.values())) > 1:
         found.append(f"disagreement: {answers}")
     return found
+
+
+def default_backends(device: str = "cpu") -> list[str]:
+    """Every backend usable for ``device`` tensors, plus "raw" when the native kernels exist."""
+    backends = api.available_backends(device)
+    return backends + (["raw"] if device in backends else [])
 
 
 def category(problem: str) -> str:
@@ -265,8 +307,8 @@ def campaign(op: str, examples: int, backends: list[str], seed: int, hang_s: flo
         faulthandler.cancel_dump_traceback_later()
         stats["calls"] += 1
         stats["backend calls"] += len(results)
-        stats["cpu ValueError (inconsistent cu)"] += sum(isinstance(r, ValueError) for b, r in results.items()
-                                                          if b == "cpu")
+        for backend in ("cpu", "raw"):
+            stats[f"{backend} ValueError (inconsistent cu)"] += isinstance(results.get(backend), ValueError)
         stats["comparable"] += call.comparable
         for key, value in call.tags.items():
             stats[f"{key}={value}"] += 1
@@ -285,8 +327,8 @@ def main(argv: list[str] | None = None) -> None:
                                                  "backend; prints counts per category (JSON).")
     parser.add_argument("--examples", type=int, default=500, help="drawn calls per op")
     parser.add_argument("--ops", default="chain,tree")
-    parser.add_argument("--backends", default=",".join(api.available_backends("cpu")),
-                        help="comma-separated (default: every backend usable here)")
+    parser.add_argument("--backends", default=",".join(default_backends()),
+                        help="comma-separated (default: every backend usable here, and 'raw': the raw CPU op)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--hang-s", type=float, default=120.0, help="a call slower than this counts as a hang")
     args = parser.parse_args(argv)

@@ -95,13 +95,23 @@ def apply_per_step(logits: torch.Tensor, steps, fn: Callable[[torch.Tensor], tor
         logits[have_rows] = fn(logits[rows].clone())[have]
 
 
+def active(processor) -> bool:
+    """False when a built-in processor holds no request's setting (host-side state: no sync), so the common
+    batch without min-p or logit bias costs nothing."""
+    if hasattr(processor, "min_p_count"):  # MinPLogitsProcessor
+        return processor.min_p_count > 0
+    if hasattr(processor, "biases"):  # LogitBiasLogitsProcessor
+        return bool(processor.biases)
+    return True
+
+
 def apply_draft_processors(logits: torch.Tensor, sampling_metadata, num_draft_tokens: list[int]) -> None:
     """vLLM's non-argmax-invariant processors that its speculative path skips (logit bias: min-tokens is
     applied by vLLM with ``apply_with_spec_decode``) on the draft rows [T, V], in place."""
     from vllm.v1.sample.logits_processor.builtin import MinTokensLogitsProcessor
 
     processors = [p for p in sampling_metadata.logitsprocs.non_argmax_invariant
-                  if not isinstance(p, MinTokensLogitsProcessor)]
+                  if not isinstance(p, MinTokensLogitsProcessor) and active(p)]
     if not processors:
         return
     steps = step_rows(num_draft_tokens, logits.device, with_bonus=False)
@@ -113,7 +123,7 @@ def apply_argmax_invariant(logits: torch.Tensor, sampling_metadata, num_draft_to
     """vLLM's argmax-invariant processors (min-p) on every row [T + B, V], in place, as its sampler runs them:
     on logits divided by the temperature (1 for greedy requests). They only mask (-inf), so the mask they set
     on the scaled row is copied onto our unscaled row; our kernel then scales, and applies top-k / top-p."""
-    processors = sampling_metadata.logitsprocs.argmax_invariant
+    processors = [p for p in sampling_metadata.logitsprocs.argmax_invariant if active(p)]
     if not processors or sampling_metadata.all_greedy or sampling_metadata.temperature is None:
         return
     temperature = sampling_metadata.temperature.to(device=logits.device, dtype=torch.float32)
