@@ -220,18 +220,22 @@ def raw_op(call: FuzzCall, kwargs: dict):
     from ..reference.tree import TreeResult
 
     native.available()  # loading the extension registers the ops
-    optional = {name: None if kwargs.get(name) is None else kwargs[name].to(dtype)
-                for name, dtype in (("top_k", torch.int32), ("top_p", torch.float32))}
-    probs = kwargs["draft_probs"]
-    sampling = (None if probs is None else probs.float(), kwargs["temperature"].float(), optional["top_k"],
-                optional["top_p"], kwargs["seed"].long(), kwargs["position"].long())
+    cu = kwargs["cu_num_draft_tokens" if call.op == "chain" else "cu_num_nodes"]
+    per_request = torch.zeros(max(cu.numel() - 1, 0), dtype=torch.int64, device=cu.device)  # API defaults
+    given = {name: kwargs.get(name) if kwargs.get(name) is not None else default
+             for name, default in (("temperature", per_request), ("seed", per_request), ("position", per_request),
+                                   ("top_k", None), ("top_p", None), ("draft_probs", None))}
+    as_dtype = {"temperature": torch.float32, "seed": torch.int64, "position": torch.int64, "top_k": torch.int32,
+                "top_p": torch.float32, "draft_probs": torch.float32}
+    given = {name: None if value is None else value.to(as_dtype[name]) for name, value in given.items()}
+    sampling = tuple(given[name] for name in ("draft_probs", "temperature", "top_k", "top_p", "seed", "position"))
     if call.op == "chain":
         out = torch.ops.specdec.verify_chain(kwargs["target_logits"], kwargs["draft_token_ids"].long(),
                                              kwargs["cu_num_draft_tokens"].long(), *sampling, call.width or 0)
         return ChainResult(*out)
     out = torch.ops.specdec.verify_tree(kwargs["target_logits"], kwargs["node_token_ids"].long(),
                                         kwargs["parent"].long(), kwargs["cu_num_nodes"].long(), *sampling,
-                                        kwargs["sibling_sampling"], call.width or 0)
+                                        kwargs.get("sibling_sampling", "iid"), call.width or 0)
     return TreeResult(*out)
 
 
