@@ -27,7 +27,15 @@ from rl_loop.config import REQUIRED_SUMMARY_KEYS, tiny_config
 from rl_loop.drafting import build_drafter
 from rl_loop.task import CharTokenizer
 from rl_loop.train import run
-from rl_loop.vllm_backend import VllmOptions, VllmRolloutEngine, check_config, drafter_kind, spec_method
+from rl_loop.vllm_backend import (
+    VLLM_ENV,
+    VllmOptions,
+    VllmRolloutEngine,
+    check_config,
+    drafter_kind,
+    spec_method,
+)
+from specdec_kernels.integrations.vllm import plugin
 from specdec_kernels.models import ModelConfig, Qwen3
 
 pytestmark = [pytest.mark.vllm, pytest.mark.rl]
@@ -48,7 +56,7 @@ def _run(cmd: list[str], env: dict, cwd: str) -> subprocess.CompletedProcess:
     return proc
 
 
-def test_config_checks_and_drafter_mapping(tmp_path):
+def test_config_checks_and_drafter_mapping(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="spec tree"):
         check_config(replace(tiny_config(), backend="vllm", spec="tree"))
     with pytest.raises(ValueError, match="sync"):
@@ -69,11 +77,19 @@ def test_config_checks_and_drafter_mapping(tmp_path):
         VllmRolloutEngine(Qwen3(ModelConfig(num_hidden_layers=1, head_dim=32)), None, CharTokenizer(),
                           VllmOptions(workdir=str(tmp_path)))
     # an untrained EAGLE-3 head's lm_head is the policy's: vLLM would share them and a sync would overwrite
-    # the policy's LM head, so the engine refuses it before starting vLLM
-    untrained = VllmRolloutEngine(policy, build_drafter("eagle3", policy), CharTokenizer(),
-                                  VllmOptions(workdir=str(tmp_path / "w")))
-    with pytest.raises(ValueError, match="untrained"):
-        untrained.llm(True)
+    # the policy's LM head, so the engine refuses it before starting vLLM. Building the engine sets vLLM's
+    # environment and patches vLLM's sampler for this process: both are undone for the tests that follow.
+    for name, value in VLLM_ENV.items():
+        monkeypatch.setenv(name, os.environ.get(name, value))
+    was_applied = plugin.is_applied()
+    try:
+        untrained = VllmRolloutEngine(policy, build_drafter("eagle3", policy), CharTokenizer(),
+                                      VllmOptions(workdir=str(tmp_path / "w")))
+        with pytest.raises(ValueError, match="untrained"):
+            untrained.llm(True)
+    finally:
+        if not was_applied:
+            plugin.revert()
 
 
 @pytest.mark.slow
