@@ -41,6 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tv", type=float, default=0.02,
                    help="smallest total-variation error to detect (sets the sample sizes; default 0.02)")
     p.add_argument("--power", type=float, default=0.999, help="probability of detecting it (default 0.999)")
+    p.add_argument("--mutant-tv", type=float, default=0.02,
+                   help="total-variation error the planted-bug runs are sized for (default 0.02, the suite's)")
     p.add_argument("--method", default="token", choices=("token", "block", "traversal"),
                    help="verification method passed to our own backends (default token)")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
@@ -56,6 +58,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         parser.error(f"--families: unknown {unknown or 'empty'}; choose from {','.join(FAMILY_NAMES)}")
     if not 0 < args.tv < 1:
         parser.error(f"--tv must be in (0, 1), got {args.tv}")
+    if not 0 < args.mutant_tv < 1:
+        parser.error(f"--mutant-tv must be in (0, 1), got {args.mutant_tv}")
     if not 0 < args.power < 1:
         parser.error(f"--power must be in (0, 1), got {args.power}")
     args.families = families
@@ -92,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"audit: error: {exc}", file=sys.stderr)
         return 2
     command = "python -m specdec_kernels.testing.audit " + shlex.join(argv)
-    options = AuditOptions(tv=args.tv, power=args.power, cases=args.cases)
+    options = AuditOptions(tv=args.tv, power=args.power, cases=args.cases, mutant_tv=args.mutant_tv)
     report = run_audit(target, args.families, options, command, progress=None if args.quiet else _progress)
     md, js = write_report(report, args.out)
     if report.refused:

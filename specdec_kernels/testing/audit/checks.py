@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 import traceback
@@ -73,13 +74,16 @@ class Outcome:
 @dataclass(frozen=True)
 class AuditOptions:
     """Which cases run and at what level: ``alpha`` per statistical test, sample sizes that detect a
-    total-variation error ``tv`` with probability ``power``; ``cases``: name substrings (None = all)."""
+    total-variation error ``tv`` with probability ``power``; ``cases``: name substrings (None = all).
+    Planted bugs run at ``mutant_tv`` (the suite's design point, 0.02, whatever ``tv`` the law cases use:
+    the smallest planted bug sits exactly there)."""
 
     alpha: float = stats.SUITE_BUDGET.per_test_alpha
     tv: float = 0.02
     power: float = 0.999
     cases: tuple[str, ...] | None = None
     exact: bool = False  # ``cases`` are whole names, not substrings
+    mutant_tv: float = 0.02  # planted bugs are always run at the suite's design point
 
     def selected(self, name: str) -> bool:
         if self.cases is None:
@@ -410,7 +414,8 @@ def _mutant_outcomes(target: AuditTarget, opts: AuditOptions) -> Iterator[Outcom
         except Exception as exc:
             yield Outcome("mutants", bug, ERROR, _one_line(exc))
             continue
-        outcome = _run_law("mutants", case, check, verify, opts, expect_reject=True, name=bug)
+        design = dataclasses.replace(opts, tv=opts.mutant_tv)
+        outcome = _run_law("mutants", case, check, verify, design, expect_reject=True, name=bug)
         outcome.detail = f"case {case.name} ({outcome.detail})"
         yield outcome
 

@@ -37,7 +37,7 @@ def to_json(report: AuditReport) -> dict:
         "verdict": report.verdict(),
         "level": {"alpha_per_test": report.options.alpha, "num_statistical_tests": report.num_statistical_tests,
                   "family_wise_bound": report.family_wise_bound, "tv": report.options.tv,
-                  "power": report.options.power},
+                  "power": report.options.power, "mutant_tv": report.options.mutant_tv},
         "families": list(report.families),
         "cases_filter": list(report.options.cases) if report.options.cases else None,
         "environment": report.environment,
@@ -110,8 +110,8 @@ def to_markdown(report: AuditReport) -> str:
         f"this report holds {m} law tests, so a lossless verifier fails any of them with probability at most "
         f"{report.family_wise_bound:.1e}. Sample sizes detect any total-variation error >= {opts.tv:g} in the "
         f"tested law with probability >= {opts.power:g} (the power column: chi-square noncentrality bound; "
-        "exact for one-outcome laws). A rejected case is evidence of a lossy verifier, not a flaky test: "
-        "inputs and seeds are fixed.", "",
+        f"exact for one-outcome laws); the planted-bug runs are sized for {opts.mutant_tv:g}. A rejected case "
+        "is evidence of a lossy verifier, not a flaky test: inputs and seeds are fixed.", "",
         f"Run time {report.seconds:.0f} s.", "",
         "| family | " + " | ".join(["pass", "FAIL", "n/a", "error", "caught", "MISSED"]) + " |",
         "|---|---:|---:|---:|---:|---:|---:|",
