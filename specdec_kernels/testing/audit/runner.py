@@ -75,11 +75,14 @@ class AuditReport:
 
 
 def _git_commit() -> str | None:
+    """The source tree's commit, with "+modified" when tracked files differ from it (None outside git)."""
     try:
-        root = Path(__file__).resolve().parents[3]
-        out = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"], capture_output=True,
-                             text=True, timeout=10)
-        return out.stdout.strip() or None
+        root = str(Path(__file__).resolve().parents[3])
+        head = subprocess.run(["git", "-C", root, "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                              text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return (head + ("+modified" if dirty else "")) or None
     except (OSError, subprocess.SubprocessError):
         return None
 

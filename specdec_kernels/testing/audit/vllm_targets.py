@@ -3,6 +3,8 @@
 - ``vllm-v1-cpu``: ``vllm.v1.sample.rejection_sampler.RejectionSampler.forward`` with the C++ stand-ins for its
   Triton kernels that vLLM's CPU worker installs (``current_platform.register_triton_kernel_overrides()``,
   called by ``vllm/v1/worker/worker_base.py``): what a vLLM CPU user runs.
+- ``vllm-v1-cpu-expand-fixed``: diagnostic, the same with vLLM's CPU ``expand_kernel`` stand-in replaced (per
+  call) by the same expansion in torch: what else is lossy once that defect is fixed.
 - ``vllm-v1-triton``: the same forward with vLLM's own Triton kernels; on CPU they run under Triton's
   interpreter (:mod:`.interpret`), on a CUDA machine compiled.
 - ``vllm-v1-plugin``: the same forward with ``specdec_kernels``' vLLM plugin applied (``plugin.patched()``).
@@ -38,6 +40,8 @@ from .vllm_inputs import request_generators, sampling_metadata, spec_metadata
 __all__ = ["TARGETS", "v1_verifier", "parse_like_vllm", "vllm_refusal"]
 
 V1_MODULE = "vllm.v1.sample.rejection_sampler"
+MIN_P_NOTE = (" The min-p cases hand min-p to the sampler directly: vLLM 0.32 itself refuses min_p > 0 with "
+              "speculative decoding when it validates a request (`SamplingParams._validate_spec_decode`).")
 VALUE_ARGUMENTS = frozenset({"target_logits", "draft_token_ids", "temperature", "top_p"})
 
 
@@ -137,7 +141,7 @@ def v1_cpu_target() -> AuditTarget:
         "(`CpuPlatform.register_triton_kernel_overrides()`, as vLLM's CPU worker installs them), bonus tokens "
         "from vLLM's CPU `Sampler`: what a vLLM CPU user runs. Every request is a seeded request. Planted bugs "
         "run through the same adapter and sampler object, with `forward` replaced by the plugin's drop-in "
-        "calling the mutant.")
+        "calling the mutant.") + MIN_P_NOTE
     refusal = vllm_refusal()
     if refusal:
         return _refused("vllm-v1-cpu", description, refusal)
@@ -152,6 +156,52 @@ def v1_cpu_target() -> AuditTarget:
     return _v1_target("vllm-v1-cpu", description, sampler, sampler)
 
 
+def expand_in_torch(output, input_val, cu_num_tokens, replace_from, replace_to, MAX_NUM_TOKENS=None) -> None:
+    """``expand_kernel``'s contract (``vllm/v1/sample/rejection_sampler.py``) in torch, for every dtype:
+    ``output[cu[b-1]:cu[b]] = input[b]``, with ``replace_from`` replaced by ``replace_to``; written in place."""
+    cu = torch.cat([cu_num_tokens.new_zeros(1), cu_num_tokens]).to(torch.int64)
+    values = torch.where(input_val == replace_from, torch.full_like(input_val, replace_to), input_val)
+    output.copy_(torch.repeat_interleave(values, cu[1:] - cu[:-1], output_size=output.numel()))
+
+
+@contextlib.contextmanager
+def expand_written_back():
+    """Scoped: vLLM's CPU stand-in for ``expand_kernel`` replaced by :func:`expand_in_torch` (restored on exit)."""
+    from vllm.triton_utils.dispatcher import KernelOverride
+
+    owner = importlib.import_module(V1_MODULE)._expand
+    installed = owner.kernel
+    owner.kernel = KernelOverride(installed, expand_in_torch)
+    try:
+        yield
+    finally:
+        owner.kernel = installed
+
+
+def v1_cpu_expand_fixed_target() -> AuditTarget:
+    """Diagnostic: ``vllm-v1-cpu`` with one change, the expansion written back (what remains lossy once the
+    first defect is fixed)."""
+    description = (
+        "Diagnostic, not a stock configuration: `vllm-v1-cpu` (vLLM V1 `RejectionSampler.forward` with vLLM's "
+        "C++ stand-ins for its Triton kernels) with one change, scoped to each call: the stand-in for "
+        "`expand_kernel`, which never writes its result back, replaced by the same expansion in torch. It "
+        "shows what else is lossy on vLLM's CPU path once that defect is fixed. Every request is a seeded "
+        "request; planted bugs as for `vllm-v1-cpu`." + MIN_P_NOTE)
+    base = v1_cpu_target()
+    if base.verify is None:
+        return _refused("vllm-v1-cpu-expand-fixed", description, base.refusal)
+    module = importlib.import_module(V1_MODULE)
+    from vllm.v1.sample.sampler import Sampler
+
+    sampler = module.RejectionSampler(Sampler())
+
+    def forward(metadata, draft_probs, logits, sm):
+        with expand_written_back():
+            return sampler(metadata, draft_probs, logits, sm)
+
+    return _v1_target("vllm-v1-cpu-expand-fixed", description, sampler, forward)
+
+
 def v1_triton_target() -> AuditTarget:
     description = (
         "vLLM V1 `RejectionSampler.forward` with vLLM's own Triton kernels (`rejection_greedy_sample_kernel`, "
@@ -159,7 +209,7 @@ def v1_triton_target() -> AuditTarget:
         "vLLM's dispatchers; on a CPU-only machine the module is executed again against the real Triton and "
         "the kernels run under `TRITON_INTERPRET=1`, bonus tokens from vLLM's CPU `Sampler`. Every request is "
         "a seeded request. Planted bugs run through the same adapter and sampler object (plugin drop-in "
-        "calling the mutant).")
+        "calling the mutant).") + MIN_P_NOTE
     refusal = vllm_refusal()
     if refusal:
         return _refused("vllm-v1-triton", description, refusal)
@@ -183,7 +233,7 @@ def v1_plugin_target() -> AuditTarget:
     description = (
         "vLLM V1 `RejectionSampler.forward` with the specdec-kernels vLLM plugin applied "
         "(`specdec_kernels.integrations.vllm.plugin.patched()`: vLLM's logits processors, then "
-        "`specdec_kernels.verify_chain` on the backend the plugin picks). Every request is a seeded request.")
+        "`specdec_kernels.verify_chain` on the backend the plugin picks). Every request is a seeded request.") + MIN_P_NOTE
     refusal = vllm_refusal()
     if refusal:
         return _refused("vllm-v1-plugin", description, refusal)
@@ -207,6 +257,7 @@ def _v2_target() -> AuditTarget:
 
 TARGETS: dict[str, Callable[[], AuditTarget]] = {
     "vllm-v1-cpu": v1_cpu_target,
+    "vllm-v1-cpu-expand-fixed": v1_cpu_expand_fixed_target,
     "vllm-v1-triton": v1_triton_target,
     "vllm-v1-plugin": v1_plugin_target,
     "vllm-v2-triton": _v2_target,

@@ -174,7 +174,7 @@ def _mutant_in_plugin(bug: str):
 
 
 def v2_triton_target() -> AuditTarget:
-    from .vllm_targets import _versions, vllm_refusal
+    from .vllm_targets import MIN_P_NOTE, _versions, vllm_refusal
 
     description = (
         "vLLM V2 model runner `RejectionSampler._verify` with V2's `Sampler.apply_sampling_params` and "
@@ -182,7 +182,7 @@ def v2_triton_target() -> AuditTarget:
         "interpreted on CPU tensors (`TRITON_INTERPRET=1`); V2's pinned-memory state buffers are replaced by "
         "plain CPU tensors (the V2 runner itself needs CUDA). Per-request seeds are V2's own (seed, position) "
         "Philox streams. Planted bugs run through the same objects with `_verify` replaced by the plugin's V2 "
-        "drop-in calling the mutant.")
+        "drop-in calling the mutant.") + MIN_P_NOTE
     name = "vllm-v2-triton"
     refusal = vllm_refusal()
     if refusal is None and torch.cuda.is_available():
