@@ -11,7 +11,8 @@
 - ``vllm-v2-triton``: :mod:`.vllm_v2`.
 
 The adapter (:func:`v1_verifier`) is a thin translation: our rows are vLLM's logits layout (per request its
-draft rows, then its bonus row); drafts become ``SpecDecodeMetadata``; temperature / top-k (0 -> V, vLLM's
+draft rows, then its bonus row); drafts become ``SpecDecodeMetadata`` (a batch without any draft goes to
+vLLM's ``Sampler``, as vLLM's runner does); temperature / top-k (0 -> V, vLLM's
 "off") / top-p / min-p become ``SamplingMetadata`` with vLLM's own ``MinPLogitsProcessor``; each request is a
 seeded request (its own ``torch.Generator`` keyed by our seed and position). The output is what
 ``RejectionSampler.parse_output`` hands vLLM's scheduler: each row's ids other than -1 and >= V, in order.
@@ -73,9 +74,10 @@ def parse_like_vllm(sampled: torch.Tensor, vocab_size: int) -> ChainResult:
     return ChainResult(compact.to(torch.int32), (count - 1).clamp(min=0).to(torch.int32))
 
 
-def v1_verifier(forward: Callable) -> Verifier:
+def v1_verifier(forward: Callable, sample: Callable) -> Verifier:
     """Our verifier signature over ``forward(metadata, draft_probs, logits, sampling_metadata)`` (V1's
-    ``RejectionSampler.forward`` contract)."""
+    ``RejectionSampler.forward`` contract). A batch without any draft goes to ``sample(logits,
+    sampling_metadata)`` (vLLM's ``Sampler``), as vLLM's runner does when a step has no draft tokens."""
 
     def verify(target_logits, draft_token_ids, cu_num_draft_tokens, draft_probs=None, temperature=None,
                top_k=None, top_p=None, seed=None, position=None, min_p=None):
@@ -97,7 +99,10 @@ def v1_verifier(forward: Callable) -> Verifier:
             min_p=None if min_p is None else min_p.tolist(),
         )
         q = None if draft_probs is None else draft_probs.float().contiguous()
-        out = forward(metadata, q, target_logits.float().contiguous().clone(), sm).sampled_token_ids
+        logits = target_logits.float().contiguous().clone()
+        if not ids:
+            return parse_like_vllm(sample(logits=logits, sampling_metadata=sm).sampled_token_ids.cpu(), vocab)
+        out = forward(metadata, q, logits, sm).sampled_token_ids
         return parse_like_vllm(out.cpu(), vocab)
 
     return verify
@@ -122,10 +127,10 @@ def _mutant_forward(sampler, bug: str) -> Callable:
 
 def _v1_target(name: str, description: str, sampler, forward: Callable, device: str = "cpu") -> AuditTarget:
     def mutant(bug: str) -> Verifier:
-        return device_verifier(v1_verifier(_mutant_forward(sampler, bug)), device)
+        return device_verifier(v1_verifier(_mutant_forward(sampler, bug), sampler.sampler), device)
 
     return AuditTarget(
-        name, description, device_verifier(v1_verifier(forward), device),
+        name, description, device_verifier(v1_verifier(forward, sampler.sampler), device),
         supports=frozenset({"min_p", "per_request_seed"}), mutant=mutant, value_arguments=VALUE_ARGUMENTS,
         versions=_versions(),
     )
