@@ -7,6 +7,7 @@ thousands); the full-power runs are the committed reports under results/audit/.
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import sys
 
@@ -19,6 +20,7 @@ from specdec_kernels.testing.audit import AuditOptions, AuditTarget, resolve_tar
 from specdec_kernels.testing.audit.__main__ import build_parser, main
 from specdec_kernels.testing.audit.cases import GRID_FIRST_TOKEN_CASES, LAW_CASES, uses_min_p
 from specdec_kernels.testing.audit.checks import FAMILIES, case_names, greedy_expected, run_family
+from specdec_kernels.testing.audit.pytest_plugin import ENTRY_POINT
 from specdec_kernels.testing.audit.targets import TargetError
 from specdec_kernels.testing.chain_law import first_token_law
 
@@ -193,10 +195,16 @@ def test_help_lists_the_options():
     assert all(opt in text for opt in ("--families", "--cases", "--tv", "--mutant-tv", "--method", "--out"))
 
 
+def _plugin_args() -> list[str]:
+    """``-p`` for the audit plugin unless an installed specdec-kernels already loads it (pytest11)."""
+    installed = any(ep.name == ENTRY_POINT for ep in importlib.metadata.entry_points(group="pytest11"))
+    return [] if installed else ["-p", "specdec_kernels.testing.audit.pytest_plugin"]
+
+
 def test_pytest_entry_point(tmp_path, pytester):
     """pytest --pyargs specdec_kernels.testing --verifier TARGET: one test per case, report on request."""
     result = pytester.runpytest_inprocess(
-        "-q", "-p", "no:cacheprovider", "-p", "specdec_kernels.testing.audit.pytest_plugin", "--pyargs",
+        "-q", "-p", "no:cacheprovider", *_plugin_args(), "--pyargs",
         "specdec_kernels.testing", "--verifier", "tests.test_audit:ratio_inverted", "--audit-cases",
         "first-stoch-T1-topk3,first-deter-T1-", "--audit-tv", "0.25", "--audit-report", str(tmp_path))
     # The stochastic-draft bug fails its stochastic case; deterministic cases pass; min-p is skipped.
