@@ -21,7 +21,7 @@ from specdec_kernels.testing.audit.__main__ import build_parser, main
 from specdec_kernels.testing.audit.cases import GRID_FIRST_TOKEN_CASES, LAW_CASES, uses_min_p
 from specdec_kernels.testing.audit.checks import FAMILIES, case_names, greedy_expected, run_family
 from specdec_kernels.testing.audit.pytest_plugin import ENTRY_POINT
-from specdec_kernels.testing.audit.targets import TargetError
+from specdec_kernels.testing.audit.targets import TargetError, reference_verifier
 from specdec_kernels.testing.chain_law import first_token_law
 
 QUICK = AuditOptions(tv=0.25, mutant_tv=0.25)
@@ -151,9 +151,13 @@ def test_mutants_run_through_the_target_and_are_caught():
     target = _target("reference")
     outcome = _one(target, "mutants", "bonus_wrong_row")
     assert outcome.verdict == "caught" and outcome.family == "mutants"
-    inert = AuditTarget("inert", "a target whose mutant path ignores the bug", target.verify,
+    blind = AuditTarget("blind", "a target whose mutant path ignores the bug", target.verify,
                         mutant=lambda bug: target.verify)
-    assert _one(inert, "mutants", "greedy_sampled").verdict == "MISSED"
+    assert _one(blind, "mutants", "greedy_sampled").verdict == "MISSED"
+    # With the unmutated twin given, a bug that changes no token on the path is reported inert, not missed.
+    twin = AuditTarget("twin", "mutant path = reference", target.verify, mutant=lambda bug: reference_verifier,
+                       mutant_base=reference_verifier)
+    assert _one(twin, "mutants", "greedy_sampled").verdict == "inert"
 
 
 def test_refused_target_writes_a_report_and_exit_code_2(tmp_path, capsys):

@@ -20,6 +20,7 @@ from specdec_kernels.testing.audit import flashinfer_target as fi
 from specdec_kernels.testing.audit import sglang_target as sg
 from specdec_kernels.testing.audit.checks import run_family
 from specdec_kernels.testing.audit.peer_common import effective_lengths, row_target_probs
+from specdec_kernels.testing.audit.targets import reference_verifier
 
 QUICK = AuditOptions(tv=0.25, mutant_tv=0.25)
 
@@ -58,6 +59,15 @@ def test_adapter_over_a_lossless_double_passes(peer):
 def test_adapter_over_a_planted_bug_fails(peer, bug, family, case):
     outcome = _run(_adapted(peer, mutants.mutant_verifier(bug)), family, (case,))[case]
     assert outcome.verdict == "FAIL", outcome
+
+
+def test_target_only_adapter_reports_stochastic_bugs_inert():
+    """SGLang's verification ignores q: a bug in how q is used cannot act through that adapter."""
+    target = AuditTarget("sg", "double", sg.tree_adapter(sg.contract_double(reference), "cpu"),
+                         mutant=lambda bug: sg.tree_adapter(sg.contract_double(mutants.mutant_verifier(bug)), "cpu"),
+                         mutant_base=sg.tree_adapter(sg.contract_double(reference_verifier), "cpu"))
+    outcome = list(run_family(target, "mutants", AuditOptions(mutant_tv=0.25, cases=("ratio_inverted",))))[0]
+    assert outcome.verdict == "inert"
 
 
 def test_chain_tree_layout():

@@ -42,12 +42,13 @@ __all__ = ["Outcome", "FAMILIES", "AuditOptions", "run_family", "law_case_by_nam
 
 FAMILIES = ("first-token", "sequence", "greedy", "batch", "bad-input", "mutants")
 PASS, FAIL, NA, ERROR = "pass", "FAIL", "n/a", "error"
-CAUGHT, MISSED = "caught", "MISSED"
+CAUGHT, MISSED, INERT = "caught", "MISSED", "inert"
 
 
 @dataclass
 class Outcome:
-    """One case's result. ``verdict``: pass / FAIL / n/a / error (mutants: caught / MISSED / error)."""
+    """One case's result. ``verdict``: pass / FAIL / n/a / error (mutants: caught / MISSED / inert / error;
+    inert: on this path the planted bug changes no token of the case, so no test can see it)."""
 
     family: str
     name: str
@@ -148,16 +149,17 @@ def _law_outcomes(target: AuditTarget, family: str, opts: AuditOptions) -> Itera
         if uses_min_p(case) and "min_p" not in target.supports:
             yield Outcome(family, case.name, NA, "the verifier takes no min_p")
             continue
-        yield _run_law(family, case, check, target.verify, opts)
+        yield _run_law(family, case, check, target.verify, opts)[0]
 
 
-def _run_law(family, case, check, verify, opts, expect_reject: bool = False, name: str | None = None) -> Outcome:
+def _run_law(family, case, check, verify, opts, expect_reject: bool = False, name: str | None = None
+             ) -> tuple[Outcome, LawCheck | None]:
     torch.manual_seed(0)  # for verifiers that draw from torch's global generator
     start = time.perf_counter()
     try:
         result = check(verify, case, opts.alpha, opts.tv, opts.power)
     except Exception as exc:  # the verifier failed on a valid case: report it, keep auditing
-        return Outcome(family, name or case.name, ERROR, _one_line(exc), seconds=time.perf_counter() - start)
+        return Outcome(family, name or case.name, ERROR, _one_line(exc), seconds=time.perf_counter() - start), None
     law = result.expected[:-1]
     res = result.result
     rejects = res.rejects(opts.alpha)
@@ -174,7 +176,7 @@ def _run_law(family, case, check, verify, opts, expect_reject: bool = False, nam
         statistic=float(res.statistic), df=int(res.df), pvalue=float(res.pvalue), alpha=opts.alpha,
         test=res.method, power=design_power(law, result.num_samples, opts.alpha, opts.tv), tv=opts.tv,
         cells=_worst_cells(case, result) if rejects else None, seconds=time.perf_counter() - start,
-    )
+    ), result
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -415,8 +417,15 @@ def _mutant_outcomes(target: AuditTarget, opts: AuditOptions) -> Iterator[Outcom
             yield Outcome("mutants", bug, ERROR, _one_line(exc))
             continue
         design = dataclasses.replace(opts, tv=opts.mutant_tv)
-        outcome = _run_law("mutants", case, check, verify, design, expect_reject=True, name=bug)
+        outcome, result = _run_law("mutants", case, check, verify, design, expect_reject=True, name=bug)
         outcome.detail = f"case {case.name} ({outcome.detail})"
+        if outcome.verdict == MISSED and target.mutant_base is not None:
+            # Same path, same seeds, the unmutated verification: identical counts mean the bug is inert here.
+            base, base_result = _run_law("mutants", case, check, target.mutant_base, design, name=bug)
+            if base_result is not None and torch.equal(base_result.observed, result.observed):
+                outcome.verdict = INERT
+                outcome.detail += "; the unmutated path emits the very same counts: the bug cannot act here"
+            outcome.seconds += base.seconds
         yield outcome
 
 

@@ -24,7 +24,7 @@ from ...reference.chain import ChainResult
 from ..mutants import mutant_verifier
 from ..toy_models import Verifier
 from .peer_common import check_parameters, effective_lengths, group_seed, row_target_probs
-from .targets import AuditTarget
+from .targets import AuditTarget, reference_verifier
 
 __all__ = ["chain_adapter", "contract_double", "target", "PARAMETERS"]
 
@@ -126,4 +126,6 @@ def target() -> AuditTarget:
     def mutant(bug: str) -> Verifier:
         return chain_adapter(contract_double(mutant_verifier(bug)))
 
-    return AuditTarget("flashinfer", DESCRIPTION, chain_adapter(fn), mutant=mutant, versions={"flashinfer": version})
+    base = chain_adapter(contract_double(reference_verifier))
+
+    return AuditTarget("flashinfer", DESCRIPTION, chain_adapter(fn), mutant=mutant, mutant_base=base, versions={"flashinfer": version})

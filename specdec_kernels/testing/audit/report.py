@@ -12,6 +12,7 @@ from .runner import STATISTICAL_FAMILIES, AuditReport
 
 __all__ = ["to_json", "to_markdown", "write_report", "report_stem"]
 
+VERDICTS = ("pass", "FAIL", "n/a", "error", "caught", "MISSED", "inert")
 TITLES = {
     "first-token": "First-token law",
     "sequence": "Whole-sequence law (toy Markov target, full speculative loop)",
@@ -113,13 +114,12 @@ def to_markdown(report: AuditReport) -> str:
         f"exact for one-outcome laws); the planted-bug runs are sized for {opts.mutant_tv:g}. A rejected case "
         "is evidence of a lossy verifier, not a flaky test: inputs and seeds are fixed.", "",
         f"Run time {report.seconds:.0f} s.", "",
-        "| family | " + " | ".join(["pass", "FAIL", "n/a", "error", "caught", "MISSED"]) + " |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| family | " + " | ".join(VERDICTS) + " |",
+        "|---|" + "---:|" * len(VERDICTS),
     ]
     for family in report.families:
         c = report.counts(family)
-        out.append(f"| {family} | " + " | ".join(str(c.get(v, 0)) for v in
-                                                   ("pass", "FAIL", "n/a", "error", "caught", "MISSED")) + " |")
+        out.append(f"| {family} | " + " | ".join(str(c.get(v, 0)) for v in VERDICTS) + " |")
     out.append("")
     rejected = [o for o in report.outcomes if o.family in STATISTICAL_FAMILIES and o.verdict == FAIL]
     if rejected:

@@ -28,7 +28,7 @@ from ...reference.chain import ChainResult
 from ..mutants import mutant_verifier
 from ..toy_models import Verifier
 from .peer_common import check_parameters, effective_lengths, group_seed, row_target_probs
-from .targets import AuditTarget
+from .targets import AuditTarget, reference_verifier
 
 __all__ = ["tree_adapter", "contract_double", "target", "PARAMETERS", "chain_tree"]
 
@@ -150,5 +150,7 @@ def target() -> AuditTarget:
     def mutant(bug: str) -> Verifier:
         return tree_adapter(contract_double(mutant_verifier(bug)))
 
-    return AuditTarget("sglang", DESCRIPTION, tree_adapter(fn), mutant=mutant,
+    base = tree_adapter(contract_double(reference_verifier))
+
+    return AuditTarget("sglang", DESCRIPTION, tree_adapter(fn), mutant=mutant, mutant_base=base,
                        versions={"sgl_kernel": getattr(sgl_kernel, "__version__", "unknown")})

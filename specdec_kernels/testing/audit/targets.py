@@ -21,7 +21,8 @@ import torch
 from ..mutants import mutant_verifier
 from ..toy_models import Verifier
 
-__all__ = ["AuditTarget", "TargetError", "BUILTIN_TARGETS", "resolve_target", "ours_target", "device_verifier"]
+__all__ = ["AuditTarget", "TargetError", "BUILTIN_TARGETS", "resolve_target", "ours_target", "device_verifier",
+           "reference_verifier"]
 
 FEATURES = ("min_p", "per_request_seed", "validation", "method")
 """``supports`` entries: ``min_p`` (takes a ``min_p=`` keyword), ``per_request_seed`` (a request's tokens
@@ -40,6 +41,8 @@ class AuditTarget:
     ``verify`` is None when the target cannot run on this machine; ``refusal`` then says why in one line.
     ``value_arguments`` names the arguments whose values the adapter hands to the peer unchanged (the
     "value" rows of the bad-input table run only for those). ``versions`` records the peer's version.
+    ``mutant_base`` is the mutant path with the unmutated reference verification in the bug's place: a
+    planted bug whose counts equal its counts is reported inert (it cannot act on this path).
     """
 
     name: str
@@ -48,6 +51,7 @@ class AuditTarget:
     refusal: str | None = None
     supports: frozenset[str] = frozenset()
     mutant: Callable[[str], Verifier] | None = None
+    mutant_base: Verifier | None = None
     value_arguments: frozenset[str] = frozenset()
     versions: dict[str, str] = field(default_factory=dict)
 
@@ -61,6 +65,14 @@ class AuditTarget:
 
 ALL_ARGUMENTS = frozenset({"target_logits", "draft_token_ids", "cu_num_draft_tokens", "draft_probs",
                            "temperature", "top_k", "top_p", "seed", "position"})
+
+
+def reference_verifier(*args, **kwargs):
+    """``verify_chain(..., backend="reference", validate=False)``: the unmutated twin of every mutant."""
+    from ... import verify_chain
+
+    kwargs.pop("backend", None)
+    return verify_chain(*args, backend="reference", validate=False, **kwargs)
 
 
 def device_verifier(verify: Verifier, device: torch.device | str) -> Verifier:
@@ -97,7 +109,8 @@ def ours_target(backend: str, method: str = "token") -> AuditTarget:
         return device_verifier(mutant_verifier(bug), device)
 
     return AuditTarget(backend, description, verify, supports=frozenset({"per_request_seed", "validation", "method"}),
-                       mutant=mutant, value_arguments=ALL_ARGUMENTS)
+                       mutant=mutant, mutant_base=device_verifier(reference_verifier, device),
+                       value_arguments=ALL_ARGUMENTS)
 
 
 def _vllm(name: str) -> Callable[[], AuditTarget]:
@@ -141,6 +154,7 @@ def _from_object(spec: str, obj) -> AuditTarget:
                    "run through the same audit harness.")
     try:
         return AuditTarget(spec, description, obj, supports=supports, mutant=mutant_verifier,
+                           mutant_base=reference_verifier,
                            value_arguments=ALL_ARGUMENTS if "validation" in supports else frozenset())
     except ValueError as exc:
         raise TargetError(f"{spec}: audit_supports: {exc}") from None

@@ -35,7 +35,7 @@ import torch
 from ...reference.chain import ChainResult
 from ..mutants import mutant_verifier
 from ..toy_models import Verifier
-from .targets import AuditTarget, device_verifier
+from .targets import AuditTarget, device_verifier, reference_verifier
 from .vllm_inputs import request_generators, sampling_metadata, spec_metadata
 
 __all__ = ["TARGETS", "v1_verifier", "parse_like_vllm", "vllm_refusal"]
@@ -109,30 +109,30 @@ def v1_verifier(forward: Callable, sample: Callable) -> Verifier:
 
 
 @contextlib.contextmanager
-def mutant_in_plugin(bug: str):
-    """The plugin's V1 drop-in, its verify_chain call pointed at mutant ``bug`` (restored on exit)."""
+def verify_in_plugin(verify: Verifier):
+    """The plugin's V1 drop-in, its verify_chain call pointed at ``verify`` (restored on exit)."""
     from ...integrations.vllm import v1
 
-    with mock.patch.object(v1, "verify_chain", mutant_verifier(bug)):
+    with mock.patch.object(v1, "verify_chain", verify):
         yield v1.forward
 
 
-def _mutant_forward(sampler, bug: str) -> Callable:
+def _plugin_forward(sampler, verify: Verifier) -> Callable:
     def forward(metadata, draft_probs, logits, sm):
-        with mutant_in_plugin(bug) as patched_forward:
+        with verify_in_plugin(verify) as patched_forward:
             return patched_forward(sampler, metadata, draft_probs, logits, sm)
 
     return forward
 
 
 def _v1_target(name: str, description: str, sampler, forward: Callable, device: str = "cpu") -> AuditTarget:
-    def mutant(bug: str) -> Verifier:
-        return device_verifier(v1_verifier(_mutant_forward(sampler, bug), sampler.sampler), device)
+    def adapted(verify: Verifier) -> Verifier:
+        return device_verifier(v1_verifier(_plugin_forward(sampler, verify), sampler.sampler), device)
 
     return AuditTarget(
         name, description, device_verifier(v1_verifier(forward, sampler.sampler), device),
-        supports=frozenset({"min_p", "per_request_seed"}), mutant=mutant, value_arguments=VALUE_ARGUMENTS,
-        versions=_versions(),
+        supports=frozenset({"min_p", "per_request_seed"}), mutant=lambda bug: adapted(mutant_verifier(bug)),
+        mutant_base=adapted(reference_verifier), value_arguments=VALUE_ARGUMENTS, versions=_versions(),
     )
 
 

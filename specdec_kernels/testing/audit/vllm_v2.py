@@ -31,7 +31,7 @@ import torch
 from ...reference.chain import ChainResult
 from ..mutants import mutant_verifier
 from ..toy_models import Verifier
-from .targets import AuditTarget
+from .targets import AuditTarget, reference_verifier
 
 __all__ = ["v2_triton_target", "v2_verifier", "cpu_sampling_states"]
 
@@ -166,10 +166,10 @@ def v2_verifier(modules, verify_fn=None) -> Verifier:
 
 
 @contextlib.contextmanager
-def _mutant_in_plugin(bug: str):
+def _verify_in_plugin(verify: Verifier):
     from ...integrations.vllm import v2
 
-    with mock.patch.object(v2, "verify_chain", mutant_verifier(bug)):
+    with mock.patch.object(v2, "verify_chain", verify):
         yield v2._verify
 
 
@@ -197,18 +197,17 @@ def v2_triton_target() -> AuditTarget:
     if refusal:
         return AuditTarget(name, description, None, refusal=refusal)
 
-    def mutant(bug: str) -> Verifier:
-        return v2_verifier(modules, _plugin_verify(bug))
-
     return AuditTarget(name, description, v2_verifier(modules), supports=frozenset({"min_p", "per_request_seed"}),
-                       mutant=mutant, value_arguments=frozenset({"target_logits", "draft_token_ids", "temperature"}),
+                       mutant=lambda bug: v2_verifier(modules, _plugin_verify(mutant_verifier(bug))),
+                       mutant_base=v2_verifier(modules, _plugin_verify(reference_verifier)),
+                       value_arguments=frozenset({"target_logits", "draft_token_ids", "temperature"}),
                        versions=_versions())
 
 
-def _plugin_verify(bug: str):
-    def verify(self, *args):
-        with _mutant_in_plugin(bug) as patched:
+def _plugin_verify(verify: Verifier):
+    def verify_v2(self, *args):
+        with _verify_in_plugin(verify) as patched:
             return patched(self, *args)
 
-    return verify
+    return verify_v2
 
