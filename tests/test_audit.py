@@ -230,3 +230,20 @@ def test_target_resolution():
 
 def test_our_backends_run_their_own_mutants():
     assert resolve_target("reference").mutant("coin_reused").__name__ == "mutant_coin_reused"
+
+
+def test_a_resumed_audit_equals_one_run(tmp_path, capsys):
+    """--max-seconds stops between cases (exit 3); --resume goes on; the result equals one uninterrupted run."""
+    base = ["reference", "--families", "first-token,greedy", "--cases", "first-stoch-T1,greedy-deter", "--tv",
+            "0.3", "--quiet"]
+    split = tmp_path / "split"
+    assert main([*base, "--out", str(split), "--max-seconds", "0"]) == 3
+    assert json.loads((split / "reference.json").read_text())["verdict"] == "INCOMPLETE"
+    while main([*base, "--out", str(split), "--max-seconds", "0", "--resume"]) == 3:
+        pass
+    assert main([*base, "--out", str(tmp_path / "whole")]) == 0
+    a, b = (json.loads((tmp_path / d / "reference.json").read_text()) for d in ("split", "whole"))
+    key = lambda d: [(o["name"], o["verdict"], o["pvalue"], o["num_samples"]) for o in d["outcomes"]]
+    assert key(a) == key(b) and a["command"] == b["command"].replace(str(tmp_path / "whole"), str(split))
+    assert a["sessions"] > 1 and a["complete"]
+    capsys.readouterr()

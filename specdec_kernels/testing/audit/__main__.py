@@ -6,7 +6,8 @@ verifier with ``specdec_kernels.verify_chain``'s positional signature (or an ``A
 
 Exit status: 0 every check passed (and every planted bug was caught), 1 a check failed or a planted bug
 was missed, 2 bad arguments or a target that cannot run here (one line on stderr; the report then records
-the refusal).
+the refusal), 3 stopped by ``--max-seconds`` (rerun the same command with ``--resume`` to go on; the report
+records the command without those two options: every case is seeded, so a resumed audit equals one run).
 """
 
 from __future__ import annotations
@@ -46,6 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--method", default="token", choices=("token", "block", "traversal"),
                    help="verification method passed to our own backends (default token)")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    p.add_argument("--max-seconds", type=float, default=None,
+                   help="start no new case after this many seconds; the report is then INCOMPLETE (exit 3)")
+    p.add_argument("--resume", action="store_true",
+                   help="keep the cases an INCOMPLETE report of this same audit in --out already holds")
     return p
 
 
@@ -95,15 +100,42 @@ def main(argv: list[str] | None = None) -> int:
     except TargetError as exc:
         print(f"audit: error: {exc}", file=sys.stderr)
         return 2
-    command = "python -m specdec_kernels.testing.audit " + shlex.join(argv)
+    command = "python -m specdec_kernels.testing.audit " + shlex.join(_canonical(argv))
     options = AuditOptions(tv=args.tv, power=args.power, cases=args.cases, mutant_tv=args.mutant_tv)
-    report = run_audit(target, args.families, options, command, progress=None if args.quiet else _progress)
+    previous = None
+    if args.resume:
+        from .report import load_previous
+
+        try:
+            previous = load_previous(args.out, target, command)
+        except ValueError as exc:
+            print(f"audit: error: --resume: {exc}", file=sys.stderr)
+            return 2
+    report = run_audit(target, args.families, options, command, progress=None if args.quiet else _progress,
+                       previous=previous, max_seconds=args.max_seconds)
     md, js = write_report(report, args.out)
     if report.refused:
         print(f"audit: {target.name} cannot run here: {target.refusal} (report: {md})", file=sys.stderr)
         return 2
     print(f"audit: {target.name}: {report.verdict()}; report {md} and {js}", file=sys.stderr)
+    if not report.complete:
+        return 3
     return 0 if report.verdict() == "PASS" and not report.missed_mutants else 1
+
+
+def _canonical(argv: list[str]) -> list[str]:
+    """``argv`` without the options that only split a run (``--resume``, ``--max-seconds``)."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--resume" or arg.startswith("--max-seconds="):
+            continue
+        elif arg == "--max-seconds":
+            skip = True
+        else:
+            out.append(arg)
+    return out
 
 
 if __name__ == "__main__":

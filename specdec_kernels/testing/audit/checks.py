@@ -85,8 +85,11 @@ class AuditOptions:
     cases: tuple[str, ...] | None = None
     exact: bool = False  # ``cases`` are whole names, not substrings
     mutant_tv: float = 0.02  # planted bugs are always run at the suite's design point
+    done: frozenset[str] = frozenset()  # "family:name" of cases a resumed run already holds
 
-    def selected(self, name: str) -> bool:
+    def selected(self, name: str, family: str) -> bool:
+        if f"{family}:{name}" in self.done:
+            return False
         if self.cases is None:
             return True
         if self.exact:
@@ -144,7 +147,7 @@ def _law_outcomes(target: AuditTarget, family: str, opts: AuditOptions) -> Itera
     kind = FirstTokenCase if family == "first-token" else SequenceCase
     check = check_first_token_law if family == "first-token" else check_sequence_law
     for case in LAW_CASES:
-        if not isinstance(case, kind) or not opts.selected(case.name):
+        if not isinstance(case, kind) or not opts.selected(case.name, family):
             continue
         if uses_min_p(case) and "min_p" not in target.supports:
             yield Outcome(family, case.name, NA, "the verifier takes no min_p")
@@ -244,7 +247,7 @@ def _greedy_outcomes(target: AuditTarget, opts: AuditOptions) -> Iterator[Outcom
                                                    torch.arange(b) % 3 != 1),
         }
         for name, (temperature, tk, tp, greedy_rows) in runs.items():
-            if not opts.selected(name):
+            if not opts.selected(name, "greedy"):
                 continue
             start = time.perf_counter()
             try:
@@ -307,11 +310,13 @@ def _call(target: AuditTarget, batch):
 def _batch_outcomes(target: AuditTarget, opts: AuditOptions) -> Iterator[Outcome]:
     for stochastic in (False, True):
         kind = "stoch" if stochastic else "deter"
-        names = [f"replay-{kind}", f"alone-vs-batch-{kind}", f"shuffled-sub-batches-{kind}"]
+        names = [n for n in (f"replay-{kind}", f"alone-vs-batch-{kind}", f"shuffled-sub-batches-{kind}")
+                 if opts.selected(n, "batch")]
+        if not names:
+            continue
         if "per_request_seed" not in target.supports:
             for name in names:
-                if opts.selected(name):
-                    yield Outcome("batch", name, NA, "the verifier has no per-request seed")
+                yield Outcome("batch", name, NA, "the verifier has no per-request seed")
             continue
         full = _mixed_batch(stochastic)
         b = full[0].numel()
@@ -324,13 +329,14 @@ def _batch_outcomes(target: AuditTarget, opts: AuditOptions) -> Iterator[Outcome
                 yield Outcome("batch", name, ERROR, _one_line(exc))
             continue
         g = torch.Generator().manual_seed(9)
+        shuffled = [torch.randperm(b, generator=g)[: 3 + 3 * t].tolist() for t in range(4)]
         trials = {
-            names[0]: [list(range(b))],
-            names[1]: [[i] for i in range(b)],
-            names[2]: [torch.randperm(b, generator=g)[: 3 + 3 * t].tolist() for t in range(4)],
+            f"replay-{kind}": [list(range(b))],
+            f"alone-vs-batch-{kind}": [[i] for i in range(b)],
+            f"shuffled-sub-batches-{kind}": shuffled,
         }
         for name, subsets in trials.items():
-            if not opts.selected(name):
+            if name not in names:
                 continue
             try:
                 diffs = []
@@ -362,7 +368,7 @@ POSITIONAL = ("target_logits", "draft_token_ids", "cu_num_draft_tokens", "draft_
 def _bad_input_outcomes(target: AuditTarget, opts: AuditOptions) -> Iterator[Outcome]:
     for row, hostile in _bad_input_rows():
         name = f"{row.argument}: {row.what}"
-        if not opts.selected(name):
+        if not opts.selected(name, "bad-input"):
             continue
         applies = "validation" in target.supports or (row.kind == "value" and row.argument in target.value_arguments)
         if not applies:
@@ -403,7 +409,7 @@ def _bad_input_outcomes(target: AuditTarget, opts: AuditOptions) -> Iterator[Out
 
 def _mutant_outcomes(target: AuditTarget, opts: AuditOptions) -> Iterator[Outcome]:
     for bug in MUTANTS:
-        if not opts.selected(bug):
+        if not opts.selected(bug, "mutants"):
             continue
         case = law_case_by_name(MUTANT_CASES[bug])
         if target.mutant is None:

@@ -7,7 +7,7 @@ import math
 import re
 from pathlib import Path
 
-from .checks import FAIL, FAMILIES, MISSED, Outcome
+from .checks import FAIL, FAMILIES, MISSED, AuditOptions, Outcome
 from .runner import STATISTICAL_FAMILIES, AuditReport
 
 __all__ = ["to_json", "to_markdown", "write_report", "report_stem"]
@@ -43,6 +43,8 @@ def to_json(report: AuditReport) -> dict:
         "cases_filter": list(report.options.cases) if report.options.cases else None,
         "environment": report.environment,
         "seconds": round(report.seconds, 1),
+        "complete": report.complete,
+        "sessions": report.sessions,
         "outcomes": [o.as_dict() for o in report.outcomes],
     }
 
@@ -98,6 +100,8 @@ def to_markdown(report: AuditReport) -> str:
     verdict = report.verdict()
     out = [f"# Audit of `{t.name}`: {verdict}", "", t.description, ""]
     out += [f"Reproduce: `{report.command}`", ""]
+    if not report.complete:
+        out += ["**Incomplete:** a time budget stopped this run; rerun the command with `--resume`.", ""]
     env = report.environment
     versions = ", ".join(f"{k} {v}" for k, v in env.items() if v is not None and k not in ("cuda_available",))
     out += [f"Environment: {versions}.", ""]
@@ -113,7 +117,8 @@ def to_markdown(report: AuditReport) -> str:
         f"tested law with probability >= {opts.power:g} (the power column: chi-square noncentrality bound; "
         f"exact for one-outcome laws); the planted-bug runs are sized for {opts.mutant_tv:g}. A rejected case "
         "is evidence of a lossy verifier, not a flaky test: inputs and seeds are fixed.", "",
-        f"Run time {report.seconds:.0f} s.", "",
+        f"Run time {report.seconds:.0f} s" + (f" over {report.sessions} sessions." if report.sessions > 1 else "."),
+        "",
         "| family | " + " | ".join(VERDICTS) + " |",
         "|---|" + "---:|" * len(VERDICTS),
     ]
@@ -139,6 +144,26 @@ def to_markdown(report: AuditReport) -> str:
             out += _plain_table(report.of(family))
         out.append("")
     return "\n".join(out)
+
+
+def load_previous(out_dir: str | Path, target, command: str) -> AuditReport | None:
+    """The incomplete report of the same audit (same target and canonical command) in ``out_dir``, or None
+    when there is none; ValueError when the report there is of another audit or already complete."""
+    path = Path(out_dir) / f"{report_stem(target.name)}.json"
+    if not path.exists():
+        return None
+    data = json.loads(path.read_text())
+    if data.get("command") != command:
+        raise ValueError(f"{path} holds another audit ({data.get('command')!r}); use another --out")
+    if data.get("complete", True):
+        raise ValueError(f"{path} is already complete; nothing to resume")
+    report = AuditReport(target, command, AuditOptions(), tuple(data["families"]))
+    for d in data["outcomes"]:
+        stat = d.get("statistic")
+        d["statistic"] = float(stat) if isinstance(stat, str) else stat
+        report.outcomes.append(Outcome(**d))
+    report.seconds, report.sessions = float(data.get("seconds", 0.0)), int(data.get("sessions", 1))
+    return report
 
 
 def write_report(report: AuditReport, out_dir: str | Path) -> tuple[Path, Path]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import platform
 import subprocess
 import time
@@ -12,7 +13,7 @@ from pathlib import Path
 import torch
 
 from .. import stats
-from .checks import ERROR, FAIL, FAMILIES, MISSED, AuditOptions, Outcome, run_family
+from .checks import ERROR, FAIL, FAMILIES, MISSED, AuditOptions, Outcome, case_names, run_family
 from .targets import AuditTarget
 
 __all__ = ["AuditReport", "run_audit", "STATISTICAL_FAMILIES"]
@@ -31,6 +32,8 @@ class AuditReport:
     outcomes: list[Outcome] = field(default_factory=list)
     environment: dict = field(default_factory=dict)
     seconds: float = 0.0
+    complete: bool = True  # False when a time budget stopped the run (resume it with the same command)
+    sessions: int = 1  # runs (resumptions) that produced the outcomes
 
     @property
     def refused(self) -> bool:
@@ -61,6 +64,8 @@ class AuditReport:
         """One word: REFUSED, LOSSY (a law case rejects), FAIL (another check fails), or PASS."""
         if self.refused:
             return "REFUSED"
+        if not self.complete:
+            return "INCOMPLETE"
         if any(o.verdict == FAIL for o in self.outcomes if o.family in STATISTICAL_FAMILIES + ("greedy",)):
             return "LOSSY"
         if self.failures:
@@ -93,12 +98,16 @@ def run_audit(
     options: AuditOptions | None = None,
     command: str = "",
     progress: Callable[[Outcome], None] | None = None,
+    previous: AuditReport | None = None,
+    max_seconds: float | None = None,
 ) -> AuditReport:
     """Run ``families`` of the audit against ``target``; ``progress`` sees each outcome as it finishes.
 
     Each law test claims a slot of a fresh copy of the suite's false-positive budget
     (:data:`stats.SUITE_BUDGET`: 1e-4 over at most 250 tests, alpha = 4e-7 each), so a report can never hold
-    more tests than the bound covers.
+    more tests than the bound covers. ``previous``: an incomplete report of the same audit whose outcomes are
+    kept (their cases are not rerun: every case is seeded, so a rerun would repeat them). ``max_seconds``:
+    start no new case after this long; the report is then incomplete.
     """
     options = options or AuditOptions()
     unknown = [f for f in families if f not in FAMILIES]
@@ -108,16 +117,45 @@ def run_audit(
     if report.refused:
         return report
     budget = stats.FalsePositiveBudget(stats.SUITE_BUDGET.total_alpha, stats.SUITE_BUDGET.capacity)
+    kept = {f"{o.family}:{o.name}": o for o in previous.outcomes} if previous is not None else {}
+    if previous is not None:
+        report.seconds, report.sessions = previous.seconds, previous.sessions + 1
+    options = dataclasses.replace(options, done=frozenset(kept))
     start = time.perf_counter()
     for family in families:
-        for outcome in run_family(target, family, options):
+        fresh = iter(run_family(target, family, options))
+        for outcome in _in_case_order(family, kept, fresh):
             if family in STATISTICAL_FAMILIES and outcome.pvalue is not None:
                 budget.claim(f"{family}:{outcome.name}")
             report.outcomes.append(outcome)
+            if f"{family}:{outcome.name}" in kept:
+                continue
             if progress is not None:
                 progress(outcome)
-    report.seconds = time.perf_counter() - start
+            if max_seconds is not None and time.perf_counter() - start > max_seconds:
+                report.complete = False  # every session runs at least one new case
+                break
+        if not report.complete:
+            break
+    report.seconds += time.perf_counter() - start
     return report
+
+
+def _in_case_order(family: str, kept: dict[str, Outcome], fresh):
+    """Kept outcomes and freshly run ones, merged in the family's case order."""
+    ran = {}
+    for name in case_names(family):
+        key = f"{family}:{name}"
+        if key in kept:
+            yield kept[key]
+            continue
+        while name not in ran:
+            outcome = next(fresh, None)
+            if outcome is None:
+                break
+            ran[outcome.name] = outcome
+        if name in ran:
+            yield ran.pop(name)
 
 
 def _environment(target: AuditTarget) -> dict:
