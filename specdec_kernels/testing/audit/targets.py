@@ -135,6 +135,7 @@ BUILTIN_TARGETS: dict[str, Callable[[], AuditTarget]] = {
     "cuda": functools.partial(ours_target, "cuda"),
     "vllm-v1-cpu": _vllm("vllm-v1-cpu"),
     "vllm-v1-cpu-expand-fixed": _vllm("vllm-v1-cpu-expand-fixed"),
+    "vllm-v1-cpu-fixed": _vllm("vllm-v1-cpu-fixed"),
     "vllm-v1-triton": _vllm("vllm-v1-triton"),
     "vllm-v1-plugin": _vllm("vllm-v1-plugin"),
     "vllm-v2-triton": _vllm("vllm-v2-triton"),

@@ -5,6 +5,8 @@
   called by ``vllm/v1/worker/worker_base.py``): what a vLLM CPU user runs.
 - ``vllm-v1-cpu-expand-fixed``: diagnostic, the same with vLLM's CPU ``expand_kernel`` stand-in replaced (per
   call) by the same expansion in torch: what else is lossy once that defect is fixed.
+- ``vllm-v1-cpu-fixed``: diagnostic, the same with the ``rejection_random_sample_kernel`` stand-in replaced too,
+  by the Triton kernel's contract in torch (a draft id < 0 is rejected): what is left once both defects are fixed.
 - ``vllm-v1-triton``: the same forward with vLLM's own Triton kernels; on CPU they run under Triton's
   interpreter (:mod:`.interpret`), on a CUDA machine compiled.
 - ``vllm-v1-plugin``: the same forward with ``specdec_kernels``' vLLM plugin applied (``plugin.patched()``).
@@ -38,7 +40,7 @@ from ..toy_models import Verifier
 from .targets import AuditTarget, device_verifier, reference_verifier
 from .vllm_inputs import request_generators, sampling_metadata, spec_metadata
 
-__all__ = ["TARGETS", "v1_verifier", "parse_like_vllm", "vllm_refusal"]
+__all__ = ["TARGETS", "v1_verifier", "parse_like_vllm", "vllm_refusal", "random_sample_in_torch"]
 
 V1_MODULE = "vllm.v1.sample.rejection_sampler"
 MIN_P_NOTE = (" The min-p cases hand min-p to the sampler directly: vLLM 0.32 itself refuses min_p > 0 with "
@@ -169,18 +171,55 @@ def expand_in_torch(output, input_val, cu_num_tokens, replace_from, replace_to, 
     output.copy_(torch.repeat_interleave(values, cu[1:] - cu[:-1], output_size=output.numel()))
 
 
+def random_sample_in_torch(output_token_ids, cu_num_draft_tokens, draft_token_ids, draft_probs, target_probs,
+                           bonus_token_ids, recovered_token_ids, uniform_probs, is_greedy, max_spec_len,
+                           vocab_size, synthetic_conditional_rates=None, NO_DRAFT_PROBS=False,
+                           SYNTHETIC_MODE=False) -> None:
+    """``rejection_random_sample_kernel``'s contract (``vllm/v1/sample/rejection_sampler.py``) in torch, written
+    in place: per sampled request, accept draft x iff ``x >= 0`` and ``q(x) > 0`` and ``p(x) / q(x) >= u``
+    (q = 1 without draft probs); the first rejection emits the recovered token, no rejection appends the bonus."""
+    if SYNTHETIC_MODE:
+        raise NotImplementedError("synthetic acceptance is not part of the audit")
+    drafts = draft_token_ids.to(torch.int64)
+    safe = drafts.clamp(min=0)[:, None]
+    p = target_probs.gather(1, safe).squeeze(1)
+    q = torch.ones_like(p) if NO_DRAFT_PROBS else draft_probs.gather(1, safe).squeeze(1)
+    accepted = ((drafts >= 0) & (q > 0) & (p / q.clamp(min=1e-30) >= uniform_probs)).tolist()
+    ends, ids, recovered = cu_num_draft_tokens.tolist(), drafts.tolist(), recovered_token_ids.tolist()
+    greedy, bonus = is_greedy.tolist(), bonus_token_ids.reshape(-1).tolist()
+    start = 0
+    for req, end in enumerate(ends):
+        if not greedy[req]:
+            for pos, tok in enumerate(range(start, end)):
+                if not accepted[tok]:
+                    output_token_ids[req, pos] = recovered[tok]
+                    break
+                output_token_ids[req, pos] = ids[tok]
+            else:
+                output_token_ids[req, end - start] = bonus[req]
+        start = end
+
+
 @contextlib.contextmanager
-def expand_written_back():
-    """Scoped: vLLM's CPU stand-in for ``expand_kernel`` replaced by :func:`expand_in_torch` (restored on exit)."""
+def stand_ins_replaced(owners: dict[str, Callable]):
+    """Scoped: the kernels of vLLM's dispatchers ``owners`` (e.g. ``_expand``) replaced by the given torch
+    implementations of their contracts (restored on exit)."""
     from vllm.triton_utils.dispatcher import KernelOverride
 
-    owner = importlib.import_module(V1_MODULE)._expand
-    installed = owner.kernel
-    owner.kernel = KernelOverride(installed, expand_in_torch)
+    module = importlib.import_module(V1_MODULE)
+    installed = {name: getattr(module, name).kernel for name in owners}
+    for name, impl in owners.items():
+        getattr(module, name).kernel = KernelOverride(installed[name], impl)
     try:
         yield
     finally:
-        owner.kernel = installed
+        for name, kernel in installed.items():
+            getattr(module, name).kernel = kernel
+
+
+def expand_written_back():
+    """Scoped: vLLM's CPU stand-in for ``expand_kernel`` replaced by :func:`expand_in_torch` (restored on exit)."""
+    return stand_ins_replaced({"_expand": expand_in_torch})
 
 
 def v1_cpu_expand_fixed_target() -> AuditTarget:
@@ -205,6 +244,32 @@ def v1_cpu_expand_fixed_target() -> AuditTarget:
             return sampler(metadata, draft_probs, logits, sm)
 
     return _v1_target("vllm-v1-cpu-expand-fixed", description, sampler, forward)
+
+
+def v1_cpu_fixed_target() -> AuditTarget:
+    """Diagnostic: ``vllm-v1-cpu`` with both stand-in defects fixed (expansion written back, placeholder drafts
+    rejected): what remains of vLLM's CPU path once they are."""
+    description = (
+        "Diagnostic, not a stock configuration: `vllm-v1-cpu` with two changes, scoped to each call: the "
+        "stand-in for `expand_kernel` replaced by the same expansion in torch (as in `vllm-v1-cpu-expand-fixed`) "
+        "and the stand-in for `rejection_random_sample_kernel`, which does not reject a draft id < 0 as the "
+        "Triton kernel does, replaced by that kernel's contract in torch. The greedy and recovered-token "
+        "stand-ins stay vLLM's. Every request is a seeded request; planted bugs as for `vllm-v1-cpu`."
+        + MIN_P_NOTE)
+    base = v1_cpu_target()
+    if base.verify is None:
+        return _refused("vllm-v1-cpu-fixed", description, base.refusal)
+    module = importlib.import_module(V1_MODULE)
+    from vllm.v1.sample.sampler import Sampler
+
+    sampler = module.RejectionSampler(Sampler())
+    fixes = {"_expand": expand_in_torch, "_rejection_random_sample": random_sample_in_torch}
+
+    def forward(metadata, draft_probs, logits, sm):
+        with stand_ins_replaced(fixes):
+            return sampler(metadata, draft_probs, logits, sm)
+
+    return _v1_target("vllm-v1-cpu-fixed", description, sampler, forward)
 
 
 def v1_triton_target() -> AuditTarget:
@@ -263,6 +328,7 @@ def _v2_target() -> AuditTarget:
 TARGETS: dict[str, Callable[[], AuditTarget]] = {
     "vllm-v1-cpu": v1_cpu_target,
     "vllm-v1-cpu-expand-fixed": v1_cpu_expand_fixed_target,
+    "vllm-v1-cpu-fixed": v1_cpu_fixed_target,
     "vllm-v1-triton": v1_triton_target,
     "vllm-v1-plugin": v1_plugin_target,
     "vllm-v2-triton": _v2_target,
