@@ -23,14 +23,22 @@ ROOT = Path(__file__).resolve().parent
 
 
 class CMakeExtension(Extension):
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, target: str) -> None:
         super().__init__(name, sources=[])
+        self.target = target  # the CMake target that produces it
 
 
 class CMakeBuild(build_ext):
-    """Configures and builds CMakeLists.txt, writing _C next to the package (or into build_lib)."""
+    """Configures and builds CMakeLists.txt, writing _C next to the package (or into build_lib), and the
+    test-only CUDA host emulation library into specdec_kernels/testing/."""
 
     def build_extension(self, ext: Extension) -> None:
+        if getattr(ext, "target", "_C") != "_C":
+            return  # built by the same CMake build as _C (below), under its extension file name
+        self._build_cmake()
+
+    def _build_cmake(self) -> None:
+        ext_name = "specdec_kernels._C"
         try:
             import pybind11
             import torch
@@ -41,7 +49,7 @@ class CMakeBuild(build_ext):
                 file=sys.stderr,
             )
             return
-        out_file = Path(self.get_ext_fullpath(ext.name)).resolve()
+        out_file = Path(self.get_ext_fullpath(ext_name)).resolve()
         out_dir = out_file.parent
         build_dir = ROOT / "build" / f"cmake-{sysconfig.get_platform()}-{sys.implementation.cache_tag}"
         build_dir.mkdir(parents=True, exist_ok=True)
@@ -57,6 +65,7 @@ class CMakeBuild(build_ext):
             f"-DPython_EXECUTABLE={sys.executable}",
             f"-DSPECDEC_OUTPUT_DIR={out_dir}",
             f"-DSPECDEC_WITH_CUDA={'ON' if with_cuda else 'OFF'}",
+            f"-DSPECDEC_EXT_SUFFIX={sysconfig.get_config_var('EXT_SUFFIX') or '.so'}",
             "-DCMAKE_BUILD_TYPE=Release",
         ]
         if shutil.which("ninja"):
@@ -73,6 +82,9 @@ class CMakeBuild(build_ext):
             shutil.copy2(built, out_file)
 
 
-ext_modules = [] if os.environ.get("SPECDEC_SKIP_NATIVE") == "1" else [CMakeExtension("specdec_kernels._C")]
+ext_modules = [] if os.environ.get("SPECDEC_SKIP_NATIVE") == "1" else [
+    CMakeExtension("specdec_kernels._C", "_C"),
+    CMakeExtension("specdec_kernels.testing._cuda_host", "specdec_cuda_host"),
+]
 
 setup(ext_modules=ext_modules, cmdclass={"build_ext": CMakeBuild})
