@@ -135,7 +135,7 @@ def check_resources(launches, usage: dict[tuple[str, str], KernelUsage], device:
             if u.smem + dyn > device.static_smem_per_block:
                 problems.append(f"{device.name}: {name} uses {u.smem + dyn} bytes of shared memory "
                                 f"(> {device.static_smem_per_block})")
-    return problems
+    return list(dict.fromkeys(problems))
 
 
 def main(argv: list[str] | None = None) -> int:
