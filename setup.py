@@ -82,9 +82,8 @@ class CMakeBuild(build_ext):
             shutil.copy2(built, out_file)
 
 
-ext_modules = [] if os.environ.get("SPECDEC_SKIP_NATIVE") == "1" else [
-    CMakeExtension("specdec_kernels._C", "_C"),
-    CMakeExtension("specdec_kernels.testing._cuda_host", "specdec_cuda_host"),
-]
+ext_modules = [] if os.environ.get("SPECDEC_SKIP_NATIVE") == "1" else [CMakeExtension("specdec_kernels._C", "_C")]
+if ext_modules and sys.platform.startswith("linux"):  # the CUDA host emulation (tests only), see CMakeLists.txt
+    ext_modules.append(CMakeExtension("specdec_kernels.testing._cuda_host", "specdec_cuda_host"))
 
 setup(ext_modules=ext_modules, cmdclass={"build_ext": CMakeBuild})
