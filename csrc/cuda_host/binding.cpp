@@ -100,7 +100,7 @@ SPECDEC_EMU_API int specdec_emu_verify_chain(const void* logits, int logits_dtyp
   return specdec_emu::error() == nullptr ? 0 : 1;
 }
 
-SPECDEC_EMU_API int specdec_emu_verify_tree(const void* logits, int logits_dtype, int64_t vocab,
+SPECDEC_EMU_API int specdec_emu_verify_tree(const void* logits, int logits_dtype, int64_t vocab, int64_t num_nodes,
                                             const int64_t* node_token_ids, const int64_t* parent, const int64_t* cu,
                                             int64_t num_reqs, const void* draft_probs, int probs_dtype,
                                             const float* temperature, const int32_t* top_k, const float* top_p,
@@ -111,6 +111,7 @@ SPECDEC_EMU_API int specdec_emu_verify_tree(const void* logits, int logits_dtype
   a.logits = logits;
   a.logits_dtype = dtype_of(logits_dtype);
   a.vocab = vocab;
+  a.num_nodes = num_nodes;
   a.node_token_ids = node_token_ids;
   a.parent = parent;
   a.cu = cu;

@@ -126,8 +126,8 @@ def _load() -> ctypes.CDLL | None:
         lib.specdec_emu_tree_workspace_bytes.argtypes = [i64, i64, i32]
         lib.specdec_emu_tree_workspace_bytes.restype = u64
         lib.specdec_emu_verify_chain.argtypes = [p, i32, i64, i64, p, p, i64, p, i32, p, p, p, p, p, i64, p, p, p, i32]
-        lib.specdec_emu_verify_tree.argtypes = [p, i32, i64, p, p, p, i64, p, i32, p, p, p, p, p, i32, i64, p, p, p,
-                                                p, i32]
+        lib.specdec_emu_verify_tree.argtypes = [p, i32, i64, i64, p, p, p, i64, p, i32, p, p, p, p, p, i32, i64, p, p,
+                                                p, p, i32]
         lib.specdec_emu_plan_chain.argtypes = [i32, i64, i32, i64, i64, i32, i32]
         lib.specdec_emu_plan_tree.argtypes = [i32, i64, i32, i64]
         lib.specdec_emu_selftest.argtypes = [ctypes.c_char_p, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_uint32, u64,
@@ -341,8 +341,8 @@ def verify_tree(
 
     def launch() -> int:
         return lib.specdec_emu_verify_tree(
-            _ptr(logits), code, vocab, _ptr(tokens), _ptr(par), _ptr(cu), num_reqs, _ptr(probs), probs_code,
-            _ptr(temp), _ptr(tk), _ptr(tp), _ptr(sd), _ptr(pos), int(sibling == "without_replacement"), depth,
+            _ptr(logits), code, vocab, logits.shape[0], _ptr(tokens), _ptr(par), _ptr(cu), num_reqs, _ptr(probs),
+            probs_code, _ptr(temp), _ptr(tk), _ptr(tp), _ptr(sd), _ptr(pos), int(sibling == "without_replacement"), depth,
             _ptr(out), _ptr(nodes), _ptr(accepted), ws.data_ptr() + 4 * _CANARY, arch,
         )
 
