@@ -15,9 +15,11 @@ import re
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import specdec_kernels as sk
-from specdec_kernels.testing import cuda_host, stats
+from specdec_kernels.testing import cuda_host, fuzz, stats
 from specdec_kernels.testing.chain_law import (
     FIRST_TOKEN_CASES,
     case_by_name,
@@ -138,6 +140,25 @@ def test_garbage_without_validation_stays_in_bounds():
     long[:, 3] = 50.0  # greedy argmax 3 everywhere: every draft below is accepted
     res = cuda_host.verify_chain(long, torch.full((4,), 3), torch.tensor([0, 4]), validate=False, max_draft_len=1)
     assert res.output_token_ids.shape == (1, 2) and int(res.num_accepted[0]) <= 1
+
+
+@given(call=st.one_of(fuzz.chain_call(), fuzz.tree_call()))
+@settings(max_examples=60, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+def test_fuzz_unvalidated_stays_in_bounds(call):
+    """validate=False on the fuzz campaign's inconsistent calls (decreasing / negative / past-the-end cu,
+    garbage parents, ids, widths and sampling parameters): the emulated kernels read no guard row, write no
+    canary, emit only tokens in [0, V), and agree with the reference wherever the clamping rules define one
+    answer (tests/test_unvalidated.py runs the same campaign on the user backends)."""
+    emulated = cuda_host.verify_chain if call.op == "chain" else cuda_host.verify_tree
+    reference = sk.verify_chain if call.op == "chain" else sk.verify_tree
+    results = {}
+    for name, fn in (("cuda_host", emulated), ("reference", lambda **kw: reference(**kw, backend="reference"))):
+        try:
+            results[name] = fn(**call.kwargs)
+        except Exception as exc:  # judged by fuzz.problems: no error is allowed here
+            results[name] = exc
+    assert not fuzz.problems(call, results), fuzz.problems(call, results)
 
 
 def test_checks_are_the_apis():
