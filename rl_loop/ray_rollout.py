@@ -124,7 +124,8 @@ class RolloutPool:
     """
 
     def __init__(self, ray, policy: Qwen3, drafter, eos_id: int, num_workers: int, unit: int,
-                 num_threads: int = 1, assignment: Assignment = block_assignment, max_restarts: int = 3) -> None:
+                 num_threads: int = 1, assignment: Assignment = block_assignment, max_restarts: int = 3,
+                 version: int = 0) -> None:
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
         self.ray, self.policy, self.drafter = ray, policy, drafter
@@ -136,24 +137,27 @@ class RolloutPool:
         self.weights: tuple[int, object, object] | None = None
         self.publishes = 0
         self.actors = [self._start() for _ in range(num_workers)]
-        self.sync(0)
+        self.sync(version)
 
     def _start(self):
         return self._cls.remote(self._models, self._eos, self._threads)
 
     @property
     def version(self) -> int:
+        """The version of the weights published last."""
         return self.weights[0]
 
-    def sync(self, version: int | None = None) -> None:
+    def sync(self, version: int | None = None) -> dict:
         """Publish the trainer's current weights as ``version`` (default: the next one): one ``ray.put`` of
-        the policy and one of the drafter, then every worker loads them (queued behind its pending calls)."""
+        the policy and one of the drafter, then every worker loads them (queued behind its pending calls).
+        Returns the policy state published (the async trainer keeps it as a behaviour snapshot)."""
         version = self.version + 1 if version is None else version
         p, d = weights(self.policy, self.drafter)
         self.weights = (version, self.ray.put(p), self.ray.put(d))
         self.publishes += 1
         for a in self.actors:
             a.load_weights.remote(*self.weights)
+        return p
 
     def submit(self, prompts: list[list[int]], seeds: list[int], gen: GenerationConfig,
                compare: bool = False) -> Pending:

@@ -119,11 +119,37 @@ def test_worker_killed_mid_step_is_replaced_with_the_same_rollouts(local_ray, mo
         p.shutdown()
 
 
-def test_sync_run_dump_identical_with_two_workers(local_ray, tmp_path):
-    base = tiny_config(steps=2, equivalence=False, dump_rollouts=True, temperature=1.0)
-    one = run(replace(base, out=str(tmp_path / "one")))
-    two = run(replace(base, out=str(tmp_path / "two"), rollout_workers=2))
-    d1, d2 = read_dump(str(tmp_path / "one" / "rollouts.jsonl")), read_dump(str(tmp_path / "two" / "rollouts.jsonl"))
-    assert [r["step"] for r in d1] == [0, 1] and d1 == d2
+BASE = tiny_config(steps=2, equivalence=False, dump_rollouts=True, temperature=1.0)
+
+
+@pytest.fixture(scope="module")
+def one_worker(tmp_path_factory) -> tuple[dict, list[dict]]:
+    """The in-process sync run every Ray run below must reproduce: (summary, dump)."""
+    out = tmp_path_factory.mktemp("one")
+    summary = run(replace(BASE, out=str(out)))
+    return summary, read_dump(str(out / "rollouts.jsonl"))
+
+
+def test_sync_run_dump_identical_with_two_workers(local_ray, one_worker, tmp_path):
+    two = run(replace(BASE, out=str(tmp_path), rollout_workers=2))
+    one, dump = one_worker
+    assert [r["step"] for r in dump] == [0, 1] and read_dump(str(tmp_path / "rollouts.jsonl")) == dump
     assert two["rollout_workers"] == 2 and two["weight_publishes"] == 1 + 2  # start + one per update
     assert one["val_accuracy_end"] == two["val_accuracy_end"]
+
+
+def test_sync_resume_with_two_workers_continues_the_same_rollouts(local_ray, one_worker, tmp_path):
+    cfg = replace(BASE, out=str(tmp_path), rollout_workers=2, checkpoint_every=1)
+    run(replace(cfg, steps=1))
+    run(replace(cfg, resume=True))
+    assert read_dump(str(tmp_path / "rollouts.jsonl")) == one_worker[1]
+
+
+def test_async_run_same_rollouts_for_one_and_two_workers(local_ray, tmp_path):
+    cfg = replace(BASE, pipeline="async")
+    runs = [run(replace(cfg, out=str(tmp_path / str(n)), rollout_workers=n)) for n in (1, 2)]
+    dumps = [read_dump(str(tmp_path / str(n) / "rollouts.jsonl")) for n in (1, 2)]
+    assert [r["step"] for r in dumps[0]] == [0, 1] and dumps[0] == dumps[1]
+    for summary in runs:
+        assert summary["policy_lags"] == [0, 1] and summary["max_policy_lag"] == 1
+    assert runs[1]["rollout_workers"] == 2
