@@ -3,8 +3,20 @@ published once per update, a worker killed mid-step replaced with the same rollo
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
 import random
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -153,3 +165,67 @@ def test_async_run_same_rollouts_for_one_and_two_workers(local_ray, tmp_path):
     for summary in runs:
         assert summary["policy_lags"] == [0, 1] and summary["max_policy_lag"] == 1
     assert runs[1]["rollout_workers"] == 2
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_port(port: int, deadline: float) -> None:
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.5)
+    raise TimeoutError(f"Ray head did not listen on {port}")
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    """SIGTERM, then SIGKILL, every ``ray start --block`` process group (its Ray services share the group)."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for p in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, sig)
+        for p in procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout=15)
+
+
+def test_two_node_loopback_cluster_reproduces_the_one_worker_run(one_worker, tmp_path):
+    """``ray start --head`` + ``ray start --address`` (one CPU each) on loopback; ``python -m rl_loop
+    --rollout-workers 2`` attached through RAY_ADDRESS places one worker on each node and dumps the
+    one-worker run's rollouts. Only this test's processes are stopped (``ray stop`` would stop every Ray
+    on the machine), by process group; none may be left (checked by the cluster's own temp dir)."""
+    ray_cli = str(Path(sys.executable).with_name("ray"))
+    temp = tempfile.mkdtemp(prefix="r19", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
+    port = _free_port()
+    # `ray start --head` enables token authentication: every node and the driver share this run's token
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+    common = ["--block", "--num-cpus=1", "--disable-usage-stats"]
+    procs = []
+    try:
+        procs.append(subprocess.Popen(
+            [ray_cli, "start", "--head", f"--port={port}", "--node-ip-address=127.0.0.1", "--include-dashboard=false",
+             f"--temp-dir={temp}", *common], env=env, start_new_session=True,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        _wait_port(port, time.monotonic() + 90)
+        procs.append(subprocess.Popen(
+            [ray_cli, "start", f"--address=127.0.0.1:{port}", "--node-ip-address=127.0.0.1",
+             '--resources={"second_node": 1}', *common], env=env, start_new_session=True,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        out = tmp_path / "ray_cluster"
+        cmd = [sys.executable, "-m", "rl_loop", "--tiny", "--steps", "2", "--temperature", "1.0", "--no-equivalence",
+               "--dump-rollouts", "--rollout-workers", "2", "--out", str(out)]
+        res = subprocess.run(cmd, env={**env, "RAY_ADDRESS": f"127.0.0.1:{port}"}, timeout=240,
+                             capture_output=True, text=True)
+        assert res.returncode == 0, res.stderr[-3000:]
+        summary = json.load(open(out / "summary.json"))
+        assert summary["rollout_workers"] == 2 and summary["rollout_worker_nodes"] == 2
+        assert read_dump(str(out / "rollouts.jsonl")) == one_worker[1]
+    finally:
+        _stop(procs)
+        left = subprocess.run(["pgrep", "-f", temp], capture_output=True, text=True).stdout.split()
+        shutil.rmtree(temp, ignore_errors=True)
+    assert not left, f"leaked Ray processes {left}"
