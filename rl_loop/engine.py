@@ -24,7 +24,7 @@ import torch
 
 from specdec_kernels.drafters import CachedDrafter
 from specdec_kernels.drafters.training import sync_shared_weights
-from specdec_kernels.models import KVCache, Qwen3
+from specdec_kernels.models import KVCache, ModelConfig, Qwen3
 
 from .decode import PolicyStep
 from .rollouts import GenerationConfig, Rollouts, RolloutStats, resolve_verify_backend
@@ -176,7 +176,7 @@ class RolloutEngine:
         if queue and free:
             t0 = time.perf_counter()
             if req.store is None:
-                req.store = _PromptStore(self.policy_step, req.prompts, strategy.capture)
+                req.store = _PromptStore(self.policy.config, self.policy_step, req.prompts, strategy.capture)
             admitted = [(s, queue.popleft()) for s in free[: len(queue)]]
             slots = [s for s, _ in admitted]
             prompts = [req.prompts[r] for _, r in admitted]
@@ -201,7 +201,8 @@ class _PromptStore:
     Every token but the last of each prompt is stored (the last one is the first decode input).
     """
 
-    def __init__(self, step: PolicyStep, prompts: list[list[int]], capture: tuple[int, ...]) -> None:
+    def __init__(self, config: ModelConfig, step: PolicyStep, prompts: list[list[int]], capture: tuple[int, ...]
+                 ) -> None:
         self.index: dict[tuple[int, ...], int] = {}
         for p in prompts:
             self.index.setdefault(tuple(p), len(self.index))
@@ -210,7 +211,7 @@ class _PromptStore:
         self.hidden: list[torch.Tensor] = []
         if self.width == 0:
             return
-        self.cache = KVCache(step.policy.config, len(distinct), self.width)
+        self.cache = KVCache(config, len(distinct), self.width)
         ids = torch.zeros(len(distinct), self.width, dtype=torch.long)
         for i, p in enumerate(distinct):
             ids[i, : len(p) - 1] = torch.tensor(p[:-1])
