@@ -9,8 +9,9 @@ q_j = ``draft_probs`` row j, x_j = draft j, so row j decides the token at ``posi
 - the block ends at its first placeholder (or id outside [0, V)): K = that index, else K = k;
 - residuals ``r_j = max(0, w_j p_j - q_j)`` with mass ``Z_j = sum r_j`` (summed in float64), and the stop
   probabilities ``h_j = Z_j / (Z_j + 1 - w_j)`` for 1 <= j < K (0 if the denominator is 0), ``h_K = w_K``;
-- ``tau`` = the largest j in 1..K whose coin ``eta_j = rand(seed, ((position + j - 1) << 32) | 0)`` (the
-  stream-0 coin of draft row j - 1) has ``eta_j < h_j``; 0 if there is none;
+- ``tau`` = the largest j in 1..K whose coin ``eta_j = philox.sequence_coins(seed, position, j)`` (=
+  ``rand(seed, ((position | 2**31) << 32) | j)``: keyed by the round's first position, see there) has
+  ``eta_j < h_j``; 0 if there is none;
 - output: drafts x_0 .. x_{tau-1}, then from row tau: ``y ~ p_K`` by Gumbel-max on the scaled logits if
   tau = K (stream 2 when K = k, the bonus row; stream 1 when the block ended at a placeholder), else
   ``y ~ norm(r_tau)`` by Gumbel-max on log r_tau with stream-1 noise (p_tau itself if r_tau is empty).
@@ -49,7 +50,7 @@ from .chain import ChainResult, gumbel_argmax
 from .chain import verify_chain as verify_chain_token
 from .sampling import greedy_logits, softmax, target_logits
 
-__all__ = ["last_stop", "ratio_weight", "residual_row", "stop_mass", "stop_probability", "verify_chain_block"]
+__all__ = ["last_stop", "prefix_coin", "ratio_weight", "residual_row", "stop_mass", "stop_probability", "verify_chain_block"]
 
 
 def ratio_weight(num: torch.Tensor, q_x: torch.Tensor) -> torch.Tensor:
@@ -67,6 +68,11 @@ def residual_row(w: torch.Tensor, p: torch.Tensor, q: torch.Tensor) -> torch.Ten
 def stop_mass(w: torch.Tensor, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """[B] float64 ``Z = sum max(0, w p - q)``, the mass of :func:`residual_row` (summed in float64)."""
     return torch.clamp(w[:, None] * p - q, min=0.0).double().sum(-1)
+
+
+def prefix_coin(seed: torch.Tensor, position: torch.Tensor, j: int) -> torch.Tensor:
+    """[B] float32 coin of the test of prefix length j (sequence-level coins, see ``philox.sequence_coins``)."""
+    return philox.sequence_coins(seed, position, j)
 
 
 def last_stop(tau: torch.Tensor, j: int, stop: torch.Tensor) -> torch.Tensor:
@@ -148,7 +154,7 @@ def verify_chain_block(
         if j >= 1:
             mass = stop_mass(w, p, q)
             h = torch.where(j == block_len, w.double(), stop_probability(mass, w))
-            coin = philox.coins(seed, position + j - 1)
+            coin = prefix_coin(seed, position, j)
             stop = live & (coin.double() < h)
             w_tau = torch.where(last_stop(tau, j, stop) == j, w, w_tau)
             tau = last_stop(tau, j, stop)

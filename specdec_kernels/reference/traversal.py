@@ -13,9 +13,9 @@ after alpha) and draft rows q (``draft_probs[beta]`` = the law beta's children w
   sampling keeps it, without replacement), the weight ``a = min(1, m_beta(x) / q_c(x))`` (``ratio_weight``)
   gives ``m_c = a p_c`` (r = a p_c, d = 1) and ``M_c = a``; if a = 0 the subtree is dead and c is tested
   at once;
-- testing node c (depth t >= 1): accept the path root..c iff ``eta_c < M_c``, with
-  ``eta_c = rand(seed, ((position + t - 1) << 32) | (0 << 30) | (local(c) - t))``: the stream-0 coin at the
-  position c's token decides, indexed by ``local(c) - t`` (distinct for nodes at one depth; 0 on a chain);
+- testing node c (depth t >= 1): accept the path root..c iff ``eta_c < M_c``, with the sequence-level
+  coin ``eta_c = philox.sequence_coins(seed, position, local(c))`` (keyed by the round's first position
+  and the node's local index; on a chain node j is block verification's prefix j);
 - deleting a rejected child c of beta: ``r_beta <- max(0, m_beta - q_c)``, ``Z = sum r_beta`` (float64),
   ``D = Z + 1 - M_beta``, ``M_beta <- Z / D`` and ``d_beta <- D`` (0 and 1 when D = 0); without replacement
   also ``q <- norm(q with q(x) = 0)`` for the next sibling;
@@ -59,8 +59,8 @@ _INDEX_MASK = (1 << 30) - 1
 
 
 def coin_index(local: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
-    """Vocabulary-index field of a node's traversal coin: ``local - depth`` (kept below 2**30)."""
-    return (local - depth) & _INDEX_MASK
+    """Index field of a node's traversal coin: its local index (kept below 2**30)."""
+    return local & _INDEX_MASK
 
 
 def entry_weight(m_parent: torch.Tensor, q_parent: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -107,15 +107,16 @@ def verify_tree_traversal(
 ) -> TreeResult:
     """Reference traversal verification on validated, normalised inputs (``verify_tree``'s signature).
 
-    Vectorised over requests: each loop step moves every request one event (enter or test a node) along
-    its own depth-first traversal; the per-depth masses live in [B, D + 1, V] buffers. Host syncs: the
-    children table's width and one per step (stop when every request is done).
+    Vectorised over requests: each loop step moves every request still walking one event (enter or test
+    a node) along its own depth-first traversal; the per-depth masses live in [B, D + 1, V] buffers. Host
+    syncs: the children table's width, whether any request is greedy, and one per step (the requests that
+    accepted leave the loop).
     """
-    token_res = verify_tree_token(target_logits_, node_token_ids, parent, cu_num_nodes, None, temperature, top_k,
-                                  top_p, seed, position, sibling_sampling, max_depth)
     num_reqs = cu_num_nodes.numel() - 1
-    if draft_probs is None or num_reqs == 0:
-        return token_res
+    is_greedy = temperature == 0
+    if draft_probs is None or num_reqs == 0 or bool(is_greedy.all()):
+        return verify_tree_token(target_logits_, node_token_ids, parent, cu_num_nodes, None, temperature, top_k,
+                                 top_p, seed, position, sibling_sampling, max_depth)
     vocab_size = target_logits_.shape[1]
     device = target_logits_.device
     width = max_depth + 1
@@ -125,12 +126,13 @@ def verify_tree_traversal(
     tokens = node_token_ids.to(torch.int64)
     token_valid = (tokens >= 0) & (tokens < vocab_size)
     first_child, next_sibling, leaf = _walk_links(layout, depth, token_valid, max_depth)
-    is_greedy = temperature == 0
     temp = torch.where(is_greedy, torch.ones_like(temperature), temperature)
     without_replacement = sibling_sampling == "without_replacement"
     q_all = draft_probs.float()
+    # Every node's test coin (each node is tested at most once).
+    node_coin = philox.sequence_coins(seed[layout.request], position[layout.request],
+                                      coin_index(layout.local, depth)).double()
 
-    reqs = torch.arange(num_reqs, device=device)
     r = torch.zeros(num_reqs, width, vocab_size, dtype=torch.float32, device=device)
     divisor = torch.ones(num_reqs, width, dtype=torch.float32, device=device)
     mass = torch.zeros(num_reqs, width, dtype=torch.float64, device=device)
@@ -138,54 +140,52 @@ def verify_tree_traversal(
     deleted = torch.zeros(num_reqs, width, dtype=torch.bool, device=device)
     node = cu[:-1].clone()
     entering = torch.ones(num_reqs, dtype=torch.bool, device=device)
-    done = is_greedy.clone()  # greedy requests take the token-level walk
     accepted = node.clone()
-    max_nodes = int((cu[1:] - cu[:-1]).max())
-    for _ in range(2 * max_nodes):
-        d = depth[node]
+    live = torch.nonzero(~is_greedy).flatten()  # greedy requests take the token-level walk
+    while live.numel():
+        nd = node[live]
+        d = depth[nd]
         up = (d - 1).clamp(min=0)
-        x = torch.where(token_valid[node], tokens[node], 0)
-        enter = entering & ~done
-        test = ~entering & ~done
+        x = torch.where(token_valid[nd], tokens[nd], 0)
+        enter = entering[live]
+        test = ~enter
 
         # Enter: the node's weight from its parent's mass, its own mass a * p.
-        p = softmax(target_logits(target_logits_[node], temp, top_k, top_p))
-        m_up = r[reqs, up] / divisor[reqs, up][:, None]
-        a = entry_weight(m_up, q[reqs, up], x)
+        p = softmax(target_logits(target_logits_[nd], temp[live], None if top_k is None else top_k[live],
+                                  None if top_p is None else top_p[live]))
+        m_up = r[live, up] / divisor[live, up][:, None]
+        q_up = q[live, up]
+        a = entry_weight(m_up, q_up, x)
         a = torch.where(d == 0, torch.ones_like(a), a)
-        r[reqs, d] = torch.where(enter[:, None], a[:, None] * p, r[reqs, d])
-        divisor[reqs, d] = torch.where(enter, 1.0, divisor[reqs, d])
-        mass[reqs, d] = torch.where(enter, a.double(), mass[reqs, d])
-        q[reqs, d] = torch.where(enter[:, None], q_all[node], q[reqs, d])
-        deleted[reqs, d] = deleted[reqs, d] & ~enter
-        down = enter & (a > 0) & (first_child[node] >= 0)
+        r[live, d] = torch.where(enter[:, None], a[:, None] * p, r[live, d])
+        divisor[live, d] = torch.where(enter, 1.0, divisor[live, d])
+        mass[live, d] = torch.where(enter, a.double(), mass[live, d])
+        q[live, d] = torch.where(enter[:, None], q_all[nd], q[live, d])
+        deleted[live, d] = deleted[live, d] & ~enter
+        down = enter & (a > 0) & (first_child[nd] >= 0)
 
         # Test: accept the node's path, or delete it from its parent's mass.
-        coin = philox.rand(seed, philox.make_offset(position + d - 1, philox.STREAM_COIN,
-                                                    coin_index(layout.local[node], d)))
-        accept = test & ((d == 0) | (coin.double() < mass[reqs, d]))
+        accept = test & ((d == 0) | (node_coin[nd] < mass[live, d]))
         reject = test & ~accept
-        residual = torch.clamp(m_up - q[reqs, up], min=0.0)
+        residual = torch.clamp(m_up - q_up, min=0.0)
         total = residual.double().sum(-1)
-        denom = total + (1.0 - mass[reqs, up])
-        r[reqs, up] = torch.where(reject[:, None], residual, r[reqs, up])
-        divisor[reqs, up] = torch.where(reject, torch.where(denom > 0, denom.float(), 1.0), divisor[reqs, up])
-        mass[reqs, up] = torch.where(reject, stop_probability(total, mass[reqs, up]), mass[reqs, up])
-        deleted[reqs, up] = deleted[reqs, up] | reject
+        denom = total + (1.0 - mass[live, up])
+        r[live, up] = torch.where(reject[:, None], residual, r[live, up])
+        divisor[live, up] = torch.where(reject, torch.where(denom > 0, denom.float(), 1.0), divisor[live, up])
+        mass[live, up] = torch.where(reject, stop_probability(total, mass[live, up]), mass[live, up])
+        deleted[live, up] = deleted[live, up] | reject
         if without_replacement:
-            q[reqs, up] = torch.where(reject[:, None], remove_token(q[reqs, up], x), q[reqs, up])
-        sibling = next_sibling[node]
+            q[live, up] = torch.where(reject[:, None], remove_token(q_up, x), q_up)
+        sibling = next_sibling[nd]
 
-        accepted = torch.where(accept, node, accepted)
-        done = done | accept
-        node = torch.where(down, first_child[node], node)
-        node = torch.where(reject, torch.where(sibling >= 0, sibling, layout.parent[node]), node)
-        entering = torch.where(enter, down, entering)
-        entering = torch.where(reject, sibling >= 0, entering)
-        if bool(done.all()):
-            break
+        accepted[live] = torch.where(accept, nd, accepted[live])
+        nxt = torch.where(down, first_child[nd], nd)
+        node[live] = torch.where(reject, torch.where(sibling >= 0, sibling, layout.parent[nd]), nxt)
+        entering[live] = torch.where(enter, down, sibling >= 0)
+        live = live[~accept]
 
     # Emission at the accepted node.
+    reqs = torch.arange(num_reqs, device=device)
     d = depth[accepted]
     z = target_logits(target_logits_[accepted], temp, top_k, top_p)
     row = r[reqs, d]
@@ -206,5 +206,9 @@ def verify_tree_traversal(
         anc = torch.where(at, layout.parent[anc], anc)
     path[:, 0] = 0
     traversal = TreeResult(out.to(torch.int32), path.to(torch.int32), d.to(torch.int32))
+    if not bool(is_greedy.any()):
+        return traversal
+    token_res = verify_tree_token(target_logits_, node_token_ids, parent, cu_num_nodes, None, temperature, top_k,
+                                  top_p, seed, position, sibling_sampling, max_depth)
     return TreeResult(*(torch.where(is_greedy.view(-1, *[1] * (t.dim() - 1)), t_tok, t)
                         for t, t_tok in zip(traversal, token_res, strict=True)))

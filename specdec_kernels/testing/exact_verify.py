@@ -48,6 +48,7 @@ __all__ = [
     "accepted_length_law",
     "hu_optimal_acceptance",
     "coupling_bound",
+    "gain_condition",
 ]
 
 SIBLING_MODES = ("iid", "without_replacement", "deterministic")
@@ -168,12 +169,14 @@ def draft_outcomes(step: ToyStep) -> tuple[torch.Tensor, torch.Tensor]:
     return tokens, probs
 
 
-def _draw_laws(step: ToyStep, tokens: torch.Tensor) -> torch.Tensor:
+def _draw_laws(step: ToyStep, tokens: torch.Tensor, siblings: str | None = None) -> torch.Tensor:
     """[O, N, V] the law each non-root node was drawn from, given its earlier siblings (row 0 unused).
 
     i.i.d.: the parent's q; without replacement: q with the earlier siblings removed, renormalised;
-    deterministic: a point mass on the node's own token.
+    deterministic: a point mass on the node's own token. ``siblings`` overrides the step's mode (the
+    laws a verifier assumes).
     """
+    siblings = siblings or step.siblings
     num_out, n = tokens.shape
     vocab = step.vocab_size
     laws = torch.zeros(num_out, n, vocab, dtype=torch.float64)
@@ -181,11 +184,11 @@ def _draw_laws(step: ToyStep, tokens: torch.Tensor) -> torch.Tensor:
     for node in range(n):
         q = step.draft.double()[tokens[:, node]]
         for c in step.children[node]:
-            if step.siblings == "deterministic":
+            if siblings == "deterministic":
                 laws[rows, c, tokens[:, c]] = 1.0
                 continue
             laws[:, c] = q
-            if step.siblings == "without_replacement":
+            if siblings == "without_replacement":
                 q = q.clone()
                 q[rows, tokens[:, c]] = 0.0
                 total = q.sum(-1, keepdim=True)
@@ -284,11 +287,12 @@ def _block(step, target, laws, tokens, law) -> None:
 _METHODS = {"token": _token_level, "traversal": _traversal, "block": _block}
 
 
-def emission_law(step: ToyStep, method: str, outcomes=None) -> torch.Tensor:
+def emission_law(step: ToyStep, method: str, outcomes=None, verify_siblings: str | None = None) -> torch.Tensor:
     """[O, N, V] float64: P(accept the path to node n, then emit token y | draft outcome o).
 
     ``outcomes`` defaults to :func:`draft_outcomes`; ``method`` is "token", "block" (chains only) or
-    "traversal". Each row sums to 1 over (n, y).
+    "traversal"; ``verify_siblings`` is the sibling mode the verifier assumes (default: the step's).
+    Each row sums to 1 over (n, y).
     """
     if method not in _METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
@@ -297,7 +301,7 @@ def emission_law(step: ToyStep, method: str, outcomes=None) -> torch.Tensor:
     tokens, _ = outcomes if outcomes is not None else draft_outcomes(step)
     target = step.target.double()[tokens]  # [O, N, V]: the target law after each node
     law = torch.zeros(tokens.shape[0], step.num_nodes, step.vocab_size, dtype=torch.float64)
-    _METHODS[method](step, target, _draw_laws(step, tokens), tokens, law)
+    _METHODS[method](step, target, _draw_laws(step, tokens, verify_siblings), tokens, law)
     return law
 
 
@@ -315,10 +319,10 @@ def target_law(step: ToyStep) -> torch.Tensor:
     return law
 
 
-def extended_law(step: ToyStep, method: str) -> torch.Tensor:
+def extended_law(step: ToyStep, method: str, verify_siblings: str | None = None) -> torch.Tensor:
     """[V ** (D + 1)] law of the emitted tokens followed by autoregressive target sampling up to D + 1."""
     tokens, probs = outcomes = draft_outcomes(step)
-    law = emission_law(step, method, outcomes) * probs[:, None, None]
+    law = emission_law(step, method, outcomes, verify_siblings) * probs[:, None, None]
     vocab = step.vocab_size
     ext = torch.zeros(1, dtype=torch.float64)  # mass of emitted prefixes shorter than the current length
     for length in range(1, step.max_depth + 2):
@@ -344,9 +348,9 @@ def _path_tokens(step: ToyStep, tokens: torch.Tensor, node: int) -> torch.Tensor
     return tokens[:, path[::-1]] if path else tokens[:, :0]
 
 
-def lossless_gap(step: ToyStep, method: str) -> float:
+def lossless_gap(step: ToyStep, method: str, verify_siblings: str | None = None) -> float:
     """Largest |extended law - target law| over sequences: 0 (to rounding) iff the method is lossless."""
-    return float((extended_law(step, method) - target_law(step)).abs().max())
+    return float((extended_law(step, method, verify_siblings) - target_law(step)).abs().max())
 
 
 def accepted_length_law(step: ToyStep, method: str) -> torch.Tensor:
@@ -362,6 +366,31 @@ def expected_accepted_length(step: ToyStep, method: str) -> float:
     """Exact mean number of accepted drafts of one verification step."""
     law = accepted_length_law(step, method)
     return float((law * torch.arange(law.numel(), dtype=torch.float64)).sum())
+
+
+def gain_condition(step: ToyStep) -> bool:
+    """True when sequence-level verification can accept strictly more than token level on this step.
+
+    The block-verification inequality w_i >= prod_{j <= i} min(1, p_j / q_j) (``reference/block.py``) is
+    strict exactly when, on a draft of positive probability, a node whose path weight
+    ``min(1, p(x) / q(x))`` is in (0, 1) (drafted more often than the target takes it) has a child with
+    p(x_c) > q_c(x_c) (the surplus a sequence-level test can spend). Here it is evaluated for every
+    parent-child pair below the root's children, with the laws the nodes were drawn from.
+    """
+    tokens, probs = draft_outcomes(step)
+    laws = _draw_laws(step, tokens)
+    target = step.target.double()[tokens]
+    rows = torch.arange(tokens.shape[0])
+    for c in range(1, step.num_nodes):
+        b = step.parents[c]
+        if b == 0:
+            continue
+        a = step.parents[b]
+        weight = _ratio_weight(target[rows, a, tokens[:, b]], laws[rows, b, tokens[:, b]])
+        surplus = target[rows, b, tokens[:, c]] > laws[rows, c, tokens[:, c]] * (1 + 1e-12)
+        if bool(((weight > 0) & (weight < 1 - 1e-12) & surplus & (probs > 0)).any()):
+            return True
+    return False
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -428,8 +457,10 @@ def coupling_bound(step: ToyStep) -> float:
     rows = torch.cat([o_idx, num_out + s_idx[keep]])
     a_eq = coo_matrix((np.ones(rows.numel()), (rows.numpy(), torch.cat([cols, cols[keep]]).numpy())),
                       shape=(num_out + num_seq - 1, num_out * num_seq))
-    b_eq = torch.cat([probs / probs.sum(), seq_law[:-1] / seq_law.sum()]).numpy()
+    # Scaled by 1e6: HiGHS works to absolute tolerances (1e-7), far above the smallest outcome probabilities.
+    scale = 1e6
+    b_eq = (scale * torch.cat([probs / probs.sum(), seq_law[:-1] / seq_law.sum()])).numpy()
     res = linprog(-gain.flatten().numpy(), A_eq=a_eq.tocsr(), b_eq=b_eq, bounds=(0, None), method="highs")
     if res.status != 0:
         raise RuntimeError(f"coupling_bound: the linear program failed: {res.message}")
-    return float(-res.fun)
+    return float(-res.fun) / scale

@@ -9,7 +9,7 @@ one-step behaviour under every method comes from :mod:`exact_verify`. The checks
   method's exact emission law (goodness of fit at the suite's alpha; sample size from the power rule).
   This pins the method, not only losslessness: a verifier that accepts less (or more) than the method
   prescribes fails too.
-- :func:`check_step_acceptance`: the mean accepted length must match the exact expectation (z test).
+  The same samples give the mean accepted length, which must match the exact expectation (z test).
 
 Whole-sequence laws (generation with repeated verification until L tokens) are checked with the chain and
 tree harnesses (:func:`chain_law.check_sequence_law`, :func:`toy_trees.generate_with_trees`).
@@ -26,11 +26,13 @@ from scipy import stats as scipy_stats
 
 from . import exact_verify as ev
 from . import stats
+from .chain_law import SequenceCase
 from .toy_models import SamplingConfig
 from .toy_trees import transition_matrix
 
-__all__ = ["StepCase", "StepVerifier", "step_verifier", "sample_step", "step_emission_law", "check_step_law",
-           "check_step_acceptance", "StepCheck"]
+__all__ = ["SHAPES", "SETTINGS", "STEP_CASES", "StepCase", "StepVerifier", "step_verifier", "sample_step", "step_emission_law", "check_step_law",
+           "acceptance_z_critical", "StepCheck", "BLOCK_SEQUENCE_CASES", "TRAVERSAL_SEQUENCE_CASES",
+           "STEP_LAW_CASES", "MUTANT_CASES"]
 
 TV = 0.02
 POWER = 0.999
@@ -65,10 +67,53 @@ class StepCase:
         return torch.softmax(self.tables()[1], dim=-1)
 
     def step(self) -> ev.ToyStep:
-        target, _ = self.tables()
+        """The exact step: both laws renormalised in float64 (the kernels see their float32 roundings)."""
+        target, draft = self.tables()
         cfg = self.cfg
         transition = transition_matrix(target, cfg.temperature, cfg.top_k, cfg.top_p)
-        return ev.ToyStep(transition, self.draft_law().double(), self.parents, self.siblings, self.root_token)
+        transition = transition / transition.sum(-1, keepdim=True)
+        return ev.ToyStep(transition, torch.softmax(draft.double(), dim=-1), self.parents, self.siblings,
+                          self.root_token)
+
+
+SHAPES: dict[str, tuple[int, ...]] = {  # widths 1-4, depths 1-4
+    "chain1": ev.chain_parents(1),
+    "chain2": ev.chain_parents(2),
+    "chain3": ev.chain_parents(3),
+    "chain4": ev.chain_parents(4),
+    "w2d1": ev.parents_from_paths([(0,), (1,)]),
+    "w3d1": ev.parents_from_paths([(0,), (1,), (2,)]),
+    "w4d1": ev.parents_from_paths([(0,), (1,), (2,), (3,)]),
+    "w2d2": ev.parents_from_paths([(0,), (1,), (0, 0), (0, 1), (1, 0), (1, 1)]),
+    "w3d2": ev.parents_from_paths([(0,), (1,), (2,), (0, 0), (0, 1), (1, 0)]),
+    "w4d2": ev.parents_from_paths([(0,), (1,), (2,), (3,), (0, 0), (1, 0)]),
+    "w2d3": ev.parents_from_paths([(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 1)]),
+    "w2d4": ev.parents_from_paths([(0,), (1,), (0, 0), (0, 0, 0), (0, 0, 0, 0), (1, 0)]),
+}
+SETTINGS: dict[str, SamplingConfig] = {
+    "t1": SamplingConfig(1.0),
+    "t0.7-k2": SamplingConfig(0.7, top_k=2),
+    "t1.3-p0.8": SamplingConfig(1.3, top_p=0.8),
+    "t0.8-k3-p0.9": SamplingConfig(0.8, top_k=3, top_p=0.9),
+}
+
+
+def _step_cases() -> tuple[StepCase, ...]:
+    """Every (shape, sibling mode) once, settings rotating (a covering design), plus greedy chains/trees."""
+    cases = []
+    seed = 1
+    for s_i, shape in enumerate(SHAPES):
+        modes = ("iid", "deterministic") if shape.startswith("chain") else ev.SIBLING_MODES
+        for m_i, mode in enumerate(modes):
+            setting = list(SETTINGS)[(s_i + m_i) % len(SETTINGS)]
+            vocab = 5 if shape.startswith("w4") else 4
+            cases.append(StepCase(f"{shape}-{mode}-{setting}", SHAPES[shape], mode, SETTINGS[setting], seed,
+                                  vocab_size=vocab))
+            seed += 1
+    for shape in ("chain3", "w2d2"):
+        cases.append(StepCase(f"{shape}-iid-greedy", SHAPES[shape], "iid", SamplingConfig(0.0), seed))
+        seed += 1
+    return tuple(cases)
 
 
 def _sampling(case: StepCase, n: int) -> dict:
@@ -78,6 +123,9 @@ def _sampling(case: StepCase, n: int) -> dict:
         top_k=torch.full((n,), cfg.top_k, dtype=torch.int32) if cfg.top_k else None,
         top_p=torch.full((n,), float(cfg.top_p)) if cfg.top_p < 1 else None,
     )
+
+
+STEP_CASES: tuple[StepCase, ...] = ()  # filled below (needs StepCase's methods)
 
 
 def step_verifier(method: str, backend: str = "reference", api: str = "tree",
@@ -166,10 +214,14 @@ def step_emission_law(case: StepCase, method: str) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class StepCheck:
+    """A finished step check: the law test, its sample size, and the accepted-length mean against the
+    exact one (``z``: standardised difference with the exact variance)."""
+
     result: stats.TestResult
     num_samples: int
     mean_accepted: float
     exact_accepted: float
+    z: float
 
 
 def check_step_law(case: StepCase, method: str, verify: StepVerifier, alpha: float, seed: int = 0) -> StepCheck:
@@ -180,24 +232,81 @@ def check_step_law(case: StepCase, method: str, verify: StepVerifier, alpha: flo
     depth = case.step().max_depth
     cells = _sequence_cells(emitted, accepted, case.vocab_size, depth)
     observed = torch.bincount(cells, minlength=law.numel())
-    exact = ev.expected_accepted_length(case.step(), method)
-    return StepCheck(stats.gof_test(observed, law / law.sum()), n, float(accepted.double().mean()), exact)
-
-
-def check_step_acceptance(case: StepCase, method: str, verify: StepVerifier, alpha: float, num: int,
-                          seed: int = 0) -> tuple[float, float, float]:
-    """(z score, measured mean, exact mean) of the accepted length over ``num`` sampled draft trees; a
-    correct verifier has |z| < ``acceptance_z_critical(alpha)`` with probability 1 - alpha."""
-    step = case.step()
-    law = ev.accepted_length_law(step, method)
-    mean = float((law * torch.arange(law.numel(), dtype=torch.float64)).sum())
-    var = float((law * (torch.arange(law.numel(), dtype=torch.float64) - mean) ** 2).sum())
-    accepted, _ = sample_step(case, verify, num, seed)
-    measured = float(accepted.double().mean())
-    z = (measured - mean) / math.sqrt(max(var, 1e-300) / num) if var > 0 else (0.0 if measured == mean else math.inf)
-    return z, measured, mean
+    length_law = ev.accepted_length_law(case.step(), method)
+    lengths = torch.arange(length_law.numel(), dtype=torch.float64)
+    exact = float((length_law * lengths).sum())
+    sd = float((length_law * (lengths - exact) ** 2).sum()) ** 0.5
+    mean = float(accepted.double().mean())
+    z = (mean - exact) / (sd / math.sqrt(n)) if sd > 0 else (0.0 if abs(mean - exact) < 1e-12 else math.inf)
+    return StepCheck(stats.gof_test(observed, law / law.sum()), n, mean, exact, z)
 
 
 def acceptance_z_critical(alpha: float) -> float:
     """Two-sided normal critical value at ``alpha``."""
     return float(scipy_stats.norm.isf(alpha / 2))
+
+
+STEP_CASES = _step_cases()
+
+
+def _block_sequence_cases() -> tuple[SequenceCase, ...]:
+    """Whole-sequence cases for method="block": stochastic drafters, chains of k = 1-4 drafts."""
+    specs = [  # drafter, k, cfg, order, cap_drafts
+        ("close", 2, SamplingConfig(1.0), 1, True),
+        ("far", 3, SamplingConfig(0.7, top_k=2), 2, True),
+        ("zeros", 4, SamplingConfig(2.0, top_p=0.8), 1, False),
+        ("self", 3, SamplingConfig(1.3), 2, True),
+        ("close", 4, SamplingConfig(0.8, top_k=3, top_p=0.9), 2, False),
+        ("close", 1, SamplingConfig(1.0), 1, True),
+        ("close", 3, SamplingConfig(0.0), 1, True),
+    ]
+    cases = []
+    for i, (drafter, k, cfg, order, cap) in enumerate(specs):
+        cases.append(SequenceCase(f"block-{drafter}-k{k}-{cfg.label()}-o{order}", drafter, k, cfg, 100 + i,
+                                  order=order, cap_drafts=cap))
+    return tuple(cases)
+
+
+TREE_PATHS: dict[str, list[tuple[int, ...]]] = {  # widths 1-4, depths 1-4 (drafted by toy_trees)
+    "w3d2": [(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (2, 1)],
+    "chain4": [(0,), (0, 0), (0, 0, 0), (0, 0, 0, 0)],
+    "w4d1": [(0,), (1,), (2,), (3,)],
+    "w2d3": [(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 1), (0, 1, 0)],
+    "w2d4": [(0,), (1,), (0, 0), (1, 0), (0, 0, 0), (0, 0, 0, 0)],
+}
+
+
+def _traversal_sequence_cases() -> tuple[tuple[str, str, str], ...]:
+    """(sibling mode, tree, setting) for whole-sequence traversal tests: every (mode, tree) once."""
+    settings = list(SETTINGS)
+    cases = []
+    for m_i, mode in enumerate(("iid", "without_replacement", "deterministic")):
+        for t_i, tree in enumerate(TREE_PATHS):
+            if mode == "deterministic" and tree in ("chain4", "w2d4"):
+                continue  # deterministic trees run token level: two shapes suffice
+            cases.append((mode, tree, settings[(m_i + t_i) % len(settings)]))
+    return tuple(cases)
+
+
+BLOCK_SEQUENCE_CASES = _block_sequence_cases()
+TRAVERSAL_SEQUENCE_CASES = _traversal_sequence_cases()
+STEP_LAW_CASES: tuple[StepCase, ...] = tuple(
+    c for c in STEP_CASES
+    if c.name in ("chain2-iid-t0.7-k2", "chain3-iid-t1.3-p0.8", "chain4-iid-t0.8-k3-p0.9", "chain3-iid-greedy",
+                  "chain4-deterministic-t1", "w2d2-without_replacement-t1", "w3d2-iid-t1",
+                  "w4d2-without_replacement-t1.3-p0.8", "w2d3-iid-t1.3-p0.8", "w2d4-iid-t0.8-k3-p0.9",
+                  "w2d3-deterministic-t1", "w2d2-iid-greedy")
+)
+"""The step-law cases run on every backend: chains for both methods, trees for traversal."""
+
+MUTANT_CASES: dict[str, str] = {
+    "block_weights_token_residual": "chain4-iid-t0.8-k3-p0.9",
+    "block_boundary_token_residual": "chain4-iid-t0.8-k3-p0.9",
+    "block_first_failure": "chain4-iid-t0.8-k3-p0.9",
+    "block_coin_per_position": "block-zeros-k4-T2-p0.8-o1",
+    "traversal_no_path_probability": "w3d2-iid-t1",
+    "traversal_reversed_siblings": "w2d2-without_replacement-t1",
+    "traversal_coin_per_depth": "w3d2-iid-t1",
+}
+"""For each planted bug of :mod:`optimal_mutants`, the step-law case (:data:`STEP_CASES`) or the
+whole-sequence case (:data:`BLOCK_SEQUENCE_CASES`) whose check must reject it."""

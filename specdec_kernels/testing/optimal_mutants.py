@@ -10,12 +10,16 @@ context is open (the reference backend then runs the mutant), and restores it af
   residual norm(max(0, p - q)) instead of norm(max(0, w_tau p - q)).
 - ``block_first_failure``: tau = the last row of the first run of successful tests (a forward scan that
   stops at the first failed test) instead of the largest row whose test succeeds.
+- ``block_coin_per_position``: the test of prefix j uses the token-level coin of its position
+  (stream 0 at ``position + j - 1``). Exact within one verification, but block verification tests rows
+  it then does not accept, and the next round starts right after the accepted tokens and draws those
+  coins again, conditioned: only the whole-sequence law sees it.
 - ``traversal_no_path_probability``: a child's weight is min(1, p(x) / q(x)) with p the parent's
   normalised mass, dropping the path probability M of the parent (token-level weights in a traversal).
 - ``traversal_reversed_siblings``: siblings are visited last first, while the draws (without replacement)
   and their laws are in the original order.
-- ``traversal_coin_per_depth``: every node at one depth tests with the same coin (index 0, the chain
-  coin), so sibling subtrees' tests are not independent.
+- ``traversal_coin_per_depth``: every node at one depth tests with the same coin (indexed by the depth,
+  which is the chain's index), so sibling subtrees' tests are not independent.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from collections.abc import Iterator
 import torch
 
 from ..reference import block as ref_block
+from ..reference import philox
 from ..reference import traversal as ref_traversal
 
 __all__ = ["MUTANTS", "planted"]
@@ -41,6 +46,10 @@ def _token_level_residual(w, p, q):
 
 def _first_failure(tau, j, stop):
     return torch.where(stop & (tau == j - 1), j, tau)
+
+
+def _coin_per_position(seed, position, j):
+    return philox.coins(seed, position + j - 1)
 
 
 def _no_path_probability(m_parent, q_parent, x):
@@ -60,13 +69,14 @@ def _reversed_children(layout):
 
 
 def _coin_per_depth(local, depth):
-    return torch.zeros_like(local)
+    return depth
 
 
 MUTANTS: dict[str, tuple[object, str, object]] = {
     "block_weights_token_residual": (ref_block, "stop_mass", _token_level_mass),
     "block_boundary_token_residual": (ref_block, "residual_row", _token_level_residual),
     "block_first_failure": (ref_block, "last_stop", _first_failure),
+    "block_coin_per_position": (ref_block, "prefix_coin", _coin_per_position),
     "traversal_no_path_probability": (ref_traversal, "entry_weight", _no_path_probability),
     "traversal_reversed_siblings": (ref_traversal, "children_table", _reversed_children),
     "traversal_coin_per_depth": (ref_traversal, "coin_index", _coin_per_depth),
