@@ -175,7 +175,7 @@ def verify_tree_traversal(
         mass[live, up] = torch.where(reject, stop_probability(total, mass[live, up]), mass[live, up])
         deleted[live, up] = deleted[live, up] | reject
         if without_replacement:
-            q[live, up] = torch.where(reject[:, None], remove_token(q_up, x), q_up)
+            q[live, up] = torch.where(reject[:, None], remove_token(q_up, x), q[live, up])  # the root enters at up = 0
         sibling = next_sibling[nd]
 
         accepted[live] = torch.where(accept, nd, accepted[live])
