@@ -135,5 +135,12 @@ PYBIND11_MODULE(_C, m) {
         py::arg("parent"), py::arg("cu_num_nodes"), py::arg("draft_probs"), py::arg("temperature"),
         py::arg("top_k"), py::arg("top_p"), py::arg("seed"), py::arg("position"), py::arg("sibling_sampling"),
         py::arg("max_depth"));
+  m.def("verify_chain_block_cuda", &verify_chain<kChainBlockOp>, block_doc, py::arg("target_logits_"),
+        py::arg("draft_token_ids"), py::arg("cu_num_draft_tokens"), py::arg("draft_probs"), py::arg("temperature"),
+        py::arg("top_k"), py::arg("top_p"), py::arg("seed"), py::arg("position"), py::arg("max_draft_len"));
+  m.def("verify_tree_traversal_cuda", &verify_tree<kTreeTraversalOp>, traversal_doc, py::arg("target_logits_"),
+        py::arg("node_token_ids"), py::arg("parent"), py::arg("cu_num_nodes"), py::arg("draft_probs"),
+        py::arg("temperature"), py::arg("top_k"), py::arg("top_p"), py::arg("seed"), py::arg("position"),
+        py::arg("sibling_sampling"), py::arg("max_depth"));
 #endif
 }
