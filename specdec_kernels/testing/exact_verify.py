@@ -164,6 +164,9 @@ def draft_outcomes(step: ToyStep) -> tuple[torch.Tensor, torch.Tensor]:
                     new[c] = t
                 grown.append((new, prob * p))
         partial = grown
+    if not partial:
+        raise ValueError("draft_outcomes: no draft tree has positive probability (more siblings drawn without "
+                         "replacement than tokens with q > 0?)")
     tokens = torch.tensor([t for t, _ in partial], dtype=torch.int64)
     probs = torch.tensor([p for _, p in partial], dtype=torch.float64)
     return tokens, probs
