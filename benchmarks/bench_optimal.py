@@ -267,7 +267,7 @@ def markdown(toy_rows: list[dict], logit_rows: list[dict]) -> str:
         lines.append(
             f"| {r['tree']} | {r['siblings']} | {r['token']:.4f} | "
             + (f"{r['block']:.4f}" if "block" in r else "-") + f" | {r['traversal']:.4f} | "
-            + (f"{r['hu']:.4f}" if "hu" in r else "-") + f" | {best:.4f} | {best - r['traversal']:.4f} |"
+            + (f"{r['hu']:.4f}" if "hu" in r else "-") + f" | {best:.4f} | {max(best - r['traversal'], 0.0):.4f} |"
         )
     lines += ["", "| k | V | requests | token: measured / given drafts | block: measured / given drafts | "
               "gain given drafts (se) |", "|---|---|---|---|---|---|"]
