@@ -231,7 +231,7 @@ def test_every_build_emits_the_same_tokens():
 def test_full_vocabulary():
     gen = torch.Generator().manual_seed(15)
     c = _chain_case(2, 3, 151936, torch.bfloat16, gen, probs=True, greedy_frac=0.0)
-    t = _tree_case(2, 151936, torch.float32, gen, probs=True, sibling="without_replacement", greedy_frac=0.0,
+    t = _tree_case(1, 151936, torch.float32, gen, probs=True, sibling="without_replacement", greedy_frac=0.0,
                    max_nodes=5)
     _assert_same(sk.verify_chain(**c, backend="reference", method="block"),
                  sk.verify_chain(**c, backend="cpu", method="block"), "block V=151936")
@@ -285,3 +285,13 @@ def test_triton_full_vocabulary():
                    max_nodes=4)
     _assert_same(sk.verify_tree(**t, backend="reference", method="traversal"),
                  sk.verify_tree(**t, backend="triton", method="traversal"), "traversal V=151936")
+
+
+def test_readme_example_runs(capsys):
+    from tests.test_readme import _section_code
+
+    namespace: dict = {}
+    exec(compile(_section_code("Block and traversal verification"), "README.md", "exec"), namespace)
+    block = namespace["block"]
+    assert block.output_token_ids.shape == (4, 4) and block.num_accepted.shape == (4,)
+    assert "tensor" in capsys.readouterr().out
