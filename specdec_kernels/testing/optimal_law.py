@@ -30,7 +30,8 @@ from .chain_law import SequenceCase
 from .toy_models import SamplingConfig
 from .toy_trees import transition_matrix
 
-__all__ = ["SHAPES", "SETTINGS", "STEP_CASES", "StepCase", "StepVerifier", "step_verifier", "sample_step", "step_emission_law", "check_step_law",
+__all__ = ["SHAPES", "SETTINGS", "STEP_CASES", "StepCase", "StepVerifier", "step_verifier", "sample_step",
+           "step_emission_law", "check_step_law",
            "acceptance_z_critical", "StepCheck", "BLOCK_SEQUENCE_CASES", "TRAVERSAL_SEQUENCE_CASES",
            "STEP_LAW_CASES", "MUTANT_CASES"]
 
@@ -116,6 +117,10 @@ def _step_cases() -> tuple[StepCase, ...]:
     return tuple(cases)
 
 
+STEP_CASES: tuple[StepCase, ...] = _step_cases()
+"""The exact-theory grid (tests/test_optimality.py): every (shape, sibling mode), settings rotating."""
+
+
 def _sampling(case: StepCase, n: int) -> dict:
     cfg = case.cfg
     return dict(
@@ -123,9 +128,6 @@ def _sampling(case: StepCase, n: int) -> dict:
         top_k=torch.full((n,), cfg.top_k, dtype=torch.int32) if cfg.top_k else None,
         top_p=torch.full((n,), float(cfg.top_p)) if cfg.top_p < 1 else None,
     )
-
-
-STEP_CASES: tuple[StepCase, ...] = ()  # filled below (needs StepCase's methods)
 
 
 def step_verifier(method: str, backend: str = "reference", api: str = "tree",
@@ -245,8 +247,6 @@ def acceptance_z_critical(alpha: float) -> float:
     """Two-sided normal critical value at ``alpha``."""
     return float(scipy_stats.norm.isf(alpha / 2))
 
-
-STEP_CASES = _step_cases()
 
 
 def _block_sequence_cases() -> tuple[SequenceCase, ...]:
