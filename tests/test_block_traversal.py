@@ -295,3 +295,25 @@ def test_readme_example_runs(capsys):
     block = namespace["block"]
     assert block.output_token_ids.shape == (4, 4) and block.num_accepted.shape == (4,)
     assert "tensor" in capsys.readouterr().out
+
+
+def test_drafts_from_the_target_are_all_accepted():
+    """q = p: every weight stays 1, so block accepts the whole block and traversal its first leaf's path."""
+    gen = torch.Generator().manual_seed(8)
+    B, k, V = 16, 4, 30
+    logits = torch.randn(B * (k + 1), V, generator=gen) * 2
+    rows = (torch.arange(B)[:, None] * (k + 1) + torch.arange(k)).flatten()
+    p = torch.softmax(logits[rows], -1)
+    drafts = torch.multinomial(p, 1, generator=gen).squeeze(1)
+    kw = dict(temperature=torch.ones(B), seed=torch.arange(B), backend="reference")
+    res = sk.verify_chain(logits, drafts, torch.arange(B + 1) * k, p, method="block", **kw)
+    assert (res.num_accepted == k).all()
+    parents = torch.tensor([-1, 0, 0, 1, 1])  # root -> (1, 2); 1 -> (3, 4)
+    tree_logits = torch.randn(B * 5, V, generator=gen) * 2
+    q = torch.softmax(tree_logits, -1)
+    tokens = torch.full((B, 5), -1)
+    for i in range(1, 5):
+        tokens[:, i] = torch.multinomial(q.view(B, 5, V)[:, int(parents[i])], 1, generator=gen).squeeze(1)
+    res = sk.verify_tree(tree_logits, tokens.flatten(), parents.repeat(B), torch.arange(B + 1) * 5, q,
+                         method="traversal", **kw)
+    assert (res.num_accepted == 2).all() and (res.accepted_nodes[:, 1] == 1).all() and (res.accepted_nodes[:, 2] == 3).all()
