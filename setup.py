@@ -1,10 +1,12 @@
 """Build script: the Python package plus the native extension ``specdec_kernels._C`` built by CMake.
 
-- CPU kernels are always built (needs a C++17 compiler, CMake and torch in the build environment:
-  install torch first and use ``pip install --no-build-isolation -e .``).
+- The native kernels need torch, pybind11, CMake and a C++17 compiler in the build environment. pip's
+  default build isolation hides the installed torch, so ``pip install -e .`` and ``pip install .`` install
+  the pure-Python package (build log: one message saying how to get the kernels); install torch first and
+  use ``pip install --no-build-isolation -e .`` to build them.
 - CUDA kernels (sm_90a, sm_100a) are added when torch is a CUDA build and ``nvcc`` is found.
-- ``SPECDEC_SKIP_NATIVE=1`` installs the pure-Python package; ``backend="auto"`` then falls back and
-  ``backend="cpu"`` raises one clear message (specdec_kernels/native.py).
+- ``SPECDEC_SKIP_NATIVE=1`` installs the pure-Python package on purpose. Without the extension
+  ``backend="auto"`` falls back and ``backend="cpu"`` raises one clear message (specdec_kernels/native.py).
 """
 
 from __future__ import annotations
@@ -23,24 +25,42 @@ ROOT = Path(__file__).resolve().parent
 
 
 class CMakeExtension(Extension):
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, target: str) -> None:
         super().__init__(name, sources=[])
+        self.target = target  # the CMake target that produces it
+
+
+NO_NATIVE_MESSAGE = (
+    "specdec-kernels: installing the pure-Python package without its native kernels ({reason}). "
+    "To build them: install torch, then `pip install --no-build-isolation -e .` (needs pybind11, cmake and "
+    "a C++17 compiler). Until then backend='auto' uses Triton or the reference."
+)
 
 
 class CMakeBuild(build_ext):
-    """Configures and builds CMakeLists.txt, writing _C next to the package (or into build_lib)."""
+    """Configures and builds CMakeLists.txt, writing _C next to the package (or into build_lib), and the
+    test-only CUDA host emulation library into specdec_kernels/testing/."""
+
+    def run(self) -> None:
+        try:
+            import pybind11  # noqa: F401
+            import torch  # noqa: F401
+        except ImportError as exc:
+            # No extension to build, copy (editable installs) or package: the pure-Python package.
+            print(NO_NATIVE_MESSAGE.format(reason=f"{exc.name} is not importable in the build environment"),
+                  file=sys.stderr)
+            self.extensions = []
+        super().run()
 
     def build_extension(self, ext: Extension) -> None:
-        try:
-            import pybind11
-            import torch
-        except ImportError as exc:
-            print(
-                f"WARNING: specdec_kernels native extension not built ({exc}); install torch and pybind11 "
-                "first and use `pip install --no-build-isolation -e .`. Continuing without it.",
-                file=sys.stderr,
-            )
-            return
+        if ext.target != "_C":
+            return  # built by the same CMake build as _C (below), under its extension file name
+        self._build_cmake(ext)
+
+    def _build_cmake(self, ext: Extension) -> None:
+        import pybind11
+        import torch
+
         out_file = Path(self.get_ext_fullpath(ext.name)).resolve()
         out_dir = out_file.parent
         build_dir = ROOT / "build" / f"cmake-{sysconfig.get_platform()}-{sys.implementation.cache_tag}"
@@ -57,6 +77,7 @@ class CMakeBuild(build_ext):
             f"-DPython_EXECUTABLE={sys.executable}",
             f"-DSPECDEC_OUTPUT_DIR={out_dir}",
             f"-DSPECDEC_WITH_CUDA={'ON' if with_cuda else 'OFF'}",
+            f"-DSPECDEC_EXT_SUFFIX={sysconfig.get_config_var('EXT_SUFFIX') or '.so'}",
             "-DCMAKE_BUILD_TYPE=Release",
         ]
         if shutil.which("ninja"):
@@ -73,6 +94,8 @@ class CMakeBuild(build_ext):
             shutil.copy2(built, out_file)
 
 
-ext_modules = [] if os.environ.get("SPECDEC_SKIP_NATIVE") == "1" else [CMakeExtension("specdec_kernels._C")]
+ext_modules = [] if os.environ.get("SPECDEC_SKIP_NATIVE") == "1" else [CMakeExtension("specdec_kernels._C", "_C")]
+if ext_modules and sys.platform.startswith("linux"):  # the CUDA host emulation (tests only), see CMakeLists.txt
+    ext_modules.append(CMakeExtension("specdec_kernels.testing._cuda_host", "specdec_cuda_host"))
 
 setup(ext_modules=ext_modules, cmdclass={"build_ext": CMakeBuild})

@@ -6,9 +6,12 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include <limits>
+#include <string>
 #include <tuple>
 #include <vector>
 
+#include "checks.h"
 #include "specdec/decoder_step.h"
 
 namespace specdec {
@@ -21,11 +24,11 @@ namespace {
 #endif
 
 void check(const at::Tensor& t, const char* name, at::ScalarType dtype, std::vector<int64_t> shape) {
-  TORCH_CHECK(t.device().is_cpu(), name, " must be a CPU tensor");
+  checks::on_device(t, name, at::Device(at::kCPU));
   TORCH_CHECK_TYPE(t.scalar_type() == dtype, name, " must be ", dtype, ", got ", t.scalar_type());
-  TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
-  TORCH_CHECK(t.sizes() == at::IntArrayRef(shape), name, " must have shape ", at::IntArrayRef(shape), ", got ",
-              t.sizes());
+  TORCH_CHECK_VALUE(t.is_contiguous(), name, " must be contiguous");
+  TORCH_CHECK_VALUE(t.sizes() == at::IntArrayRef(shape), name, " must have shape ", at::IntArrayRef(shape), ", got ",
+                    t.sizes());
 }
 
 // The loops below are compiled once per instruction set (target_clones) and run over a range of rows
@@ -112,20 +115,25 @@ std::tuple<at::Tensor, at::Tensor> decoder_step_cpu(const at::Tensor& x, const s
                                                      at::Tensor k_cache, at::Tensor v_cache, const at::Tensor& rows,
                                                      const at::Tensor& start, const at::Tensor& depth,
                                                      const at::Tensor& rope, int64_t num_heads, double eps) {
-  TORCH_CHECK(x.dim() == 3, "x must be [R, n, H], got ", x.sizes());
-  TORCH_CHECK(weights.size() == 10, "weights must hold 10 tensors, got ", weights.size());
-  TORCH_CHECK(k_cache.dim() == 4, "k_cache must be [B, kv_heads, S, D], got ", k_cache.sizes());
+  // Sizes come from real tensors (their products cannot overflow); num_heads and the index tensors'
+  // values are the caller's, so every bound below is checked without computing a sum that could.
+  TORCH_CHECK_VALUE(x.dim() == 3, "x must be [R, n, H], got ", x.sizes());
+  TORCH_CHECK_VALUE(weights.size() == 10, "weights must hold 10 tensors, got ", weights.size());
+  TORCH_CHECK_VALUE(k_cache.dim() == 4, "k_cache must be [B, kv_heads, S, D], got ", k_cache.sizes());
   const int64_t reqs = x.size(0), n = x.size(1), hidden = x.size(2);
   const int64_t batch = k_cache.size(0), kv_heads = k_cache.size(1), cache_len = k_cache.size(2);
   const int64_t d = k_cache.size(3);
-  TORCH_CHECK(num_heads > 0 && kv_heads > 0 && num_heads % kv_heads == 0,
-              "num_heads must be a positive multiple of the cache's kv_heads (", kv_heads, "), got ", num_heads);
-  TORCH_CHECK(d % 2 == 0, "head_dim must be even, got ", d);
+  TORCH_CHECK_VALUE(d > 0 && d % 2 == 0, "head_dim (k_cache.size(3)) must be positive and even, got ", d);
   const at::Tensor& w_qkv = weights[1];
   const at::Tensor& w_gu = weights[6];
   const at::Tensor& lm_head = weights[9];
-  TORCH_CHECK(w_gu.dim() == 2 && w_gu.size(0) % 2 == 0, "gate_up weight must be [2 I, H], got ", w_gu.sizes());
-  TORCH_CHECK(lm_head.dim() == 2, "lm_head weight must be [V, H], got ", lm_head.sizes());
+  TORCH_CHECK_VALUE(w_qkv.dim() == 2, "qkv weight must be [(heads + 2 kv_heads) D, H], got ", w_qkv.sizes());
+  TORCH_CHECK_VALUE(num_heads > 0 && kv_heads > 0 && num_heads % kv_heads == 0,
+                    "num_heads must be a positive multiple of the cache's kv_heads (", kv_heads, "), got ", num_heads);
+  TORCH_CHECK_VALUE(num_heads <= w_qkv.size(0) / d, "num_heads = ", num_heads, " does not fit the qkv weight ",
+                    w_qkv.sizes(), " (head_dim ", d, ")");
+  TORCH_CHECK_VALUE(w_gu.dim() == 2 && w_gu.size(0) % 2 == 0, "gate_up weight must be [2 I, H], got ", w_gu.sizes());
+  TORCH_CHECK_VALUE(lm_head.dim() == 2, "lm_head weight must be [V, H], got ", lm_head.sizes());
   const int64_t inter = w_gu.size(0) / 2, vocab = lm_head.size(0);
   check(x, "x", at::kFloat, {reqs, n, hidden});
   check(weights[0], "input_layernorm weight", at::kFloat, {hidden});
@@ -143,20 +151,27 @@ std::tuple<at::Tensor, at::Tensor> decoder_step_cpu(const at::Tensor& x, const s
   check(rows, "rows", at::kLong, {reqs});
   check(start, "start", at::kLong, {reqs});
   check(depth, "depth", at::kLong, {reqs, n});
-  TORCH_CHECK(rope.dim() == 3 && rope.size(1) == d / 2 && rope.size(2) == 2,
-              "rope must be [P, head_dim / 2, 2], got ", rope.sizes());
+  TORCH_CHECK_VALUE(rope.dim() == 3 && rope.size(1) == d / 2 && rope.size(2) == 2,
+                    "rope must be [P, head_dim / 2, 2], got ", rope.sizes());
   check(rope, "rope", at::kFloat, {rope.size(0), d / 2, 2});
+  const int64_t num_positions = rope.size(0);
   const int64_t* rw = rows.data_ptr<int64_t>();
   const int64_t* st = start.data_ptr<int64_t>();
   const int64_t* dp = depth.data_ptr<int64_t>();
   for (int64_t r = 0; r < reqs; ++r) {
-    TORCH_CHECK(rw[r] >= 0 && rw[r] < batch, "rows[", r, "] = ", rw[r], " is outside the cache batch ", batch);
-    TORCH_CHECK(st[r] >= 0 && st[r] + n <= cache_len, "start[", r, "] + n = ", st[r] + n,
-                " exceeds the cache length ", cache_len);
+    TORCH_CHECK_VALUE(rw[r] >= 0 && rw[r] < batch, "rows[", r, "] = ", rw[r], " is outside the cache batch ", batch);
+    TORCH_CHECK_VALUE(st[r] >= 0, "start[", r, "] = ", st[r], " must be >= 0");
+    if (st[r] > cache_len - n) {
+      const bool fits = st[r] <= std::numeric_limits<int64_t>::max() - n;
+      TORCH_CHECK_VALUE(false, "start[", r, "] + n = ",
+                        fits ? std::to_string(st[r] + n) : std::to_string(st[r]) + " + " + std::to_string(n),
+                        " exceeds the cache length ", cache_len);
+    }
     for (int64_t i = 0; i < n; ++i) {
-      const int64_t pos = st[r] + dp[r * n + i];
-      TORCH_CHECK(pos >= 0 && pos < rope.size(0), "start + depth = ", pos, " is outside the rope table (",
-                  rope.size(0), " positions)");
+      // 0 <= start <= S here, so neither bound below overflows.
+      const int64_t dep = dp[r * n + i];
+      TORCH_CHECK_VALUE(dep >= -st[r] && dep < num_positions - st[r], "start[", r, "] + depth[", r, ", ", i,
+                        "] = ", st[r], " + ", dep, " is outside the rope table (", num_positions, " positions)");
     }
   }
   const Shapes s{reqs, n, num_heads, kv_heads, d};

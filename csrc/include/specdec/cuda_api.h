@@ -54,6 +54,7 @@ struct CudaTreeArgs {
   const void* logits;
   DType logits_dtype;
   int64_t vocab;
+  int64_t num_nodes;               // N
   const int64_t* node_token_ids;  // [N]
   const int64_t* parent;          // [N]
   const int64_t* cu;              // [B + 1]
@@ -98,6 +99,13 @@ inline constexpr ConfigEntry kConfigTable[] = {
     {0, 8192, 2, {256, 8192}},     {0, 8192, 4, {256, 4096}},
     {0, 0, 2, {128, 2048}},        {0, 0, 4, {128, 2048}},
 };
+
+// Fixed launch shapes beside the table: threads of the per-row threshold search (threshold_kernel) and
+// of the one-thread-per-row / per-request kernels (decide, residual_combine, assemble), and the grid's
+// y limit (rows beyond it loop inside row_pass_kernel / residual_kernel).
+inline constexpr int kThresholdThreads = 256;
+inline constexpr int kRowThreads = 128;
+inline constexpr int64_t kMaxGridY = 65535;
 
 inline LaunchConfig pick_config(int arch, int64_t vocab, DType dtype) {
   const int bytes = dtype == DType::kFloat32 ? 4 : 2;
