@@ -13,9 +13,9 @@ void launch_verify_chain_block(const CudaChainArgs& a, int arch, void* workspace
   const unsigned blocks = static_cast<unsigned>(a.num_reqs);
   auto* ws = static_cast<float*>(workspace);
   switch (a.logits_dtype) {
-    case DType::kBFloat16: dev::chain_block_kernel<DType::kBFloat16><<<blocks, threads, 0, stream>>>(a, ws); break;
-    case DType::kFloat16: dev::chain_block_kernel<DType::kFloat16><<<blocks, threads, 0, stream>>>(a, ws); break;
-    default: dev::chain_block_kernel<DType::kFloat32><<<blocks, threads, 0, stream>>>(a, ws); break;
+    case DType::kBFloat16: SPECDEC_LAUNCH(dev::chain_block_kernel<DType::kBFloat16>, blocks, threads, 0, stream)(a, ws); break;
+    case DType::kFloat16: SPECDEC_LAUNCH(dev::chain_block_kernel<DType::kFloat16>, blocks, threads, 0, stream)(a, ws); break;
+    default: SPECDEC_LAUNCH(dev::chain_block_kernel<DType::kFloat32>, blocks, threads, 0, stream)(a, ws); break;
   }
 }
 
@@ -30,12 +30,12 @@ void launch_verify_tree_traversal(const CudaTreeArgs& a, int arch, void* workspa
       static_cast<char*>(workspace) + tree_traversal_rows_bytes(a.num_reqs, width, a.vocab, a.without_replacement));
   switch (a.logits_dtype) {
     case DType::kBFloat16:
-      dev::tree_traversal_kernel<DType::kBFloat16><<<blocks, threads, 0, stream>>>(a, rows, states);
+      SPECDEC_LAUNCH(dev::tree_traversal_kernel<DType::kBFloat16>, blocks, threads, 0, stream)(a, rows, states);
       break;
     case DType::kFloat16:
-      dev::tree_traversal_kernel<DType::kFloat16><<<blocks, threads, 0, stream>>>(a, rows, states);
+      SPECDEC_LAUNCH(dev::tree_traversal_kernel<DType::kFloat16>, blocks, threads, 0, stream)(a, rows, states);
       break;
-    default: dev::tree_traversal_kernel<DType::kFloat32><<<blocks, threads, 0, stream>>>(a, rows, states); break;
+    default: SPECDEC_LAUNCH(dev::tree_traversal_kernel<DType::kFloat32>, blocks, threads, 0, stream)(a, rows, states); break;
   }
 }
 

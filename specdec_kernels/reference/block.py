@@ -46,7 +46,7 @@ from __future__ import annotations
 import torch
 
 from . import philox
-from .chain import ChainResult, gumbel_argmax
+from .chain import ChainResult, chain_spans, gumbel_argmax
 from .chain import verify_chain as verify_chain_token
 from .sampling import greedy_logits, softmax, target_logits
 
@@ -110,10 +110,10 @@ def verify_chain_block(
     num_reqs = cu_num_draft_tokens.numel() - 1
     device = target_logits_.device
     width = max_draft_len + 1
-    cu = cu_num_draft_tokens.to(torch.int64)
-    k = cu[1:] - cu[:-1]
-    first_row = cu[:-1] + torch.arange(num_reqs, device=device)
     drafts = draft_token_ids.to(torch.int64)
+    # Each chain's first draft and length, clamped as every backend clamps them (the identity on a valid cu).
+    start, k = chain_spans(cu_num_draft_tokens, drafts.numel(), max_draft_len)
+    first_row = start + torch.arange(num_reqs, device=device)
     is_greedy = temperature == 0
     temp = torch.where(is_greedy, torch.ones_like(temperature), temperature)
 
@@ -121,7 +121,7 @@ def verify_chain_block(
         """[B] draft j of each request (-1 past its chain)."""
         if drafts.numel() == 0:
             return torch.full((num_reqs,), -1, dtype=torch.int64, device=device)
-        idx = (cu[:-1] + j).clamp(max=drafts.numel() - 1)
+        idx = (start + j).clamp(max=drafts.numel() - 1)
         return torch.where(j < k, drafts[idx], -1)
 
     def rows_at(j: torch.Tensor | int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -132,7 +132,7 @@ def verify_chain_block(
         z = target_logits(logits, temp, top_k, top_p)
         q = torch.zeros(num_reqs, vocab_size, dtype=torch.float32, device=device)
         if drafts.numel():
-            q_rows = draft_probs.float()[(cu[:-1] + local).clamp(max=drafts.numel() - 1)]
+            q_rows = draft_probs.float()[(start + local).clamp(max=drafts.numel() - 1)]
             q = torch.where((local < k)[:, None], q_rows, q)
         return z, q, torch.argmax(greedy_logits(logits), dim=-1)
 
@@ -180,7 +180,7 @@ def verify_chain_block(
 
     col = torch.arange(width, device=device)
     if drafts.numel():
-        draft_cols = drafts[(cu[:-1, None] + col[None, :]).clamp(max=drafts.numel() - 1)]
+        draft_cols = drafts[(start[:, None] + col[None, :]).clamp(max=drafts.numel() - 1)]
     else:
         draft_cols = torch.full((num_reqs, width), -1, dtype=torch.int64, device=device)
     out = torch.where(col[None, :] < num_accepted[:, None], draft_cols, -1)

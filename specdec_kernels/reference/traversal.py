@@ -50,7 +50,7 @@ from . import philox
 from .block import ratio_weight, stop_probability
 from .chain import gumbel_argmax
 from .sampling import softmax, target_logits
-from .tree import TreeResult, children_table, node_depth, remove_token, tree_layout
+from .tree import TreeResult, children_table, node_depth, remove_token, tree_layout, tree_spans
 from .tree import verify_tree as verify_tree_token
 
 __all__ = ["coin_index", "entry_weight", "verify_tree_traversal"]
@@ -113,8 +113,12 @@ def verify_tree_traversal(
     accepted leave the loop).
     """
     num_reqs = cu_num_nodes.numel() - 1
+    # Greedy requests, and requests left without nodes by an inconsistent cu (validate=False), take the
+    # token-level walk (which verifies nothing for the latter).
+    start, count = tree_spans(cu_num_nodes, node_token_ids.numel())
     is_greedy = temperature == 0
-    if draft_probs is None or num_reqs == 0 or bool(is_greedy.all()):
+    token_level = is_greedy | (count == 0)
+    if draft_probs is None or num_reqs == 0 or bool(token_level.all()):
         return verify_tree_token(target_logits_, node_token_ids, parent, cu_num_nodes, None, temperature, top_k,
                                  top_p, seed, position, sibling_sampling, max_depth)
     vocab_size = target_logits_.shape[1]
@@ -138,10 +142,10 @@ def verify_tree_traversal(
     mass = torch.zeros(num_reqs, width, dtype=torch.float64, device=device)
     q = torch.zeros(num_reqs, width, vocab_size, dtype=torch.float32, device=device)
     deleted = torch.zeros(num_reqs, width, dtype=torch.bool, device=device)
-    node = cu[:-1].clone()
+    node = torch.where(count == 0, 0, start)
     entering = torch.ones(num_reqs, dtype=torch.bool, device=device)
     accepted = node.clone()
-    live = torch.nonzero(~is_greedy).flatten()  # greedy requests take the token-level walk
+    live = torch.nonzero(~token_level).flatten()
     while live.numel():
         nd = node[live]
         d = depth[nd]
@@ -206,9 +210,9 @@ def verify_tree_traversal(
         anc = torch.where(at, layout.parent[anc], anc)
     path[:, 0] = 0
     traversal = TreeResult(out.to(torch.int32), path.to(torch.int32), d.to(torch.int32))
-    if not bool(is_greedy.any()):
+    if not bool(token_level.any()):
         return traversal
     token_res = verify_tree_token(target_logits_, node_token_ids, parent, cu_num_nodes, None, temperature, top_k,
                                   top_p, seed, position, sibling_sampling, max_depth)
-    return TreeResult(*(torch.where(is_greedy.view(-1, *[1] * (t.dim() - 1)), t_tok, t)
+    return TreeResult(*(torch.where(token_level.view(-1, *[1] * (t.dim() - 1)), t_tok, t)
                         for t, t_tok in zip(traversal, token_res, strict=True)))

@@ -111,13 +111,16 @@ def _log_sample(r_ptr, vocab_size, seed, offset_base, BLOCK_V: tl.constexpr):
 def _traversal_kernel(
     logits_ptr, tokens_ptr, first_child_ptr, next_sibling_ptr, cu_ptr, q_ptr,
     temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr, position_ptr, r_ws_ptr, q_ws_ptr,
-    out_ptr, path_ptr, num_accepted_ptr, vocab_size, max_depth,
+    out_ptr, path_ptr, num_accepted_ptr, vocab_size, max_depth, num_nodes,
     WITHOUT_REPLACEMENT: tl.constexpr, HAS_TOP_K: tl.constexpr, HAS_TOP_P: tl.constexpr,
     BLOCK_V: tl.constexpr, SEARCH_BLOCK_V: tl.constexpr, NUM_PIVOTS: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     width = max_depth + 1
-    root = tl.load(cu_ptr + b)
+    # cu is unchecked under validate=False: clamp the request's nodes into [0, N) as reference.tree.tree_spans
+    # does; a request left without nodes verifies nothing (its outputs stay -1, 0 accepted).
+    root = tl.minimum(tl.maximum(tl.load(cu_ptr + b), 0), num_nodes)
+    end = tl.minimum(tl.maximum(tl.load(cu_ptr + b + 1), root), num_nodes)
     temperature = tl.load(temperature_ptr + b)
     greedy = temperature == 0.0
     temperature = tl.where(greedy, 1.0, temperature)
@@ -134,125 +137,126 @@ def _traversal_kernel(
         top_p = tl.load(top_p_ptr + b)
         use_top_p = top_p < 1.0
 
-    idx = tl.arange(0, BLOCK_D).to(tl.int64)
-    path = tl.zeros((BLOCK_D,), tl.int64) + root
-    d = tl.zeros((), tl.int64)
-    token = tl.zeros((), tl.int64)
-    if greedy:  # the token-level walk: descend into the first child whose token is the argmax
-        active = tl.full((), 1, tl.int1)
-        while active:
-            node = _get(path, idx, d)
-            y = _greedy_argmax(logits_ptr + node * vocab_size, vocab_size, BLOCK_V)
-            c = tl.where(d < max_depth, tl.load(first_child_ptr + node), -1)
-            found = tl.full((), -1, tl.int64)
-            while (c >= 0) & (found < 0):
-                found = tl.where(tl.load(tokens_ptr + c) == y, c, found)
-                c = tl.load(next_sibling_ptr + c)
-            if found >= 0:
-                d += 1
-                path = _set(path, idx, d, found)
-            else:
-                token = y
-                active = tl.zeros((), tl.int1)
-    else:
-        ws = r_ws_ptr + b * width * vocab_size
-        qws = q_ws_ptr + b * width * vocab_size
-        cursor = tl.full((BLOCK_D,), -1, tl.int64)
-        mass = tl.zeros((BLOCK_D,), tl.float64)
-        last = tl.zeros((BLOCK_D,), tl.float64)
-        divisor = tl.full((BLOCK_D,), 1.0, tl.float32)
-        deleted = tl.zeros((BLOCK_D,), tl.int32)
-        alive = tl.zeros((BLOCK_D,), tl.int32)
-        # Enter the root: m = p, M = 1.
-        threshold = _threshold(logits_ptr + root * vocab_size, vocab_size, temperature, use_top_k, top_k, use_top_p,
-                               top_p, HAS_TOP_K, HAS_TOP_P, BLOCK_V, SEARCH_BLOCK_V, NUM_PIVOTS)
-        m, total = _softmax_stats(logits_ptr + root * vocab_size, vocab_size, temperature, threshold, BLOCK_V)
-        _store_mass_row(logits_ptr + root * vocab_size, ws, vocab_size, temperature, threshold, m, total, 1.0,
-                        BLOCK_V)
-        if WITHOUT_REPLACEMENT:
-            _copy_row(q_ptr + root * vocab_size, qws, vocab_size, BLOCK_V)
-        mass = _set(mass, idx, 0, 1.0)
-        alive = _set(alive, idx, 0, 1)
-        cursor = _set(cursor, idx, 0, tl.where(max_depth > 0, tl.load(first_child_ptr + root), -1))
-        active = tl.full((), 1, tl.int1)
-        while active:
-            node = _get(path, idx, d)
-            c = _get(cursor, idx, d)
-            searching = c >= 0
-            while searching:  # skip placeholders: no update
-                x = tl.load(tokens_ptr + c)
-                if (x >= 0) & (x < vocab_size):
-                    searching = tl.zeros((), tl.int1)
-                else:
+    if end > root:
+        idx = tl.arange(0, BLOCK_D).to(tl.int64)
+        path = tl.zeros((BLOCK_D,), tl.int64) + root
+        d = tl.zeros((), tl.int64)
+        token = tl.zeros((), tl.int64)
+        if greedy:  # the token-level walk: descend into the first child whose token is the argmax
+            active = tl.full((), 1, tl.int1)
+            while active:
+                node = _get(path, idx, d)
+                y = _greedy_argmax(logits_ptr + node * vocab_size, vocab_size, BLOCK_V)
+                c = tl.where(d < max_depth, tl.load(first_child_ptr + node), -1)
+                found = tl.full((), -1, tl.int64)
+                while (c >= 0) & (found < 0):
+                    found = tl.where(tl.load(tokens_ptr + c) == y, c, found)
                     c = tl.load(next_sibling_ptr + c)
-                    searching = c >= 0
-            if (_get(alive, idx, d) != 0) & (d < max_depth) & (c >= 0):
-                cursor = _set(cursor, idx, d, tl.load(next_sibling_ptr + c))
-                x = tl.load(tokens_ptr + c)
-                num = tl.math.div_rn(tl.load(ws + d * vocab_size + x), _get(divisor, idx, d))
-                if WITHOUT_REPLACEMENT:
-                    q_x = tl.load(qws + d * vocab_size + x)
+                if found >= 0:
+                    d += 1
+                    path = _set(path, idx, d, found)
                 else:
-                    q_x = tl.load(q_ptr + node * vocab_size + x).to(tl.float32)
-                a = _ratio_weight(num, q_x)
-                d += 1
-                path = _set(path, idx, d, c)
-                cursor = _set(cursor, idx, d, tl.where(d < max_depth, tl.load(first_child_ptr + c), -1))
-                mass = _set(mass, idx, d, a.to(tl.float64))
-                divisor = _set(divisor, idx, d, 1.0)
-                deleted = _set(deleted, idx, d, 0)
-                alive = _set(alive, idx, d, (a > 0).to(tl.int32))
-                if a > 0:
-                    row_ptr = logits_ptr + c * vocab_size
-                    threshold = _threshold(row_ptr, vocab_size, temperature, use_top_k, top_k, use_top_p, top_p,
-                                           HAS_TOP_K, HAS_TOP_P, BLOCK_V, SEARCH_BLOCK_V, NUM_PIVOTS)
-                    m, total = _softmax_stats(row_ptr, vocab_size, temperature, threshold, BLOCK_V)
-                    _store_mass_row(row_ptr, ws + d * vocab_size, vocab_size, temperature, threshold, m, total, a,
-                                    BLOCK_V)
-                    if WITHOUT_REPLACEMENT:
-                        _copy_row(q_ptr + c * vocab_size, qws + d * vocab_size, vocab_size, BLOCK_V)
-            elif d == 0:
-                active = tl.zeros((), tl.int1)  # the root is always accepted when reached
-            else:
-                coin = _sequence_coin(seed, position, (node - root) & _INDEX_MASK)
-                if coin.to(tl.float64) < _get(mass, idx, d):
+                    token = y
                     active = tl.zeros((), tl.int1)
-                else:  # delete the node from its parent's mass
-                    up = d - 1
-                    if WITHOUT_REPLACEMENT:
-                        q_up = qws + up * vocab_size
-                    else:
-                        q_up = q_ptr + _get(path, idx, up) * vocab_size
-                    z = _delete_update(ws + up * vocab_size, _get(divisor, idx, up), q_up, vocab_size, BLOCK_V)
-                    denom = z + (1.0 - _get(mass, idx, up))
-                    mass = _set(mass, idx, up, tl.where(denom > 0, z / tl.where(denom > 0, denom, 1.0), 0.0))
-                    divisor = _set(divisor, idx, up, tl.where(denom > 0, denom.to(tl.float32), 1.0))
-                    deleted = _set(deleted, idx, up, 1)
-                    last = _set(last, idx, up, z)
-                    if WITHOUT_REPLACEMENT:
-                        _remove_token(qws + up * vocab_size, vocab_size, tl.load(tokens_ptr + node), BLOCK_V)
-                    d = up
-        # Emission at the accepted node.
-        node = _get(path, idx, d)
-        pos = position + d
-        if (_get(deleted, idx, d) != 0) & (_get(last, idx, d) > 0):
-            token = _log_sample(ws + d * vocab_size, vocab_size, seed, (pos << 32) | (_STREAM_RECOVERY << 30),
-                                BLOCK_V)
         else:
-            leaf = (d >= max_depth) | (tl.load(first_child_ptr + node) < 0)
-            stream = tl.where((_get(deleted, idx, d) == 0) & leaf, _STREAM_BONUS, _STREAM_RECOVERY).to(tl.int64)
-            row_ptr = logits_ptr + node * vocab_size
-            threshold = _threshold(row_ptr, vocab_size, temperature, use_top_k, top_k, use_top_p, top_p,
-                                   HAS_TOP_K, HAS_TOP_P, BLOCK_V, SEARCH_BLOCK_V, NUM_PIVOTS)
-            token = _gumbel_argmax(row_ptr, vocab_size, temperature, threshold, seed, (pos << 32) | (stream << 30),
-                                   BLOCK_V)
-    for i in range(0, BLOCK_D):
-        if i < d:
-            tl.store(out_ptr + b * width + i, tl.load(tokens_ptr + _get(path, idx, i + 1)).to(tl.int32))
-        if i <= d:
-            tl.store(path_ptr + b * width + i, (_get(path, idx, i) - root).to(tl.int32))
-    tl.store(out_ptr + b * width + d, token.to(tl.int32))
-    tl.store(num_accepted_ptr + b, d.to(tl.int32))
+            ws = r_ws_ptr + b * width * vocab_size
+            qws = q_ws_ptr + b * width * vocab_size
+            cursor = tl.full((BLOCK_D,), -1, tl.int64)
+            mass = tl.zeros((BLOCK_D,), tl.float64)
+            last = tl.zeros((BLOCK_D,), tl.float64)
+            divisor = tl.full((BLOCK_D,), 1.0, tl.float32)
+            deleted = tl.zeros((BLOCK_D,), tl.int32)
+            alive = tl.zeros((BLOCK_D,), tl.int32)
+            # Enter the root: m = p, M = 1.
+            threshold = _threshold(logits_ptr + root * vocab_size, vocab_size, temperature, use_top_k, top_k, use_top_p,
+                                   top_p, HAS_TOP_K, HAS_TOP_P, BLOCK_V, SEARCH_BLOCK_V, NUM_PIVOTS)
+            m, total = _softmax_stats(logits_ptr + root * vocab_size, vocab_size, temperature, threshold, BLOCK_V)
+            _store_mass_row(logits_ptr + root * vocab_size, ws, vocab_size, temperature, threshold, m, total, 1.0,
+                            BLOCK_V)
+            if WITHOUT_REPLACEMENT:
+                _copy_row(q_ptr + root * vocab_size, qws, vocab_size, BLOCK_V)
+            mass = _set(mass, idx, 0, 1.0)
+            alive = _set(alive, idx, 0, 1)
+            cursor = _set(cursor, idx, 0, tl.where(max_depth > 0, tl.load(first_child_ptr + root), -1))
+            active = tl.full((), 1, tl.int1)
+            while active:
+                node = _get(path, idx, d)
+                c = _get(cursor, idx, d)
+                searching = c >= 0
+                while searching:  # skip placeholders: no update
+                    x = tl.load(tokens_ptr + c)
+                    if (x >= 0) & (x < vocab_size):
+                        searching = tl.zeros((), tl.int1)
+                    else:
+                        c = tl.load(next_sibling_ptr + c)
+                        searching = c >= 0
+                if (_get(alive, idx, d) != 0) & (d < max_depth) & (c >= 0):
+                    cursor = _set(cursor, idx, d, tl.load(next_sibling_ptr + c))
+                    x = tl.load(tokens_ptr + c)
+                    num = tl.math.div_rn(tl.load(ws + d * vocab_size + x), _get(divisor, idx, d))
+                    if WITHOUT_REPLACEMENT:
+                        q_x = tl.load(qws + d * vocab_size + x)
+                    else:
+                        q_x = tl.load(q_ptr + node * vocab_size + x).to(tl.float32)
+                    a = _ratio_weight(num, q_x)
+                    d += 1
+                    path = _set(path, idx, d, c)
+                    cursor = _set(cursor, idx, d, tl.where(d < max_depth, tl.load(first_child_ptr + c), -1))
+                    mass = _set(mass, idx, d, a.to(tl.float64))
+                    divisor = _set(divisor, idx, d, 1.0)
+                    deleted = _set(deleted, idx, d, 0)
+                    alive = _set(alive, idx, d, (a > 0).to(tl.int32))
+                    if a > 0:
+                        row_ptr = logits_ptr + c * vocab_size
+                        threshold = _threshold(row_ptr, vocab_size, temperature, use_top_k, top_k, use_top_p, top_p,
+                                               HAS_TOP_K, HAS_TOP_P, BLOCK_V, SEARCH_BLOCK_V, NUM_PIVOTS)
+                        m, total = _softmax_stats(row_ptr, vocab_size, temperature, threshold, BLOCK_V)
+                        _store_mass_row(row_ptr, ws + d * vocab_size, vocab_size, temperature, threshold, m, total, a,
+                                        BLOCK_V)
+                        if WITHOUT_REPLACEMENT:
+                            _copy_row(q_ptr + c * vocab_size, qws + d * vocab_size, vocab_size, BLOCK_V)
+                elif d == 0:
+                    active = tl.zeros((), tl.int1)  # the root is always accepted when reached
+                else:
+                    coin = _sequence_coin(seed, position, (node - root) & _INDEX_MASK)
+                    if coin.to(tl.float64) < _get(mass, idx, d):
+                        active = tl.zeros((), tl.int1)
+                    else:  # delete the node from its parent's mass
+                        up = d - 1
+                        if WITHOUT_REPLACEMENT:
+                            q_up = qws + up * vocab_size
+                        else:
+                            q_up = q_ptr + _get(path, idx, up) * vocab_size
+                        z = _delete_update(ws + up * vocab_size, _get(divisor, idx, up), q_up, vocab_size, BLOCK_V)
+                        denom = z + (1.0 - _get(mass, idx, up))
+                        mass = _set(mass, idx, up, tl.where(denom > 0, z / tl.where(denom > 0, denom, 1.0), 0.0))
+                        divisor = _set(divisor, idx, up, tl.where(denom > 0, denom.to(tl.float32), 1.0))
+                        deleted = _set(deleted, idx, up, 1)
+                        last = _set(last, idx, up, z)
+                        if WITHOUT_REPLACEMENT:
+                            _remove_token(qws + up * vocab_size, vocab_size, tl.load(tokens_ptr + node), BLOCK_V)
+                        d = up
+            # Emission at the accepted node.
+            node = _get(path, idx, d)
+            pos = position + d
+            if (_get(deleted, idx, d) != 0) & (_get(last, idx, d) > 0):
+                token = _log_sample(ws + d * vocab_size, vocab_size, seed, (pos << 32) | (_STREAM_RECOVERY << 30),
+                                    BLOCK_V)
+            else:
+                leaf = (d >= max_depth) | (tl.load(first_child_ptr + node) < 0)
+                stream = tl.where((_get(deleted, idx, d) == 0) & leaf, _STREAM_BONUS, _STREAM_RECOVERY).to(tl.int64)
+                row_ptr = logits_ptr + node * vocab_size
+                threshold = _threshold(row_ptr, vocab_size, temperature, use_top_k, top_k, use_top_p, top_p,
+                                       HAS_TOP_K, HAS_TOP_P, BLOCK_V, SEARCH_BLOCK_V, NUM_PIVOTS)
+                token = _gumbel_argmax(row_ptr, vocab_size, temperature, threshold, seed, (pos << 32) | (stream << 30),
+                                       BLOCK_V)
+        for i in range(0, BLOCK_D):
+            if i < d:
+                tl.store(out_ptr + b * width + i, tl.load(tokens_ptr + _get(path, idx, i + 1)).to(tl.int32))
+            if i <= d:
+                tl.store(path_ptr + b * width + i, (_get(path, idx, i) - root).to(tl.int32))
+        tl.store(out_ptr + b * width + d, token.to(tl.int32))
+        tl.store(num_accepted_ptr + b, d.to(tl.int32))
 
 
 def verify_tree_traversal(
@@ -291,7 +295,7 @@ def verify_tree_traversal(
     _traversal_kernel[(num_reqs,)](
         target_logits_, node_token_ids, layout.first_child, layout.next_sibling, cu_num_nodes, draft_probs,
         temperature, temperature if top_k is None else top_k, temperature if top_p is None else top_p,
-        seed, position, r_ws, q_ws, out, path, num_accepted, vocab_size, max_depth,
+        seed, position, r_ws, q_ws, out, path, num_accepted, vocab_size, max_depth, node_token_ids.numel(),
         WITHOUT_REPLACEMENT=without_replacement, HAS_TOP_K=top_k is not None, HAS_TOP_P=top_p is not None,
         BLOCK_V=config.block_v, SEARCH_BLOCK_V=config.search_block_v, NUM_PIVOTS=config.num_pivots,
         BLOCK_D=triton.next_power_of_2(width), num_warps=config.num_warps,

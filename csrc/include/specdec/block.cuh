@@ -88,8 +88,13 @@ __global__ void chain_block_kernel(CudaChainArgs a, float* workspace) {
   __shared__ double smem[32];
   const int64_t b = blockIdx.x;
   const int64_t V = a.vocab;
-  const int64_t first_draft = a.cu[b];
-  const int64_t k = a.cu[b + 1] - first_draft;
+  // cu is unchecked under validate=False: clamp the chain into the drafts and the output row, as
+  // reference.chain.chain_spans does (the identity on a valid cu).
+  const int64_t num_drafts = a.num_rows - a.num_reqs;
+  const int64_t c0 = a.cu[b], c1 = a.cu[b + 1];
+  const int64_t first_draft = c0 < 0 ? 0 : (c0 > num_drafts ? num_drafts : c0);
+  const int64_t end = c1 < first_draft ? first_draft : (c1 > num_drafts ? num_drafts : c1);
+  const int64_t k = end - first_draft < a.out_width - 1 ? end - first_draft : a.out_width - 1;
   const int64_t row0 = first_draft + b;
   const float temp = a.temperature[b];
   const int64_t seed = a.seed[b];

@@ -37,8 +37,10 @@ __global__ void tree_traversal_kernel(CudaTreeArgs a, float* rows, TraversalDept
   __shared__ DevArgMax amax[32];
   __shared__ double smem[32];
   const int64_t b = blockIdx.x;
-  const int64_t first = a.cu[b];
-  const int64_t n = a.cu[b + 1] - first;
+  // cu is unchecked under validate=False: clamp the request's nodes into [0, N) as tree.cuh does.
+  const int64_t c0 = a.cu[b], c1 = a.cu[b + 1];
+  const int64_t first = c0 < 0 ? 0 : (c0 > a.num_nodes ? a.num_nodes : c0);
+  const int64_t n = (c1 < first ? first : (c1 > a.num_nodes ? a.num_nodes : c1)) - first;
   const int64_t width = a.max_depth + 1;
   const int64_t V = a.vocab;
   int32_t* out = a.out_tokens + b * width;
