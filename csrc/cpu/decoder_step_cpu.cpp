@@ -7,6 +7,7 @@
 #include <ATen/Parallel.h>
 
 #include <limits>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -110,11 +111,13 @@ void silu_mul_range(const float* gate_up, float* out, int64_t inter, int64_t b, 
 
 // Weights, in order: input_layernorm [H], qkv [(heads + 2 kv_heads) D, H] (q/k rows interleaved for
 // rotate_pairs), q_norm [D], k_norm [D], o_proj [H, heads D], post_attention_layernorm [H],
-// gate_up [2 I, H] (gate rows first), down [H, I], final norm [H], lm_head [V, H].
+// gate_up [2 I, H] (gate rows first), down [H, I], final norm [H], lm_head [V, H]. qkv_add (optional)
+// [R, n, (heads + 2 kv_heads) D] is added to the q/k/v projection (an EAGLE-3 layer's token half).
 std::tuple<at::Tensor, at::Tensor> decoder_step_cpu(const at::Tensor& x, const std::vector<at::Tensor>& weights,
                                                      at::Tensor k_cache, at::Tensor v_cache, const at::Tensor& rows,
                                                      const at::Tensor& start, const at::Tensor& depth,
-                                                     const at::Tensor& rope, int64_t num_heads, double eps) {
+                                                     const at::Tensor& rope, int64_t num_heads, double eps,
+                                                     const std::optional<at::Tensor>& qkv_add) {
   // Sizes come from real tensors (their products cannot overflow); num_heads and the index tensors'
   // values are the caller's, so every bound below is checked without computing a sum that could.
   TORCH_CHECK_VALUE(x.dim() == 3, "x must be [R, n, H], got ", x.sizes());
@@ -154,6 +157,7 @@ std::tuple<at::Tensor, at::Tensor> decoder_step_cpu(const at::Tensor& x, const s
   TORCH_CHECK_VALUE(rope.dim() == 3 && rope.size(1) == d / 2 && rope.size(2) == 2,
                     "rope must be [P, head_dim / 2, 2], got ", rope.sizes());
   check(rope, "rope", at::kFloat, {rope.size(0), d / 2, 2});
+  if (qkv_add.has_value()) check(*qkv_add, "qkv_add", at::kFloat, {reqs, n, (num_heads + 2 * kv_heads) * d});
   const int64_t num_positions = rope.size(0);
   const int64_t* rw = rows.data_ptr<int64_t>();
   const int64_t* st = start.data_ptr<int64_t>();
@@ -181,7 +185,8 @@ std::tuple<at::Tensor, at::Tensor> decoder_step_cpu(const at::Tensor& x, const s
   at::Tensor res = x.reshape({rows_m, hidden}).clone();  // the residual stream
   at::Tensor h = at::empty_like(res);
   norm_rows(res.data_ptr<float>(), weights[0].data_ptr<float>(), h.data_ptr<float>(), rows_m, hidden, e);
-  at::Tensor qkv = at::mm(h, w_qkv.t());
+  at::Tensor qkv = qkv_add.has_value() ? at::addmm(qkv_add->reshape({rows_m, w_qkv.size(0)}), h, w_qkv.t())
+                                        : at::mm(h, w_qkv.t());
   const StepPtrs p{qkv.data_ptr<float>(), weights[2].data_ptr<float>(), weights[3].data_ptr<float>(),
                    rope.data_ptr<float>(), rw, st, dp, k_cache.data_ptr<float>(), v_cache.data_ptr<float>(),
                    cache_len, e};
