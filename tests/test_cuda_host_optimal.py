@@ -138,11 +138,15 @@ def test_fuzz_unvalidated_stays_in_bounds(call, data):
 
 
 def _barrier_cases():
+    """Stochastic chains and trees with and without truncation (top-k / top-p add block reductions between
+    a row's use and the next row's writes, which would hide a missing barrier there)."""
     gen = torch.Generator().manual_seed(23)
-    chain = _chain_case(5, 4, 2003, torch.float32, gen, probs=True, top_k=True, top_p=True, greedy_frac=0.0)
-    trees = [_tree_case(8, 200, torch.float32, gen, probs=True, sibling=s, greedy_frac=0.0, max_nodes=12, top_k=True)
-             for s in ("iid", "without_replacement")]
-    return [("chain", chain)] + [("tree", t) for t in trees]
+    cases = [("chain", _chain_case(5, 4, 2003, torch.float32, gen, probs=True, top_k=True, top_p=True, greedy_frac=0.0)),
+             ("chain", _chain_case(6, 4, 1001, torch.float32, gen, probs=True, greedy_frac=0.0))]
+    for sibling, truncated in (("iid", True), ("iid", False), ("without_replacement", False)):
+        cases.append(("tree", _tree_case(8, 200, torch.float32, gen, probs=True, sibling=sibling, greedy_frac=0.0,
+                                         max_nodes=12, top_k=truncated)))
+    return cases
 
 
 RUNS = {"chain": (sk.verify_chain, cuda_host.verify_chain, "block"),
