@@ -6,18 +6,23 @@ N workers on C cores run ``max(1, N * threads / C)`` times slower each (they sha
 costs one actor round trip ``call_s`` on top, and its wall time is the slowest share's (the straggler
 tail: groups differ in response length, so equal group counts are not equal work):
 
-    generation(N) = call_s + contention(N) * max_w t_w
-    publish(N)    = bytes / put_bw + N * send_s     (one put; each worker fetches behind its queue)
+    publish(N)    = put_s + N * send_s              (the driver: copy + one put, one small call per worker)
+    generation(N) = call_s + load_s + contention(N) * max_w t_w
 
-``python -m rl_loop.sim.ray_workers`` calibrates ``call_s``, ``send_s``, the object store's bandwidth and the
-per-share engine times on the tiny configuration, then measures the pool's generation wall time for
-N = 1 and 2 (interleaved, repeated) and prints prediction against measurement with the relative error.
+where ``load_s`` is a worker's fetch + load of the new weights, queued before the step's ``generate`` (the
+workers load in parallel, so it is paid once per step, not N times).
+
+``python -m rl_loop.sim.ray_workers`` calibrates ``call_s``, ``send_s``, ``put_s``, ``load_s`` and the per-share
+engine times on the tiny configuration, then measures a step's Ray path (publish, then generate) for
+N = 1 and 2 (interleaved, order alternated, repeated) and prints prediction against measurement with the
+relative error, beside the in-process engine's generation time of the same requests.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from dataclasses import dataclass
@@ -31,7 +36,8 @@ class RayCosts:
 
     call_s: float  # one actor call's round trip with a small payload (submit + get)
     send_s: float  # submitting one call without waiting (the driver's cost per worker per publish)
-    put_bw: float  # ray.put + one worker's fetch of the weights, bytes per second
+    put_s: float  # the driver's copy of the policy + drafter weights and their ray.put
+    load_s: float  # a worker's fetch of the published weights from the object store and their load
     cores: int
     threads: int  # torch threads per worker
 
@@ -42,13 +48,14 @@ def contention(costs: RayCosts, num_workers: int) -> float:
 
 
 def predict_generation(costs: RayCosts, share_s: list[float]) -> float:
-    """Wall time of one pool call whose N shares take ``share_s`` seconds alone on one engine."""
-    return costs.call_s + contention(costs, len(share_s)) * max(share_s)
+    """Wall time of a step's pool call (after a publish) whose N shares take ``share_s`` seconds alone on one
+    engine: round trip, the workers' parallel weight load, then the slowest share under core contention."""
+    return costs.call_s + costs.load_s + contention(costs, len(share_s)) * max(share_s)
 
 
-def predict_publish(costs: RayCosts, weight_bytes: int, num_workers: int) -> float:
-    """The driver's cost of one weight publish to N workers (the fetches overlap the workers' queues)."""
-    return weight_bytes / costs.put_bw + num_workers * costs.send_s
+def predict_publish(costs: RayCosts, num_workers: int) -> float:
+    """The driver's cost of one weight publish to N workers."""
+    return costs.put_s + num_workers * costs.send_s
 
 
 def _median_time(fn, repeats: int) -> float:
@@ -71,7 +78,11 @@ def _measure_call(engine, pool, costs: RayCosts, prompts: list[list[int]], seeds
         idx = [u * group + j for u in us for j in range(group)]
         sp, ss = [prompts[i] for i in idx], [seeds[i] for i in idx]
         share_s.append(_median_time(lambda sp=sp, ss=ss: engine.generate(sp, ss, gen), repeats))
-    return {"measured_s": _median_time(lambda: pool.generate(prompts, seeds, gen), repeats),
+    def step() -> None:
+        pool.sync()
+        pool.generate(prompts, seeds, gen)
+
+    return {"measured_s": _median_time(step, repeats),
             "predicted_s": predict_generation(costs, share_s), "share_s": share_s,
             "in_process_s": _median_time(lambda: engine.generate(prompts, seeds, gen), repeats)}
 
@@ -96,16 +107,18 @@ def calibrate_and_measure(repeats: int = 5, steps: int = 2) -> dict:
     requests = [step_requests(cfg, s.train, s.tok, step)[1:] for step in range(steps)]
     p, d = weights(s.policy, s.drafter)
     weight_bytes = sum(t.numel() * t.element_size() for t in [*p.values(), *(d or {}).values()])
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False)  # pools of 1 and 2 workers, 1 CPU each
     try:
         pools = {n: RolloutPool(ray, s.policy, s.drafter, s.tok.eos_id, n, cfg.group_size) for n in (1, 2)}
         probe = pools[1].actors[0]
         ray.get(probe.node_id.remote())
         call_s = _median_time(lambda: ray.get(probe.node_id.remote()), 20)
         send_s = _median_time(lambda: probe.node_id.remote(), 20)
-        put_bw = weight_bytes / _median_time(lambda: ray.get(probe.load_weights.remote(0, ray.put(p), ray.put(d))),
-                                             repeats)
-        costs = RayCosts(call_s=call_s, send_s=send_s, put_bw=put_bw, cores=2, threads=1)
+        put_s = _median_time(lambda: [ray.put(w) for w in weights(s.policy, s.drafter)], repeats)
+        refs = [ray.put(p), ray.put(d)]
+        load_s = _median_time(lambda: ray.get(probe.load_weights.remote(0, *refs)), repeats) - call_s
+        costs = RayCosts(call_s=call_s, send_s=send_s, put_s=put_s, load_s=max(load_s, 0.0),
+                         cores=len(os.sched_getaffinity(0)), threads=1)
         rows = []
         for step, (prompts, seeds) in enumerate(requests):
             engine.generate(prompts, seeds, gen)  # warm
@@ -114,7 +127,7 @@ def calibrate_and_measure(repeats: int = 5, steps: int = 2) -> dict:
                 row[f"n{n}"] = _measure_call(engine, pools[n], costs, prompts, seeds, gen, cfg.group_size, repeats)
             rows.append(row)
         publish = {n: {"measured_s": _median_time(lambda n=n: pools[n].sync(), repeats),
-                       "predicted_s": predict_publish(costs, weight_bytes, n)} for n in (1, 2)}
+                       "predicted_s": predict_publish(costs, n)} for n in (1, 2)}
     finally:
         ray.shutdown()
     errors = [abs(r[f"n{n}"]["predicted_s"] / r[f"n{n}"]["measured_s"] - 1) for r in rows for n in (1, 2)]
