@@ -2,7 +2,8 @@
 
 Model (data-parallel generation over ``RolloutPool``): a step's G groups are split into N shares; worker
 w generates its share in ``t_w`` (what one engine takes for those groups alone, on ``threads`` threads);
-N workers on C cores run ``max(1, N * threads / C)`` times slower each (they share the cores); the call
+N workers on C cores run ``max(1, N * threads / C)`` times slower each (they share the cores; C is
+calibrated as the cores two concurrent workers actually get, fewer than the machine's when it is shared); the call
 costs one actor round trip ``call_s`` on top, and its wall time is the slowest share's (the straggler
 tail: groups differ in response length, so equal group counts are not equal work):
 
@@ -38,7 +39,7 @@ class RayCosts:
     send_s: float  # submitting one call without waiting (the driver's cost per worker per publish)
     put_s: float  # the driver's copy of the policy + drafter weights and their ray.put
     load_s: float  # a worker's fetch of the published weights from the object store and their load
-    cores: int
+    cores: float  # cores the workers get (calibrated: fewer than the machine's when it is shared)
     threads: int  # torch threads per worker
 
 
@@ -87,6 +88,16 @@ def _measure_call(engine, pool, costs: RayCosts, prompts: list[list[int]], seeds
             "in_process_s": _median_time(lambda: engine.generate(prompts, seeds, gen), repeats)}
 
 
+def _effective_cores(ray, pool, prompts: list[list[int]], seeds: list[int], gen, repeats: int) -> float:
+    """Cores the workers actually get (a shared machine gives fewer than it has): the same requests on one
+    worker alone, then on two workers at once; two free cores take as long for both as for one."""
+    a, b = pool.actors[:2]
+    ray.get(a.generate.remote(prompts, seeds, gen, False))
+    alone = _median_time(lambda: ray.get(a.generate.remote(prompts, seeds, gen, False)), repeats)
+    both = _median_time(lambda: ray.get([w.generate.remote(prompts, seeds, gen, False) for w in (a, b)]), repeats)
+    return min(float(len(os.sched_getaffinity(0))), 2.0 * alone / both)
+
+
 def calibrate_and_measure(repeats: int = 5, steps: int = 2) -> dict:
     """Calibrate :class:`RayCosts` and the share times, then measure N = 1, 2 pool calls (see module doc)."""
     from dataclasses import replace
@@ -117,8 +128,8 @@ def calibrate_and_measure(repeats: int = 5, steps: int = 2) -> dict:
         put_s = _median_time(lambda: [ray.put(w) for w in weights(s.policy, s.drafter)], repeats)
         refs = [ray.put(p), ray.put(d)]
         load_s = _median_time(lambda: ray.get(probe.load_weights.remote(0, *refs)), repeats) - call_s
-        costs = RayCosts(call_s=call_s, send_s=send_s, put_s=put_s, load_s=max(load_s, 0.0),
-                         cores=len(os.sched_getaffinity(0)), threads=1)
+        cores = _effective_cores(ray, pools[2], *requests[0], gen, repeats)
+        costs = RayCosts(call_s=call_s, send_s=send_s, put_s=put_s, load_s=max(load_s, 0.0), cores=cores, threads=1)
         rows = []
         for step, (prompts, seeds) in enumerate(requests):
             engine.generate(prompts, seeds, gen)  # warm
