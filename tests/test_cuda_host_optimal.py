@@ -195,8 +195,8 @@ OWN = ("block.cuh", "traversal.cuh")
 """The kernels' own barriers; the shared reductions of cuda_common.cuh are shown necessary by
 tests/test_cuda_host.py on the token-level kernels."""
 NOT_EXPOSED = {
-    # row_probs' final barrier: only the first draft's weight reads another thread's p right after it, and on
-    # these drafts the weight saturates at 1 whether p is normalised yet or not.
+    # row_probs' final barrier: it guards only the first draft's weight, which reads another thread's p right
+    # after it; no case here makes that read change a token (a case that does is still to be found).
     "block.cuh:50",
     # Defensive: each thread reads back only the residual entries it wrote itself (same stride).
     "block.cuh:177",
