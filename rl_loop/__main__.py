@@ -44,6 +44,8 @@ def parse_args(argv: list[str] | None = None) -> RunConfig:
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--tiny", action="store_true", help="seconds-long configuration (tests, smoke runs)")
     a = p.parse_args(argv)
+    if a.rollout_workers < 1:
+        p.error(f"--rollout-workers must be >= 1, got {a.rollout_workers}")
     base = tiny_config() if a.tiny else d
     steps = a.steps if a.steps != d.steps or not a.tiny else base.steps
     return replace(
