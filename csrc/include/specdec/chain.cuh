@@ -4,11 +4,11 @@
 // parallel and a final per-request pass keeps the prefix up to the first rejection:
 //   1. threshold_kernel  (rows with top-k/top-p only): exact truncation thresholds by bisection on
 //                         order keys, one block per row;
-//   2. row_pass_kernel   grid (slices, rows): ONE pass over each logits row with 16-byte loads:
+//   2. row_pass_kernel   grid (slices, rows <= 65535): ONE pass over each logits row with 16-byte loads:
 //                         greedy argmax, or the Gumbel-max sample of the truncated target (deterministic
 //                         drafts need nothing else), plus the online-softmax (max, sum) of stochastic rows;
 //   3. decide_kernel     per row: combine slices; stochastic rows draw the acceptance coin;
-//   4. residual_kernel   grid (slices, rows), stochastic rows that rejected only: recovery sample from
+//   4. residual_kernel   grid (slices, rows <= 65535), stochastic rows that rejected only: recovery sample from
 //                         norm(max(0, p - q));
 //   5. assemble_kernel   per request: accepted prefix, then the recovery or bonus token.
 // Splitting the vocabulary across blocks keeps the whole GPU busy at small batch sizes.
@@ -70,27 +70,7 @@ __device__ __forceinline__ RowInfo row_info(const CudaChainArgs& a, int64_t r) {
   return info;
 }
 
-__device__ __forceinline__ float truncated(float x, float temperature, uint32_t lo_key) {
-  const float z = sanitize(x / temperature);
-  return order_key(z) >= lo_key ? z : -kInf;
-}
-
 // --- 1. thresholds ------------------------------------------------------------------------------------
-
-// Number of z with order key >= t, and the mass of z with key > t (exp(z - zmax)), over one row.
-template <DType D>
-__device__ void key_stats(const void* row, int64_t V, float temperature, uint32_t lo_key, uint32_t t, float zmax,
-                          bool want_mass, int64_t& count, double& mass, double* smem) {
-  double c = 0.0, m = 0.0;
-  for_each_elem<D>(row, 0, V, [&](int64_t, float x) {
-    const float z = truncated(x, temperature, lo_key);
-    const uint32_t key = order_key(z);
-    c += key >= t ? 1.0 : 0.0;
-    if (want_mass && key > t) m += static_cast<double>(exp_f32(z - zmax));
-  });
-  count = static_cast<int64_t>(block_sum(c, smem));
-  mass = want_mass ? block_sum(m, smem) : 0.0;
-}
 
 template <DType D>
 __global__ void threshold_kernel(CudaChainArgs a, ChainRowState* state) {
@@ -99,55 +79,19 @@ __global__ void threshold_kernel(CudaChainArgs a, ChainRowState* state) {
   const int64_t r = blockIdx.x;
   const RowInfo info = row_info(a, r);
   const float temp = a.temperature[info.req];
-  uint32_t lo_key = 0;
   const int32_t k = a.top_k != nullptr ? a.top_k[info.req] : 0;
   const float top_p = a.top_p != nullptr ? a.top_p[info.req] : 1.0f;
-  const bool use_k = temp != 0.0f && k > 0 && k < a.vocab;
-  const bool use_p = temp != 0.0f && top_p < 1.0f;
   const void* row = static_cast<const char*>(a.logits) + r * a.vocab * (a.logits_dtype == DType::kFloat32 ? 4 : 2);
-  int64_t count;
-  double mass;
-  if (use_k) {
-    // Largest t with count(key >= t) >= k: the key of the k-th largest value.
-    uint32_t lo = 0, hi = 0xffffffffu;
-    while (lo < hi) {
-      const uint32_t mid = lo + (hi - lo + 1) / 2;
-      key_stats<D>(row, a.vocab, temp, 0, mid, 0.0f, false, count, mass, smem);
-      if (count >= k) lo = mid; else hi = mid - 1;
-    }
-    lo_key = lo;
-  }
-  if (use_p) {
-    DevArgMax best{-kInf, 0x7fffffff};
-    for_each_elem<D>(row, 0, a.vocab, [&](int64_t v, float x) {
-      best = better(best, DevArgMax{truncated(x, temp, lo_key), static_cast<int32_t>(v)});
-    });
-    const float zmax = block_argmax(best, amax).value;
-    if (zmax != -kInf) {
-      key_stats<D>(row, a.vocab, temp, lo_key, 0, zmax, true, count, mass, smem);
-      const double total_d = mass + 0.0;  // mass of key > 0: every finite or -inf value (weights of -inf are 0)
-      const float limit = top_p * static_cast<float>(total_d);
-      // Smallest t with mass(key > t) < limit: keep iff key >= t.
-      uint32_t lo = lo_key, hi = 0xffffffffu;
-      while (lo < hi) {
-        const uint32_t mid = lo + (hi - lo) / 2;
-        key_stats<D>(row, a.vocab, temp, lo_key, mid, zmax, true, count, mass, smem);
-        if (static_cast<float>(mass) < limit) hi = mid; else lo = mid + 1;
-      }
-      lo_key = lo;
-    }
-  }
+  const uint32_t lo_key = temp == 0.0f ? 0u : row_lo_key<D>(row, a.vocab, temp, k, top_p, smem, amax);
   if (threadIdx.x == 0) state[r].lo_key = lo_key;
 }
 
 // --- 2. one pass over each row -------------------------------------------------------------------------
 
+// Slice blockIdx.x of row r.
 template <DType D>
-__global__ void row_pass_kernel(CudaChainArgs a, int64_t slice, const ChainRowState* state,
-                                ChainRowPartial* partial) {
-  __shared__ DevArgMax amax[32];
-  __shared__ double smem[32];
-  const int64_t r = blockIdx.y;
+__device__ void row_pass(const CudaChainArgs& a, int64_t slice, int64_t r, const ChainRowState* state,
+                         ChainRowPartial* partial, DevArgMax* amax, double* smem) {
   const int64_t v0 = static_cast<int64_t>(blockIdx.x) * slice;
   const int64_t v1 = v0 + slice < a.vocab ? v0 + slice : a.vocab;
   const RowInfo info = row_info(a, r);
@@ -195,6 +139,15 @@ __global__ void row_pass_kernel(CudaChainArgs a, int64_t slice, const ChainRowSt
   }
 }
 
+// Grid (slices, min(rows, 65535)): rows beyond the grid's y limit loop (T + B exceeds it in large batches).
+template <DType D>
+__global__ void row_pass_kernel(CudaChainArgs a, int64_t slice, const ChainRowState* state,
+                                ChainRowPartial* partial) {
+  __shared__ DevArgMax amax[32];
+  __shared__ double smem[32];
+  for (int64_t r = blockIdx.y; r < a.num_rows; r += gridDim.y) row_pass<D>(a, slice, r, state, partial, amax, smem);
+}
+
 // --- 3. per-row decisions ------------------------------------------------------------------------------
 
 template <DType D>
@@ -239,15 +192,14 @@ __global__ void decide_kernel(CudaChainArgs a, int64_t slices, const ChainRowPar
 
 // --- 4. residual samples -------------------------------------------------------------------------------
 
+// Slice blockIdx.x of row r.
 template <DType D>
-__global__ void residual_kernel(CudaChainArgs a, int64_t slice, const ChainRowState* state,
-                                ChainRowPartial* partial) {
-  __shared__ DevArgMax amax[32];
-  const int64_t r = blockIdx.y;
+__device__ void residual(const CudaChainArgs& a, int64_t slice, int64_t r, const ChainRowState* state,
+                         ChainRowPartial* partial, DevArgMax* amax) {
   const RowInfo info = row_info(a, r);
   const float temp = a.temperature[info.req];
   const ChainRowState st = state[r];
-  if (temp == 0.0f || info.bonus || st.accept) return;  // uniform per block: safe early exit
+  if (temp == 0.0f || info.bonus || st.accept) return;  // uniform per block: safe to skip the row
   const int64_t v0 = static_cast<int64_t>(blockIdx.x) * slice;
   const int64_t v1 = v0 + slice < a.vocab ? v0 + slice : a.vocab;
   const int64_t t = info.draft_row;
@@ -272,6 +224,14 @@ __global__ void residual_kernel(CudaChainArgs a, int64_t slice, const ChainRowSt
   if (threadIdx.x == 0) {
     partial[r * gridDim.x + blockIdx.x] = ChainRowPartial{pick.value, pick.index, anyv.value, 0.0};
   }
+}
+
+// Grid (slices, min(rows, 65535)), rows looping as in row_pass_kernel.
+template <DType D>
+__global__ void residual_kernel(CudaChainArgs a, int64_t slice, const ChainRowState* state,
+                                ChainRowPartial* partial) {
+  __shared__ DevArgMax amax[32];
+  for (int64_t r = blockIdx.y; r < a.num_rows; r += gridDim.y) residual<D>(a, slice, r, state, partial, amax);
 }
 
 __global__ void residual_combine_kernel(CudaChainArgs a, int64_t slices, const ChainRowPartial* partial,
@@ -303,7 +263,7 @@ __global__ void assemble_kernel(CudaChainArgs a, const ChainRowState* state) {
   const bool stochastic = !greedy && a.draft_probs != nullptr;
   int32_t* out = a.out_tokens + b * a.out_width;
   int64_t j = 0;
-  for (; j < k; ++j) {
+  for (; j < k; ++j) {  // k <= out_width - 1 (chain_span): the row stays inside its output row
     const ChainRowState& st = state[row0 + j];
     const int64_t d = a.draft_ids[span.start + j];
     const bool valid = d >= 0 && d < a.vocab;
