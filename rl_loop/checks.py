@@ -7,9 +7,9 @@ backend, whether the draft rounds fit the policy's context, ``--out`` and, with 
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from dataclasses import replace
+from importlib.util import find_spec
 
 from .config import RunConfig
 from .resume import read_checkpoint
@@ -80,7 +80,7 @@ def check_backend(cfg: RunConfig) -> None:
     """``--backend vllm`` needs vLLM installed and a configuration it can serve."""
     if cfg.backend != "vllm":
         return
-    if importlib.util.find_spec("vllm") is None:
+    if find_spec("vllm") is None:
         raise UsageError("--backend vllm needs vLLM, which is not installed (pip install vllm); "
                          "--backend own needs nothing more")
     from .vllm_backend import check_config
