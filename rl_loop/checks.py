@@ -97,6 +97,6 @@ def check_run(cfg: RunConfig) -> None:
     check_verify_backend(cfg.verify_backend)
     check_backend(cfg)
     check_context(cfg)
-    check_out_dir(cfg.out)
-    if cfg.resume:
+    if cfg.resume:  # before check_out_dir, which would create a mistyped --out
         read_checkpoint(cfg)
+    check_out_dir(cfg.out)

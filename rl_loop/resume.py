@@ -61,12 +61,14 @@ def read_checkpoint(cfg: RunConfig) -> dict:
                if os.path.exists(path + ".tmp") else "")
         raise UsageError(f"--resume: there is no checkpoint {path}{cut}; run without --resume to start afresh")
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+        ckpt = torch.load(path, map_location="cpu", weights_only=False)  # the run's own file (optimizer states)
     except Exception as e:  # torch.load raises pickle, zip and runtime errors of every kind for a damaged file
         reason = (str(e).strip().splitlines() or [""])[0][:160]
         raise UsageError(f"--resume: {path} cannot be read, it is damaged or not a checkpoint "
                          f"({type(e).__name__}: {reason})") from e
-    if not isinstance(ckpt, dict) or "state" not in ckpt and "step" in ckpt:
+    if not isinstance(ckpt, dict):
+        raise UsageError(f"--resume: {path} holds a {type(ckpt).__name__}, not an rl_loop checkpoint")
+    if "state" not in ckpt and "step" in ckpt:
         raise UsageError(f"--resume: {path} was written by an earlier rl_loop (before the typed run state) and "
                          "cannot be resumed; start a fresh run in another --out")
     fmt = ckpt.get("format", 1)

@@ -121,6 +121,7 @@ def test_resume_without_checkpoint_is_an_error_and_leaves_the_log(no_work, tmp_p
     assert (tmp_path / "metrics.jsonl").read_text() == '{"step": 0}\n'
     with pytest.raises(UsageError, match="no checkpoint"):
         run(tiny_config(out=str(tmp_path / "missing"), resume=True))
+    assert not (tmp_path / "missing").exists()  # a mistyped --out is not created
 
 
 def _steps(out) -> list[int]:
@@ -210,6 +211,8 @@ def test_damaged_or_earlier_checkpoints_give_one_line(straight, tmp_path, capsys
         (out / "checkpoint.pt").write_bytes(damaged)
         err = _one_line_error(capsys, ["--tiny", "--resume", "--steps", "5", "--out", str(out)])
         assert "cannot be read" in err
+    torch.save(torch.zeros(2), out / "checkpoint.pt")
+    assert "not an rl_loop checkpoint" in _one_line_error(capsys, ["--tiny", "--resume", "--out", str(out)])
     torch.save({"step": 1, "policy": {}, "config": {}}, out / "checkpoint.pt")  # the flat pre-issue-14 layout
     assert "earlier rl_loop" in _one_line_error(capsys, ["--tiny", "--resume", "--steps", "5", "--out", str(out)])
     ckpt = torch.load(os.path.join(straight, "checkpoint.pt"), weights_only=False)
