@@ -1,6 +1,8 @@
 """Resuming a run from ``OUT/checkpoint.pt``: the checkpoint is read and matched against the run asked for
-before any work (:func:`read_checkpoint`), and ``OUT/metrics.jsonl`` is cut back to what it held when the
-checkpoint was written (:func:`cut_metrics`), so that no step is logged twice after a kill.
+before any work (:func:`read_checkpoint`, from ``checks.check_run``), and ``OUT/metrics.jsonl`` is cut back
+to what it held when the checkpoint was written (:func:`cut_metrics`, from ``session.open_run``), so that no
+step is logged twice after a kill. ``session.setup`` only loads the weights (:func:`load_checkpoint_file`):
+the benchmarks load a finished or running run's checkpoint through it and change neither.
 
 Checkpoint formats: 2 (this one) adds ``format``, ``metrics_bytes`` (the log's size at the checkpoint) and
 ``finished`` (written by the end of a run) to format 1 (issue 14's typed run state, which still loads: its log
@@ -51,10 +53,9 @@ def _differences(asked: dict, saved: dict, prefix: str = "") -> list[str]:
     return out
 
 
-def read_checkpoint(cfg: RunConfig) -> dict:
-    """``OUT/checkpoint.pt``, checked to continue the run ``cfg`` asks for; a :class:`UsageError` (one line)
-    when there is none, it cannot be read, its format is not one this rl_loop resumes, its trajectory fields
-    differ from ``cfg``'s (named), or it already holds ``cfg.steps`` steps."""
+def load_checkpoint_file(cfg: RunConfig) -> dict:
+    """``OUT/checkpoint.pt`` in a format this rl_loop reads; a :class:`UsageError` (one line) when there is
+    none, it cannot be read, or its format is not one this rl_loop resumes."""
     path = checkpoint_path(cfg)
     if not os.path.isfile(path):
         cut = (" (only checkpoint.pt.tmp is there: the run was killed while writing its first checkpoint)"
@@ -75,6 +76,14 @@ def read_checkpoint(cfg: RunConfig) -> dict:
     if not isinstance(fmt, int) or fmt > CHECKPOINT_FORMAT or not REQUIRED_KEYS <= ckpt.keys():
         raise UsageError(f"--resume: {path} has checkpoint format {fmt!r} with keys {sorted(ckpt)}; this rl_loop "
                          f"resumes formats 1-{CHECKPOINT_FORMAT}")
+    return ckpt
+
+
+def read_checkpoint(cfg: RunConfig) -> dict:
+    """``OUT/checkpoint.pt`` (:func:`load_checkpoint_file`), checked to continue the run ``cfg`` asks for: a
+    :class:`UsageError` (one line) when its trajectory fields differ from ``cfg``'s (named) or it already holds
+    ``cfg.steps`` steps."""
+    ckpt = load_checkpoint_file(cfg)
     diff = _differences(asdict(cfg), ckpt["config"])
     if diff:
         raise UsageError(f"--resume: the run asked for differs from the checkpoint's in {'; '.join(diff)}")

@@ -21,17 +21,20 @@ from .engine import RolloutEngine
 from .evaluation import validate
 from .learn import policy_optimizer
 from .model import supervised_warm_start
-from .resume import metrics_path
+from .resume import cut_metrics, metrics_path, read_checkpoint
 from .state import Engine, RunState, Session, load_checkpoint, save_checkpoint
 from .task import CharTokenizer, make_splits
 
 
 def open_run(cfg: RunConfig) -> Callable[[dict], None]:
-    """Threads, OUT and ``metrics.jsonl`` (truncated unless resuming); returns the ``log(row)`` function."""
+    """Threads, OUT and ``metrics.jsonl`` (emptied, or cut back to the checkpoint when resuming); returns the
+    ``log(row)`` function."""
     torch.set_num_threads(cfg.num_threads)
     os.makedirs(cfg.out, exist_ok=True)
     path = metrics_path(cfg.out)
-    if not cfg.resume and os.path.exists(path):
+    if cfg.resume:
+        cut_metrics(cfg, read_checkpoint(cfg))  # no step logged twice after a kill
+    elif os.path.exists(path):
         os.remove(path)
 
     def log(row: dict) -> None:

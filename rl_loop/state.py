@@ -15,7 +15,7 @@ from specdec_kernels.drafters.training import DrafterTrainer
 from specdec_kernels.models import Qwen3
 
 from .config import RunConfig
-from .resume import CHECKPOINT_FORMAT, checkpoint_path, cut_metrics, metrics_path, read_checkpoint
+from .resume import CHECKPOINT_FORMAT, checkpoint_path, load_checkpoint_file, metrics_path
 from .rollouts import GenerationConfig, Rollouts, RolloutStats
 from .task import CharTokenizer, Problem
 
@@ -130,10 +130,6 @@ def save_checkpoint(s: Session, finished: bool = False) -> None:
 
 
 def load_checkpoint(cfg: RunConfig) -> dict | None:
-    """When resuming, the checkpoint of ``OUT`` (checked by ``resume.read_checkpoint``: a missing, damaged or
-    mismatched one is an error), with ``metrics.jsonl`` cut back to it; None for a fresh run."""
-    if not cfg.resume:
-        return None
-    ckpt = read_checkpoint(cfg)
-    cut_metrics(cfg, ckpt)
-    return ckpt
+    """The checkpoint of ``OUT`` when resuming (``resume.load_checkpoint_file``: a missing or damaged one is an
+    error), else None."""
+    return load_checkpoint_file(cfg) if cfg.resume else None

@@ -18,6 +18,7 @@ import rl_loop.checks as checks
 import rl_loop.sync_pipeline as sync_pipeline
 from rl_loop.__main__ import main
 from rl_loop.config import tiny_config
+from rl_loop.session import setup
 from rl_loop.sim.sweep import main as sweep_main
 from rl_loop.train import run
 from rl_loop.usage import UsageError
@@ -132,6 +133,7 @@ _KILL_AT = """
 import os, signal, sys
 import rl_loop.sync_pipeline as sp
 from rl_loop.config import tiny_config
+from rl_loop.session import setup
 from rl_loop.train import run
 save = sp.save_checkpoint
 def save_or_die(s):  # SIGKILL once step 2's row is logged, before its checkpoint: the one of step 2 stays
@@ -218,3 +220,13 @@ def test_damaged_or_earlier_checkpoints_give_one_line(straight, tmp_path, capsys
     ckpt = torch.load(os.path.join(straight, "checkpoint.pt"), weights_only=False)
     torch.save({**ckpt, "format": 99}, out / "checkpoint.pt")
     assert "format 99" in _one_line_error(capsys, ["--tiny", "--resume", "--steps", "5", "--out", str(out)])
+
+
+def test_benchmarks_load_a_finished_run_and_change_nothing(straight):
+    """``rl_loop.bench`` / ``tree_bench`` load a run's weights through ``setup`` with ``resume=True`` (and
+    tree_bench another spec): neither the continuation checks nor the log cut apply there."""
+    log = os.path.join(straight, "metrics.jsonl")
+    before = open(log).read()
+    s = setup(tiny_config(out=straight, steps=3, equivalence=False, resume=True, spec="none"), lambda row: None)
+    assert s.state.step == 3
+    assert open(log).read() == before
