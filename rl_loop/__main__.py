@@ -69,13 +69,20 @@ def parse_args(argv: list[str] | None = None) -> RunConfig:
     )
 
 
+def _usage_error(e: ValueError) -> int:
+    print(f"{PROG}: error: {e}", file=sys.stderr)
+    return 2
+
+
 def main(argv: list[str] | None = None) -> int:
-    cfg = parse_args(argv)
+    try:
+        cfg = parse_args(argv)
+    except ValueError as e:  # RunConfig's own checks (--rollout-workers, ...)
+        return _usage_error(e)
     try:
         summary = run(cfg)  # raises UsageError before any work for a user mistake
     except UsageError as e:
-        print(f"{PROG}: error: {e}", file=sys.stderr)
-        return 2
+        return _usage_error(e)
     print(json.dumps({k: summary.get(k) for k in REQUIRED_SUMMARY_KEYS}, indent=1))
     print(f"wrote {cfg.out}/summary.json")
     return 0

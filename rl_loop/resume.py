@@ -27,7 +27,7 @@ REQUIRED_KEYS = frozenset({"state", "config", "policy", "opt", "drafter", "draft
 # other field (seed, k, temperature, spec, drafter, the models, the data, the optimisation, the threads, which
 # set the float reduction order) shapes the trajectory, and a resume must continue the same one.
 RESUMABLE = frozenset({"out", "steps", "resume", "verify_backend", "checkpoint_every", "equivalence",
-                       "equivalence_prompts", "equivalence_samples", "plots", "progress"})
+                       "equivalence_prompts", "equivalence_samples", "plots", "progress", "dump_rollouts"})
 
 
 def checkpoint_path(cfg: RunConfig) -> str:
@@ -107,7 +107,15 @@ def _before(line: str, step: int) -> bool:
 
 
 def cut_metrics(cfg: RunConfig, ckpt: dict) -> None:
-    """Cut ``OUT/metrics.jsonl`` back to the rows it held when ``ckpt`` was written."""
+    """Cut ``OUT/metrics.jsonl`` back to the rows it held when ``ckpt`` was written, and ``OUT/rollouts.jsonl``
+    (``--dump-rollouts``) to the steps before the checkpoint's."""
+    step = ckpt["state"]["step"]
+    dump = os.path.join(cfg.out, "rollouts.jsonl")
+    if os.path.exists(dump):
+        with open(dump) as f:
+            lines = [line for line in f.read().splitlines() if line.strip()]
+        with open(dump, "w") as f:
+            f.writelines(line + "\n" for line in lines if _before(line, step) and "step" in json.loads(line))
     path = metrics_path(cfg.out)
     if not os.path.exists(path):
         return
@@ -119,4 +127,4 @@ def cut_metrics(cfg: RunConfig, ckpt: dict) -> None:
     with open(path) as f:
         lines = [line for line in f.read().splitlines() if line.strip()]
     with open(path, "w") as f:
-        f.writelines(line + "\n" for line in lines if _before(line, ckpt["state"]["step"]))
+        f.writelines(line + "\n" for line in lines if _before(line, step))

@@ -53,7 +53,7 @@ def _one_line_error(capsys, argv: list[str]) -> str:
     (["--temperature", "nan"], "--temperature"), (["--temperature", "inf"], "--temperature"),
     (["--seed", str(2**70)], "--seed"), (["--seed", "-1"], "--seed"),
     (["--verify-backend", "nosuch"], "--verify-backend"), (["--k", "100000"], "--k"),
-    (["--tiny", "--spec", "tree", "--k", "25"], "--k"),
+    (["--tiny", "--spec", "tree", "--k", "25"], "--k"), (["--rollout-workers", "0"], "--rollout-workers"),
 ])
 def test_flag_mistakes_fail_in_one_line_before_any_work(capsys, no_work, tmp_path, argv, named):
     err = _one_line_error(capsys, [*argv, "--out", str(tmp_path / "run")])
@@ -141,7 +141,7 @@ def save_or_die(s):  # SIGKILL once step 2's row is logged, before its checkpoin
         os.kill(os.getpid(), signal.SIGKILL)
     save(s)
 sp.save_checkpoint = save_or_die
-run(tiny_config(out=sys.argv[1], steps=3, equivalence=False))
+run(tiny_config(out=sys.argv[1], steps=3, equivalence=False, dump_rollouts=True))
 """
 
 _TIMES = ("_s", "seconds", "per_s", "speedup")
@@ -155,7 +155,7 @@ def _deterministic(row: dict) -> dict:
 def straight(tmp_path_factory) -> str:
     """A finished three-step tiny run."""
     out = str(tmp_path_factory.mktemp("straight"))
-    run(tiny_config(out=out, steps=3, equivalence=False))
+    run(tiny_config(out=out, steps=3, equivalence=False, dump_rollouts=True))
     return out
 
 
@@ -186,6 +186,8 @@ def test_resume_after_sigkill_is_bit_exact_and_logs_each_step_once(straight, tmp
             assert torch.equal(tensor, b["drafter"][name]), (out, name)
         rows_b = [_deterministic(r) for r in map(json.loads, open(os.path.join(out, "metrics.jsonl")))]
         assert rows_b == rows_a, out
+        dump = open(os.path.join(out, "rollouts.jsonl")).read()  # --dump-rollouts: cut back by step too
+        assert dump == open(os.path.join(straight, "rollouts.jsonl")).read(), out
 
 
 def test_resume_refuses_a_different_run_naming_the_fields(straight, no_work):
