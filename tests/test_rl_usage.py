@@ -176,7 +176,7 @@ def test_resume_after_sigkill_is_bit_exact_and_logs_each_step_once(straight, tmp
     a = torch.load(os.path.join(straight, "checkpoint.pt"), weights_only=False)
     rows_a = [_deterministic(r) for r in map(json.loads, open(os.path.join(straight, "metrics.jsonl")))]
     for out in (killed, old):
-        run(tiny_config(out=out, steps=3, equivalence=False, resume=True))
+        run(tiny_config(out=out, steps=3, equivalence=False, resume=True, dump_rollouts=True))
         assert _steps(out) == [0, 1, 2], out
         b = torch.load(os.path.join(out, "checkpoint.pt"), weights_only=False)
         assert b["state"]["step"] == 3 and b["finished"]
