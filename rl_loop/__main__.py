@@ -60,6 +60,8 @@ def parse_args(argv: list[str] | None = None) -> RunConfig:
         check_values(a.k, a.steps, a.temperature, a.seed)
     except UsageError as e:
         p.error(str(e))
+    if a.rollout_workers < 1:
+        p.error(f"--rollout-workers must be >= 1, got {a.rollout_workers}")
     base = tiny_config() if a.tiny else d
     steps = a.steps if a.steps != d.steps or not a.tiny else base.steps
     return replace(

@@ -14,9 +14,12 @@ host-resident cu for free).
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import specdec_kernels as sk
 from specdec_kernels.testing import fuzz
@@ -44,8 +47,8 @@ def _call(op: str, vocab: int = 6, comparable: bool = False, **kwargs) -> FuzzCa
     return FuzzCall(op, kw, vocab, rows, width, comparable, vocab - 1)
 
 
-def _check(call: FuzzCall) -> dict:
-    results = outcomes(call, BACKENDS, DEVICE)
+def _check(call: FuzzCall, backends: list[str] = BACKENDS) -> dict:
+    results = outcomes(call, backends, DEVICE)
     assert not problems(call, results), problems(call, results)
     return results
 
@@ -164,3 +167,18 @@ def test_nan_draft_probs_count_as_zero_in_the_residual_on_every_backend():
                                 validate=False).output_token_ids.cpu() for be in sk.available_backends(DEVICE)}
     for be, tokens in trees.items():
         assert torch.equal(tokens, trees["reference"]), be
+
+
+@given(call=st.one_of(chain_call(), tree_call()), data=st.data())
+@settings(max_examples=30 if INTERPRETED_TRITON and "triton" in BACKENDS else 60, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+def test_fuzz_block_and_traversal_unvalidated(call, data):
+    """The same campaign through verify_chain(method="block") / verify_tree(method="traversal"), with draft
+    probabilities added where the call has none (the optimal methods differ from token level only then)."""
+    kwargs = dict(call.kwargs, method="block" if call.op == "chain" else "traversal")
+    if kwargs.get("draft_probs") is None:
+        rows = (kwargs["draft_token_ids"] if call.op == "chain" else kwargs["node_token_ids"]).numel()
+        g = torch.Generator().manual_seed(data.draw(st.integers(0, 2**31 - 1)))
+        probs = torch.rand(rows, call.vocab, generator=g)
+        kwargs["draft_probs"] = probs / probs.sum(-1, keepdim=True)
+    _check(dataclasses.replace(call, kwargs=kwargs), [b for b in BACKENDS if b != "raw"])
