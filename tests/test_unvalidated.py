@@ -132,6 +132,43 @@ def test_fuzz_tree_unvalidated(call):
     _check(call)
 
 
+def _nan_off_draft(q: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """q with NaN in one entry per row other than the drafted token's (a drafter bug; validation off)."""
+    q = q.clone()
+    q[torch.arange(len(ids)), (ids + 1) % q.shape[-1]] = float("nan")
+    return q
+
+
+def test_nan_draft_probs_count_as_zero_in_the_residual_on_every_backend():
+    """max(0, p - q) with a NaN q entry is 0 in the kernels; the reference used to keep the NaN (clamp), so its
+    residual sample disagreed with theirs (chain and tree)."""
+    gen = torch.Generator().manual_seed(3)
+    b, k, v = 64, 3, 8
+    logits = torch.randn(b * (k + 1), v, generator=gen)
+    ids = torch.randint(0, v, (b * k,), generator=gen)
+    q = _nan_off_draft(torch.softmax(torch.randn(b * k, v, generator=gen), -1), ids)
+    cu = torch.arange(0, b * k + 1, k)
+    out = {be: sk.verify_chain(logits.to(DEVICE), ids.to(DEVICE), cu.to(DEVICE), q.to(DEVICE),
+                               torch.ones(b, device=DEVICE), seed=torch.arange(b, device=DEVICE), backend=be,
+                               validate=False).output_token_ids.cpu() for be in sk.available_backends(DEVICE)}
+    assert len(out) >= 2, out.keys()
+    for be, tokens in out.items():
+        assert torch.equal(tokens, out["reference"]), be
+
+    n = 5  # per request: the root, its two children and one child under each
+    parent = torch.tensor([-1, 0, 0, 1, 2]).repeat(b)
+    node_ids = torch.randint(0, v, (b * n,), generator=gen)
+    tree_logits = torch.randn(b * n, v, generator=gen)
+    tq = _nan_off_draft(torch.softmax(torch.randn(b * n, v, generator=gen), -1), node_ids)
+    cu_nodes = torch.arange(0, b * n + 1, n)
+    trees = {be: sk.verify_tree(tree_logits.to(DEVICE), node_ids.to(DEVICE), parent.to(DEVICE), cu_nodes.to(DEVICE),
+                                tq.to(DEVICE), torch.ones(b, device=DEVICE), seed=torch.arange(b, device=DEVICE),
+                                sibling_sampling="without_replacement", backend=be,
+                                validate=False).output_token_ids.cpu() for be in sk.available_backends(DEVICE)}
+    for be, tokens in trees.items():
+        assert torch.equal(tokens, trees["reference"]), be
+
+
 @given(call=st.one_of(chain_call(), tree_call()), data=st.data())
 @settings(max_examples=30 if INTERPRETED_TRITON and "triton" in BACKENDS else 60, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
