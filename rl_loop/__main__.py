@@ -4,17 +4,29 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from dataclasses import replace
 
+from .checks import check_values
 from .config import POLICY_PRESETS, REQUIRED_SUMMARY_KEYS, RunConfig, tiny_config
 from .decode import DECODE_PATHS
 from .train import run
+from .usage import UsageError
+
+PROG = "python -m rl_loop"
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse that reports a bad flag in one line (no usage block): ``PROG: error: ...``."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
 def parse_args(argv: list[str] | None = None) -> RunConfig:
     d = RunConfig()
-    p = argparse.ArgumentParser(
-        prog="python -m rl_loop",
+    p = OneLineParser(
+        prog=PROG,
         description="Train a small Qwen3 policy with GRPO on math problems; rollouts use lossless speculative "
                     "decoding (specdec_kernels.verify_chain / verify_tree). Writes OUT/summary.json, metrics.jsonl, plots and "
                     "a checkpoint.",
@@ -51,6 +63,12 @@ def parse_args(argv: list[str] | None = None) -> RunConfig:
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--tiny", action="store_true", help="seconds-long configuration (tests, smoke runs)")
     a = p.parse_args(argv)
+    try:
+        check_values(a.k, a.steps, a.temperature, a.seed)
+    except UsageError as e:
+        p.error(str(e))
+    if a.rollout_workers < 1:
+        p.error(f"--rollout-workers must be >= 1, got {a.rollout_workers}")
     base = tiny_config() if a.tiny else d
     steps = a.steps if a.steps != d.steps or not a.tiny else base.steps
     if a.policy is not None:
@@ -63,9 +81,20 @@ def parse_args(argv: list[str] | None = None) -> RunConfig:
     )
 
 
+def _usage_error(e: ValueError) -> int:
+    print(f"{PROG}: error: {e}", file=sys.stderr)
+    return 2
+
+
 def main(argv: list[str] | None = None) -> int:
-    cfg = parse_args(argv)
-    summary = run(cfg)
+    try:
+        cfg = parse_args(argv)
+    except ValueError as e:  # RunConfig's own checks (--rollout-workers, ...)
+        return _usage_error(e)
+    try:
+        summary = run(cfg)  # raises UsageError before any work for a user mistake
+    except UsageError as e:
+        return _usage_error(e)
     print(json.dumps({k: summary.get(k) for k in REQUIRED_SUMMARY_KEYS}, indent=1))
     print(f"wrote {cfg.out}/summary.json")
     return 0

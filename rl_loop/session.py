@@ -24,20 +24,24 @@ from .learn import policy_optimizer
 from .model import supervised_warm_start
 from .provenance import provenance
 from .report import ar_baseline, protocol_figures
+from .resume import cut_metrics, metrics_path, read_checkpoint
 from .state import Engine, RunState, Session, load_checkpoint, save_checkpoint
 from .task import CharTokenizer, make_splits
 
 
 def open_run(cfg: RunConfig) -> Callable[[dict], None]:
-    """Threads, OUT and ``metrics.jsonl`` (truncated unless resuming); returns the ``log(row)`` function."""
+    """Threads, OUT and ``metrics.jsonl`` (emptied, or cut back to the checkpoint when resuming); returns the
+    ``log(row)`` function."""
     torch.set_num_threads(cfg.num_threads)
     os.makedirs(cfg.out, exist_ok=True)
-    metrics_path = os.path.join(cfg.out, "metrics.jsonl")
-    if not cfg.resume and os.path.exists(metrics_path):
-        os.remove(metrics_path)
+    path = metrics_path(cfg.out)
+    if cfg.resume:
+        cut_metrics(cfg, read_checkpoint(cfg))  # no step logged twice after a kill
+    elif os.path.exists(path):
+        os.remove(path)
 
     def log(row: dict) -> None:
-        with open(metrics_path, "a") as f:
+        with open(path, "a") as f:
             f.write(json.dumps(row) + "\n")
 
     return log
@@ -118,7 +122,7 @@ def finish_run(s: Session, t_run: float, extra: dict | None = None) -> dict:
     gen = cfg.generation()
     val_end = validate(s)
     s.log({"event": "eval", "step": cfg.steps, **val_end})
-    save_checkpoint(s)
+    save_checkpoint(s, finished=True)
     save_pretrained(s.policy, os.path.join(cfg.out, "policy"), s.tok)
 
     test = {}

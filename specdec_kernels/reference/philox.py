@@ -23,6 +23,9 @@ STREAM_BONUS = 2
 
 MAX_POSITION = (1 << 31) - 1
 MAX_VOCAB = 1 << 30
+SEQUENCE_COIN_FLAG = 1 << 31
+"""Set in the position field of sequence-level coins (block / traversal verification): no real position
+reaches it, so these coins never share a counter with any per-position draw (below)."""
 
 _MASK32 = 0xFFFFFFFF
 _ROUND_A = 0xD2511F53
@@ -108,3 +111,15 @@ def uniform_rows(seed: torch.Tensor, position: torch.Tensor, stream: int, vocab_
 def coins(seed: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
     """[R] float32 acceptance coins (stream 0, vocabulary index 0)."""
     return rand(seed, make_offset(position, STREAM_COIN))
+
+
+def sequence_coins(seed: torch.Tensor, position: torch.Tensor, index: torch.Tensor | int) -> torch.Tensor:
+    """float32 coins of block and traversal verification: ``rand(seed, ((position | 2**31) << 32) | index)``.
+
+    ``position`` is the request's (the verification round's first position) and ``index`` the tested
+    node (chain: prefix length). Per-position streams cannot serve here: these methods test nodes deeper
+    than what they accept, and the next round starts right after the accepted tokens, so a coin keyed by
+    the node's own position would be drawn again, already conditioned, by the next round. Keying by the
+    round's start instead gives every round fresh coins (round starts strictly increase).
+    """
+    return rand(seed, make_offset(position | SEQUENCE_COIN_FLAG, STREAM_COIN, index))

@@ -83,4 +83,11 @@ SPECDEC_HD float philox_rand(int64_t seed, int64_t position, int stream, uint32_
   return philox_uniform(philox_word(key, philox_offset_lo(stream, v), philox_offset_hi(position)));
 }
 
+// Sequence-level coins of block and traversal verification (reference/philox.py sequence_coins):
+// u = rand(seed, ((position | 2^31) << 32) | index), position = the round's first position.
+constexpr int64_t kSequenceCoinFlag = int64_t{1} << 31;
+SPECDEC_HD float sequence_coin(int64_t seed, int64_t position, uint32_t index) {
+  return philox_rand(seed, position | kSequenceCoinFlag, kStreamCoin, index);
+}
+
 SPECDEC_NS_END

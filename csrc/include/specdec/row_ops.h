@@ -189,6 +189,37 @@ inline ArgMax log_gumbel_argmax_impl(const float* w, const PhiloxKey& key, int64
   return s.result();
 }
 
+// out_v = max(0, w * (e_v / total) - q_v) over [v0, v1) (q = nullptr: q_v = 0), with the reference's
+// float32 operations in its order (reference/block.py residual_row, reference/traversal.py); returns the
+// sum of out in double.
+template <DType Q>
+double weighted_residual_t(const float* e, float total, float w, const void* q, float* out, int64_t v0, int64_t v1) {
+  simd::f64v acc = {};
+  alignas(64) float qs[simd::W];
+  int64_t v = v0;
+  for (; v + simd::W <= v1; v += simd::W) {
+    simd::f32v qv = {};
+    if (q != nullptr) {
+      load_chunk<Q>(q, v, simd::W, qs);
+      qv = simd::load(qs);
+    }
+    const simd::f32v d = w * (simd::load(e + v) / total) - qv;
+    const simd::f32v x = d > 0.0f ? d : 0.0f;
+    simd::store(out + v, x);
+    acc += __builtin_convertvector(x, simd::f64v);
+  }
+  double tail = 0.0;
+  for (; v < v1; ++v) {
+    const float qv = q != nullptr ? Elem<Q>::load(static_cast<const typename Elem<Q>::type*>(q), v) : 0.0f;
+    const float d = w * (e[v] / total) - qv;
+    out[v] = d > 0.0f ? d : 0.0f;
+    tail += static_cast<double>(out[v]);
+  }
+  double sum = 0.0;
+  for (int l = 0; l < simd::W; ++l) sum += acc[l];
+  return sum + tail;
+}
+
 // The table entries (dtype switches outside the loops).
 inline ArgMax greedy_argmax_any(const void* row, DType d, int64_t v0, int64_t v1) {
   switch (d) {
@@ -226,6 +257,15 @@ inline ResidualResult residual_argmax_any(const float* w, float total, const voi
   }
 }
 
+inline double weighted_residual_any(const float* e, float total, float w, const void* q, DType qd, float* out,
+                                    int64_t v0, int64_t v1) {
+  switch (qd) {
+    case DType::kBFloat16: return weighted_residual_t<DType::kBFloat16>(e, total, w, q, out, v0, v1);
+    case DType::kFloat16: return weighted_residual_t<DType::kFloat16>(e, total, w, q, out, v0, v1);
+    default: return weighted_residual_t<DType::kFloat32>(e, total, w, q, out, v0, v1);
+  }
+}
+
 inline RowKernels make_row_kernels() {
   RowKernels k;
   k.greedy_argmax = greedy_argmax_any;
@@ -235,6 +275,7 @@ inline RowKernels make_row_kernels() {
   k.softmax_weights = softmax_weights_impl;
   k.residual_argmax = residual_argmax_any;
   k.log_gumbel_argmax = log_gumbel_argmax_impl;
+  k.weighted_residual = weighted_residual_any;
   return k;
 }
 

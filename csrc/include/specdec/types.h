@@ -41,6 +41,10 @@ struct RowKernels {
                                     int64_t position, int64_t v0, int64_t v1);
   ArgMax (*log_gumbel_argmax)(const float* w, const PhiloxKey& key, int64_t position, int stream, int64_t v0,
                               int64_t v1);
+  // out = max(0, w * (e / total) - q) (q = nullptr: 0) and its sum (double): the residual rows of block
+  // and traversal verification (block.h, traversal.h).
+  double (*weighted_residual)(const float* e, float total, float w, const void* q, DType q_dtype, float* out,
+                              int64_t v0, int64_t v1);
 };
 
 }  // namespace specdec
