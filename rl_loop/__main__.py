@@ -8,7 +8,7 @@ import sys
 from dataclasses import replace
 
 from .checks import check_values
-from .config import POLICY_PRESETS, REQUIRED_SUMMARY_KEYS, RunConfig, tiny_config
+from .config import POLICY_PRESETS, REQUIRED_SUMMARY_KEYS, WORKLOADS, RunConfig, tiny_config, with_workload
 from .decode import DECODE_PATHS
 from .train import run
 from .usage import UsageError
@@ -50,6 +50,9 @@ def parse_args(argv: list[str] | None = None) -> RunConfig:
     p.add_argument("--policy", choices=tuple(POLICY_PRESETS), default=None,
                    help="policy shape preset: default (12 layers x hidden 96), wide (4 x 256), stream (4 x 1024, "
                         "weights beyond the last-level cache); default: the configuration's own")
+    p.add_argument("--workload", choices=tuple(WORKLOADS), default=d.workload,
+                   help="task mix: default (add / mul / countdown scratchpads), search (countdown as search "
+                        "traces: less templated, lower draft acceptance)")
     p.add_argument("--decode", choices=DECODE_PATHS, default=d.decode,
                    help="the policy's decode path for both arms (auto: native fused layer step when built)")
     p.add_argument("--threads", type=int, default=d.num_threads, help="torch intra-op threads (both arms)")
@@ -73,6 +76,7 @@ def parse_args(argv: list[str] | None = None) -> RunConfig:
     steps = a.steps if a.steps != d.steps or not a.tiny else base.steps
     if a.policy is not None:
         base = replace(base, model=POLICY_PRESETS[a.policy]())
+    base = with_workload(base, a.workload)
     return replace(
         base, pipeline=a.pipeline, spec=a.spec, drafter=a.drafter, k=a.k, backend=a.backend, steps=steps,
         seed=a.seed, out=a.out, temperature=a.temperature, verify_backend=a.verify_backend, resume=a.resume,

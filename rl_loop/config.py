@@ -47,6 +47,26 @@ def stream_policy() -> ModelConfig:
 
 POLICY_PRESETS = {"default": default_policy, "wide": wide_policy, "stream": stream_policy}
 
+# Task mixes (``--workload``): the problems and the response budget they need.
+# default: add / mul / countdown at difficulty 1-2 (templated scratchpads; responses ~10-30 tokens).
+# search: countdown written as search traces at difficulty 1-3 (``task.py``): free choices of which try
+#   comes next, responses ~25-52 tokens; the mix whose draft acceptance is nearer RL reasoning's.
+WORKLOADS = {
+    "default": (TaskConfig(), 48),
+    "search": (TaskConfig(families=("search",), difficulties=(1, 2, 3)), 56),
+}
+
+
+def with_workload(cfg: RunConfig, name: str) -> RunConfig:
+    """``cfg`` on the task mix ``name`` (:data:`WORKLOADS`): its problems and, but for the default mix (which
+    keeps ``cfg``'s), its ``max_new_tokens``; the split sizes and seed of ``cfg.task`` are kept."""
+    if name not in WORKLOADS:
+        raise ValueError(f"workload must be one of {tuple(WORKLOADS)}, got {name!r}")
+    task, max_new = WORKLOADS[name]
+    task = replace(cfg.task, families=task.families, difficulties=task.difficulties)
+    return replace(cfg, workload=name, task=task,
+                   max_new_tokens=cfg.max_new_tokens if name == "default" else max_new)
+
 
 @dataclass(frozen=True)
 class RunConfig:
@@ -67,6 +87,7 @@ class RunConfig:
     decode: str = "auto"
     model: ModelConfig = field(default_factory=default_policy)
     task: TaskConfig = field(default_factory=TaskConfig)
+    workload: str = "default"  # the task mix's name (``with_workload``); ``task`` holds its problems
     # rollouts
     prompts_per_step: int = 16
     group_size: int = 8
@@ -131,7 +152,7 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         choices = {"pipeline": PIPELINES, "spec": SPECS, "drafter": DRAFTERS, "backend": BACKENDS,
-                   "decode": DECODE_PATHS}
+                   "decode": DECODE_PATHS, "workload": tuple(WORKLOADS)}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
