@@ -11,7 +11,15 @@ import torch
 from rl_loop.__main__ import parse_args
 from rl_loop.config import WORKLOADS, RunConfig, tiny_config, with_workload
 from rl_loop.sim import shape_table
-from rl_loop.task import CORRECT_REWARD, DEFAULT_FAMILIES, FORMAT_REWARD, Problem, TaskConfig, make_problem, reward
+from rl_loop.task import (
+    CORRECT_REWARD,
+    DEFAULT_FAMILIES,
+    FORMAT_REWARD,
+    Problem,
+    TaskConfig,
+    make_problem,
+    reward,
+)
 
 pytestmark = pytest.mark.rl
 torch.set_num_threads(1)
