@@ -93,11 +93,12 @@ class MeasuredCosts:
 
 
 def build_engine(drafter: str = "eagle3", seed: int = 0, state_path: str | None = None, policy: str = "default",
-                 workload: str = "default", warm_threads: int = 2, base=None) -> tuple[object, dict]:
+                 workload: str = "default", warm_threads: int = 2, base=None, num_layers: int | None = None
+                 ) -> tuple[object, dict]:
     """rl_loop's policy (preset ``policy``) and drafter on the task mix ``workload``, warm-started as
     ``python -m rl_loop`` does (its defaults, or the ``base`` RunConfig's) with ``warm_threads`` torch
-    threads. With ``state_path``, weights saved by an earlier call are loaded instead (and saved there if
-    absent)."""
+    threads; ``num_layers`` shortens the preset (tests). With ``state_path``, weights saved by an earlier
+    call are loaded instead (and saved there if absent)."""
     import os
 
     from rl_loop.config import POLICY_PRESETS, RunConfig, with_workload
@@ -107,8 +108,8 @@ def build_engine(drafter: str = "eagle3", seed: int = 0, state_path: str | None 
         raise ValueError(f"policy must be one of {tuple(POLICY_PRESETS)}, got {policy!r}")
     cached = state_path is not None and os.path.exists(state_path)
     model = POLICY_PRESETS[policy]()
-    if base is not None:  # a shortened configuration keeps its own depth (tests)
-        model = replace(model, num_hidden_layers=base.model.num_hidden_layers)
+    if num_layers is not None:
+        model = replace(model, num_hidden_layers=num_layers)
     cfg = replace(base or RunConfig(), out=tempfile.mkdtemp(prefix="sim-engine-"), seed=seed, drafter=drafter,
                   progress=False, plots=False, num_threads=warm_threads, model=model)
     cfg = with_workload(cfg, workload)

@@ -25,8 +25,9 @@ import argparse
 import json
 import os
 import sys
+from dataclasses import replace
 
-from rl_loop.config import POLICY_PRESETS, WORKLOADS, tiny_config
+from rl_loop.config import POLICY_PRESETS, WORKLOADS, RunConfig, tiny_config
 from rl_loop.provenance import provenance
 
 from .engine_costs import build_engine, compare_engine
@@ -76,23 +77,30 @@ def regime(components: list[dict], k: int, weight_bytes: int, llc: int | None) -
 
 
 def measure(policies: list[str], workloads: list[str], ks: tuple[int, ...], rounds: int,
-            states: str | None, tiny: bool = False, warm_only: bool = False, log=print) -> list[dict]:
+            states: str | None, tiny: bool = False, warm_only: bool = False,
+            warm_steps: tuple[int, int] | None = None, log=print) -> list[dict]:
     """Every policy x workload combination's :func:`compare_engine` record, with its regime. ``tiny``: the
     seconds-long configuration and a small request set (tests, smoke runs); ``warm_only``: build (and
-    save under ``states``) the warm-started weights only."""
+    save under ``states``) the warm-started weights only; ``warm_steps``: (policy, drafter) warm-start
+    steps instead of the run's defaults."""
     base = tiny_config() if tiny else None
+    if warm_steps is not None:
+        base = replace(base or RunConfig(), warm_start_steps=warm_steps[0], drafter_warm_steps=warm_steps[1])
     sizes = {"request_sets": 2, "prompts_per_set": 2, "group": 2} if tiny else {}
     out = []
     for policy in policies:
         for workload in workloads:
             state = os.path.join(states, f"{policy}-{workload}.pt") if states else None
             log(f"== policy {policy}, workload {workload}")
-            cfg, s = build_engine(state_path=state, policy=policy, workload=workload, base=base)
+            cfg, s = build_engine(state_path=state, policy=policy, workload=workload, base=base,
+                                  num_layers=base.model.num_hidden_layers if tiny else None)
             if warm_only:
                 continue
             result = compare_engine(cfg, s, ks=ks, rounds=rounds, log=log, **sizes)
             weight_bytes = sum(p.numel() * p.element_size() for p in s.policy.parameters())
-            result.update(policy_preset=policy, parameters=sum(p.numel() for p in s.policy.parameters()),
+            warm = base or RunConfig()  # the steps the (possibly cached) weights were warm-started with
+            result.update(policy_preset=policy, warm_start_steps=warm.warm_start_steps,
+                          drafter_warm_steps=warm.drafter_warm_steps, parameters=sum(p.numel() for p in s.policy.parameters()),
                           regime=regime(result["components"], 3, weight_bytes, last_level_cache_bytes()))
             out.append(result)
     return out
@@ -134,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="runs/shapes")
     p.add_argument("--tiny", action="store_true", help="seconds-long configuration (tests, smoke runs)")
     p.add_argument("--warm-only", action="store_true", help="only build the --states files (untimed warm starts)")
+    p.add_argument("--warm-steps", default=None, metavar="POLICY,DRAFTER",
+                   help="warm-start steps of the policy and the drafter (default: python -m rl_loop's)")
     a = p.parse_args(argv)
     policies = _names(a.policies, POLICY_PRESETS, "--policies")
     workloads = _names(a.workloads, WORKLOADS, "--workloads")
@@ -145,13 +155,22 @@ def main(argv: list[str] | None = None) -> int:
         p.exit(2, f"{p.prog}: error: --ks takes positive integers, got {a.ks!r}\n")
     if a.rounds < 1:
         p.exit(2, f"{p.prog}: error: --rounds must be >= 1, got {a.rounds}\n")
+    warm_steps = None
+    if a.warm_steps is not None:
+        try:
+            warm_steps = tuple(int(x) for x in a.warm_steps.split(","))
+        except ValueError:
+            warm_steps = ()
+        if len(warm_steps) != 2 or min(warm_steps) < 0:
+            p.exit(2, f"{p.prog}: error: --warm-steps takes POLICY,DRAFTER step counts, got {a.warm_steps!r}\n")
     if a.warm_only and not a.states:
         p.exit(2, f"{p.prog}: error: --warm-only needs --states DIR (where the weights go)\n")
     os.makedirs(a.out, exist_ok=True)
     if a.states:
         os.makedirs(a.states, exist_ok=True)
     command = "python -m rl_loop.sim.shape_table " + " ".join(sys.argv[1:] if argv is None else argv)
-    results = measure(policies, workloads, ks, a.rounds, a.states, tiny=a.tiny, warm_only=a.warm_only)
+    results = measure(policies, workloads, ks, a.rounds, a.states, tiny=a.tiny, warm_only=a.warm_only,
+                      warm_steps=warm_steps)
     if a.warm_only:
         print(f"warm-started weights in {a.states}")
         return 0
