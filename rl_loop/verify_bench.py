@@ -1,6 +1,6 @@
 """Rollout speed and acceptance of one policy + drafter snapshot per verification method.
 
-``python -m rl_loop.verify_bench --run DIR [--rounds 6] [--out FILE]`` loads ``DIR/checkpoint.pt`` (written by
+``python -m rl_loop.verify_bench --run DIR [--rounds 20] [--out FILE]`` loads ``DIR/checkpoint.pt`` (written by
 ``python -m rl_loop``; a finished or running run, which it does not change) and generates one GRPO step's
 requests (``prompts_per_step`` prompts x ``group_size``, the run's temperature, ``max_new_tokens`` and
 ``max_batch``) with five arms on the one :class:`~rl_loop.engine.RolloutEngine`:
@@ -99,7 +99,7 @@ def _pooled(rows: list[RolloutStats]) -> RolloutStats:
     return total
 
 
-def measure(run_dir: str, rounds: int = 6, threads: int | None = None, verify_backend: str | None = None
+def measure(run_dir: str, rounds: int = 20, threads: int | None = None, verify_backend: str | None = None
             ) -> dict:
     """Run the protocol of the module docstring on ``run_dir``'s checkpoint; returns the report (JSON-able).
     A :class:`UsageError` (one line in the CLI) when the run cannot be benchmarked as asked."""
@@ -165,7 +165,7 @@ def table(report: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
     p.add_argument("--run", required=True, help="a python -m rl_loop output directory (with checkpoint.pt)")
-    p.add_argument("--rounds", type=int, default=6, help="rounds of all five arms (>= 3)")
+    p.add_argument("--rounds", type=int, default=20, help="rounds of all five arms (>= 3)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: the run's)")
     p.add_argument("--verify-backend", default=None, help="specdec_kernels backend (default: the run's)")
     p.add_argument("--out", default=None, help="report path (default: RUN/verify_methods.json)")
