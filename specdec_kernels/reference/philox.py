@@ -1,13 +1,19 @@
-"""Philox4x32-10 in torch integer arithmetic, bit-identical to Triton's ``tl.rand(seed, offset)``.
+"""Philox4x32-10 in torch integer arithmetic, bit-identical to Triton's ``tl.rand4x`` / ``tl.rand``.
 
-Every backend draws its randomness from this one stateless generator (DESIGN.md §4)::
+Every verification backend draws its randomness from this one stateless generator (DESIGN.md §4)::
 
-    u = rand(seed, offset),   offset = (position << 32) | (stream << 30) | v
+    u = uniform(seed, position, stream, i)
+      = word (i & 3) of rand4x(seed, offset),   offset = (position << 32) | (stream << 30) | (i >> 2)
 
 ``seed`` is a request's 64-bit key, ``position`` the absolute position of the token being decided,
-``stream`` one of :data:`STREAM_COIN`, :data:`STREAM_RECOVERY`, :data:`STREAM_BONUS`, and ``v`` the
-vocabulary index (0 for coins). The counter is (offset_lo, offset_hi, 0, 0), the key (seed_lo, seed_hi),
-the output the first Philox word mapped to a 31-bit uniform in [0, 1) exactly as Triton maps it.
+``stream`` one of :data:`STREAM_COIN`, :data:`STREAM_RECOVERY`, :data:`STREAM_BONUS`, and ``i`` the draw
+index: the vocabulary index ``v`` for a vocabulary entry's noise, :data:`BLOCK_DRAWS` + ``b`` for the noise
+of vocabulary block ``b`` (``reference/gumbel.py``), the sibling slot for coins (0 in chains). One Philox
+call (counter (offset_lo, offset_hi, 0, 0), key (seed_lo, seed_hi)) yields four 32-bit words, each mapped
+to a 31-bit uniform in [0, 1) exactly as Triton maps it, so four consecutive draw indices share one call.
+
+:func:`rand` (the first word only, Triton's ``tl.rand``) with :func:`make_offset` remains for the drafters'
+stream 3 (``drafters/base.py``), whose draws are their own.
 
 All arithmetic is done on int64 tensors holding uint32 values, so the functions run on any device
 and never leave it (no host syncs).
@@ -23,6 +29,9 @@ STREAM_BONUS = 2
 
 MAX_POSITION = (1 << 31) - 1
 MAX_VOCAB = 1 << 30
+# Draw index of vocabulary block 0 (block b draws BLOCK_DRAWS + b): above every vocabulary index, and
+# (BLOCK_DRAWS + b) >> 2 stays below bit 30, the stream bits.
+BLOCK_DRAWS = MAX_VOCAB
 
 _MASK32 = 0xFFFFFFFF
 _ROUND_A = 0xD2511F53
@@ -62,8 +71,10 @@ def philox4x32(
     return c0, c1, c2, c3
 
 
-def randint(seed: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
-    """First Philox word as uint32 (in int64), as Triton's ``tl.randint(seed, offset)`` with int64 offsets.
+def randint4x(
+    seed: torch.Tensor, offset: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The four Philox words as uint32 (in int64), as Triton's ``tl.randint4x(seed, offset)``.
 
     ``seed`` and ``offset`` are int64 tensors that broadcast against each other.
     """
@@ -73,9 +84,14 @@ def randint(seed: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
     k1 = (seed >> 32) & _MASK32
     c0 = offset & _MASK32
     c1 = (offset >> 32) & _MASK32
+    c0, c1 = torch.broadcast_tensors(c0, c1)
     zero = torch.zeros_like(c0)
-    out, _, _, _ = philox4x32(c0, c1, zero, zero, k0, k1)
-    return out
+    return philox4x32(c0, c1, zero, zero, k0, k1)
+
+
+def randint(seed: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
+    """First Philox word as uint32 (in int64), as Triton's ``tl.randint(seed, offset)`` with int64 offsets."""
+    return randint4x(seed, offset)[0]
 
 
 def uint32_to_uniform(x: torch.Tensor) -> torch.Tensor:
@@ -91,20 +107,48 @@ def rand(seed: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
     return uint32_to_uniform(randint(seed, offset))
 
 
+def rand4x(
+    seed: torch.Tensor, offset: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Four uniform float32 in [0, 1), bit-identical to Triton's ``tl.rand4x(seed, offset)``."""
+    w0, w1, w2, w3 = randint4x(seed, offset)
+    return uint32_to_uniform(w0), uint32_to_uniform(w1), uint32_to_uniform(w2), uint32_to_uniform(w3)
+
+
+def draw_offset(position: torch.Tensor, stream: torch.Tensor | int, index: torch.Tensor | int) -> torch.Tensor:
+    """``(position << 32) | (stream << 30) | (index >> 2)``: the Philox counter of draw ``index`` (broadcasting)."""
+    index = torch.as_tensor(index, dtype=torch.int64, device=position.device)
+    stream = torch.as_tensor(stream, dtype=torch.int64, device=position.device)
+    return (position.to(torch.int64) << 32) | (stream << 30) | (index >> 2)
+
+
+def uniform(
+    seed: torch.Tensor, position: torch.Tensor, stream: torch.Tensor | int, index: torch.Tensor | int
+) -> torch.Tensor:
+    """Float32 uniform of draw ``index`` on (seed, position, stream): word ``index & 3`` of one Philox call.
+
+    All arguments broadcast against each other; ``index`` in [0, 2^32).
+    """
+    index = torch.as_tensor(index, dtype=torch.int64, device=position.device)
+    words = torch.stack(randint4x(seed, draw_offset(position, stream, index)), dim=-1)
+    word = words.gather(-1, torch.broadcast_to(index & 3, words.shape[:-1])[..., None]).squeeze(-1)
+    return uint32_to_uniform(word)
+
+
 def make_offset(position: torch.Tensor, stream: int, vocab_index: torch.Tensor | int = 0) -> torch.Tensor:
-    """``(position << 32) | (stream << 30) | vocab_index`` as int64 (DESIGN.md §4), broadcasting."""
+    """``(position << 32) | (stream << 30) | vocab_index`` as int64 (the drafters' one-word draws), broadcasting."""
     if not 0 <= stream < 4:
         raise ValueError(f"stream must be in [0, 4), got {stream}")
     return (position.to(torch.int64) << 32) | (stream << 30) | vocab_index
 
 
 def uniform_rows(seed: torch.Tensor, position: torch.Tensor, stream: int, vocab_size: int) -> torch.Tensor:
-    """[R, V] float32 uniforms for rows with per-row ``seed`` [R] and ``position`` [R] on one stream."""
+    """[R, V] float32 one-word uniforms ``rand(seed, make_offset(position, stream, v))`` (the drafters' stream 3)."""
     v = torch.arange(vocab_size, device=position.device, dtype=torch.int64)
     offset = make_offset(position[:, None], stream, v[None, :])
     return rand(seed[:, None], offset)
 
 
-def coins(seed: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
-    """[R] float32 acceptance coins (stream 0, vocabulary index 0)."""
-    return rand(seed, make_offset(position, STREAM_COIN))
+def coins(seed: torch.Tensor, position: torch.Tensor, slot: torch.Tensor | int = 0) -> torch.Tensor:
+    """[R] float32 acceptance coins: stream 0, draw index = the sibling slot (0 in chains)."""
+    return uniform(seed, position, STREAM_COIN, slot)

@@ -4,12 +4,14 @@
 // parallel and a final per-request pass keeps the prefix up to the first rejection:
 //   1. threshold_kernel  (rows with top-k/top-p only): exact truncation thresholds by bisection on
 //                         order keys, one block per row;
-//   2. row_pass_kernel   grid (slices, rows): ONE pass over each logits row with 16-byte loads:
-//                         greedy argmax, or the Gumbel-max sample of the truncated target (deterministic
-//                         drafts need nothing else), plus the online-softmax (max, sum) of stochastic rows;
-//   3. decide_kernel     per row: combine slices; stochastic rows draw the acceptance coin;
+//   2. row_pass_kernel   grid (slices, rows): ONE pass over each logits row: greedy argmax (16-byte
+//                         loads), or level 1 of the two-level Gumbel-max sample of the truncated target
+//                         (gumbel.h: one thread per 16-entry block; deterministic drafts need nothing
+//                         else), plus the online-softmax (max, sum) of stochastic rows;
+//   3. decide_kernel     per row: combine slices, level 2 in the winning block; stochastic rows draw the
+//                         acceptance coin;
 //   4. residual_kernel   grid (slices, rows), stochastic rows that rejected only: recovery sample from
-//                         norm(max(0, p - q));
+//                         norm(max(0, p - q)) (level 1; level 2 in residual_combine_kernel);
 //   5. assemble_kernel   per request: accepted prefix, then the recovery or bonus token.
 // Splitting the vocabulary across blocks keeps the whole GPU busy at small batch sizes.
 #pragma once
@@ -19,6 +21,7 @@
 #include "common.h"
 #include "cuda_api.h"
 #include "cuda_common.cuh"
+#include "gumbel.h"
 #include "math.h"
 #include "philox.h"
 
@@ -51,6 +54,63 @@ __device__ __forceinline__ RowInfo row_info(const CudaChainArgs& a, int64_t r) {
 __device__ __forceinline__ float truncated(float x, float temperature, uint32_t lo_key) {
   const float z = sanitize(x / temperature);
   return order_key(z) >= lo_key ? z : -kInf;
+}
+
+// Two-level Gumbel-max sources (gumbel.h) of a row truncated by order key: the scaled, truncated logits,
+// and the residual max(0, p - q) of their softmax p.
+template <DType D>
+struct TruncatedZ {
+  const void* row;
+  float temperature;
+  uint32_t lo_key;
+  int64_t vocab;
+
+  __device__ float z(int64_t v) const {
+    return truncated(Elem<D>::load(static_cast<const typename Elem<D>::type*>(row), v), temperature, lo_key);
+  }
+  __device__ void block(int64_t b, float* out) const {
+    for (int i = 0; i < kBlock; ++i) out[i] = b * kBlock + i < vocab ? z(b * kBlock + i) : -kInf;
+  }
+  __device__ float log_mass(int64_t b) const {
+    float zb[kBlock];
+    block(b, zb);
+    return block_log_mass(zb);
+  }
+};
+
+template <DType D>
+struct TruncatedResidual {
+  TruncatedZ<D> target;
+  float max, total;
+  const void* q;
+  DType q_dtype;
+
+  __device__ float residual(int64_t v) const {
+    const float p = max == -kInf ? (v == 0 ? 1.0f : 0.0f) : exp_fma_f32(target.z(v) - max) / total;
+    const float d = p - load_prob(q, q_dtype, v);
+    return d > 0.0f ? d : 0.0f;
+  }
+  __device__ void block(int64_t b, float* out) const {
+    for (int i = 0; i < kBlock; ++i) out[i] = b * kBlock + i < target.vocab ? log_f32(residual(b * kBlock + i)) : -kInf;
+  }
+  __device__ float log_mass(int64_t b) const {
+    float w[kBlock];
+    for (int i = 0; i < kBlock; ++i) w[i] = b * kBlock + i < target.vocab ? residual(b * kBlock + i) : 0.0f;
+    return log_f32(block_sum16(w));
+  }
+};
+
+// Level 1 over the blocks of [v0, v1) (v0 a multiple of 16), one thread per block: this thread's best
+// {score, block}; the caller reduces over the thread block.
+template <class Source>
+__device__ __forceinline__ DevArgMax block_pick(const Source& src, const PhiloxKey& key, uint32_t hi, int stream,
+                                                int64_t v0, int64_t v1) {
+  DevArgMax pick{-kInf, 0x7fffffff};
+  for (int64_t b = v0 / kBlock + threadIdx.x; b < (v1 + kBlock - 1) / kBlock; b += blockDim.x) {
+    const float u = philox_draw(key, hi, stream, kBlockDraws + static_cast<uint32_t>(b));
+    pick = better(pick, DevArgMax{src.log_mass(b) - gumbel_log_term(u), static_cast<int32_t>(b)});
+  }
+  return pick;
 }
 
 // --- 1. thresholds ------------------------------------------------------------------------------------
@@ -144,25 +204,24 @@ __global__ void row_pass_kernel(CudaChainArgs a, int64_t slice, const ChainRowSt
     const PhiloxKey key = philox_key(a.seed[info.req]);
     const uint32_t hi = philox_offset_hi(a.position[info.req] + info.local);
     const int stream = info.bonus ? kStreamBonus : kStreamRecovery;
-    for_each_elem<D>(row, v0, v1, [&](int64_t v, float x) {
-      const float z = truncated(x, temp, lo_key);
-      if (z != -kInf) {
-        const float u = philox_uniform(philox_word(key, philox_offset_lo(stream, static_cast<uint32_t>(v)), hi));
-        pick = better(pick, DevArgMax{z - gumbel_log_term(u), static_cast<int32_t>(v)});
-        if (stochastic) {  // online softmax statistics
-          if (z > m) {
-            s = s * static_cast<double>(exp_f32(m - z)) + 1.0;
-            m = z;
-          } else {
-            s += static_cast<double>(exp_f32(z - m));
-          }
+    const TruncatedZ<D> src{row, temp, lo_key, a.vocab};
+    pick = block_pick(src, key, hi, stream, v0, v1);  // level 1 of the Gumbel-max sample
+    if (stochastic) {  // online softmax statistics
+      for_each_elem<D>(row, v0, v1, [&](int64_t v, float x) {
+        const float z = truncated(x, temp, lo_key);
+        if (z == -kInf) return;
+        if (z > m) {
+          s = s * static_cast<double>(exp_fma_f32(m - z)) + 1.0;
+          m = z;
+        } else {
+          s += static_cast<double>(exp_fma_f32(z - m));
         }
-      }
-    });
+      });
+    }
     if (stochastic) {
       // Combine (m, s) across the block through the argmax of m, then rescale in double.
       const float bm = block_argmax(DevArgMax{m, 0}, amax).value;
-      const double scaled = (m == -kInf) ? 0.0 : s * static_cast<double>(exp_f32(m - bm));
+      const double scaled = (m == -kInf) ? 0.0 : s * static_cast<double>(exp_fma_f32(m - bm));
       s = block_sum(scaled, smem);
       m = bm;
     }
@@ -188,15 +247,23 @@ __global__ void decide_kernel(CudaChainArgs a, int64_t slices, const ChainRowPar
     m = p.max > m ? p.max : m;
   }
   ChainRowState st = state[r];
-  st.token = pick.value == -kInf ? 0 : pick.index;  // an all -inf row samples token 0
+  st.token = pick.value == -kInf ? 0 : pick.index;  // greedy: the argmax (an all -inf row samples token 0)
   st.accept = 0;
   st.recovered = -1;
   const float temp = a.temperature[info.req];
+  if (temp != 0.0f) {  // level 2 of the Gumbel-max sample, in the winning block (block 0 if all are -inf)
+    const PhiloxKey key = philox_key(a.seed[info.req]);
+    const uint32_t hi = philox_offset_hi(a.position[info.req] + info.local);
+    const TruncatedZ<D> src{static_cast<const char*>(a.logits) + r * a.vocab * sizeof(typename Elem<D>::type), temp,
+                            st.lo_key, a.vocab};
+    st.token = static_cast<int32_t>(
+        sample_in_block(src, key, hi, info.bonus ? kStreamBonus : kStreamRecovery, pick.value == -kInf ? 0 : pick.index));
+  }
   if (temp != 0.0f && a.draft_probs != nullptr && !info.bonus) {
     double total = 0.0;
     for (int64_t s = 0; s < slices; ++s) {
       const ChainRowPartial& p = partial[r * slices + s];
-      if (p.max != -kInf) total += p.sum * static_cast<double>(exp_f32(p.max - m));
+      if (p.max != -kInf) total += p.sum * static_cast<double>(exp_fma_f32(p.max - m));
     }
     st.max = m;
     st.total = m == -kInf ? 1.0f : static_cast<float>(total);
@@ -204,7 +271,7 @@ __global__ void decide_kernel(CudaChainArgs a, int64_t slices, const ChainRowPar
     using T = typename Elem<D>::type;
     const T* row = static_cast<const T*>(a.logits) + r * a.vocab;
     const float z_x = truncated(Elem<D>::load(row, x), temp, st.lo_key);
-    const float p_x = m == -kInf ? (x == 0 ? 1.0f : 0.0f) : exp_f32(z_x - m) / st.total;
+    const float p_x = m == -kInf ? (x == 0 ? 1.0f : 0.0f) : exp_fma_f32(z_x - m) / st.total;
     const int64_t t = a.cu[info.req] + info.local;
     const float q_x = load_prob(static_cast<const char*>(a.draft_probs) +
                                     t * a.vocab * (a.probs_dtype == DType::kFloat32 ? 4 : 2),
@@ -233,18 +300,16 @@ __global__ void residual_kernel(CudaChainArgs a, int64_t slice, const ChainRowSt
   const void* row = static_cast<const char*>(a.logits) + r * a.vocab * (a.logits_dtype == DType::kFloat32 ? 4 : 2);
   const PhiloxKey key = philox_key(a.seed[info.req]);
   const uint32_t hi = philox_offset_hi(a.position[info.req] + info.local);
+  const TruncatedResidual<D> src{TruncatedZ<D>{row, temp, st.lo_key, a.vocab}, st.max, st.total, q, a.probs_dtype};
   DevArgMax pick{-kInf, 0x7fffffff};
   float any = 0.0f;
-  for_each_elem<D>(row, v0, v1, [&](int64_t v, float x) {
-    const float z = truncated(x, temp, st.lo_key);
-    const float p = st.max == -kInf ? (v == 0 ? 1.0f : 0.0f) : exp_f32(z - st.max) / st.total;
-    const float d = p - load_prob(q, a.probs_dtype, v);
-    if (d > 0.0f) {
-      any = 1.0f;
-      const float u = philox_uniform(philox_word(key, philox_offset_lo(kStreamRecovery, static_cast<uint32_t>(v)), hi));
-      pick = better(pick, DevArgMax{log_f32(d) - gumbel_log_term(u), static_cast<int32_t>(v)});
-    }
-  });
+  for (int64_t b = v0 / kBlock + threadIdx.x; b < (v1 + kBlock - 1) / kBlock; b += blockDim.x) {
+    const float mass = src.log_mass(b);  // -inf iff the block's residual is all zero
+    if (mass == -kInf) continue;
+    any = 1.0f;
+    const float u = philox_draw(key, hi, kStreamRecovery, kBlockDraws + static_cast<uint32_t>(b));
+    pick = better(pick, DevArgMax{mass - gumbel_log_term(u), static_cast<int32_t>(b)});
+  }
   const DevArgMax anyv = block_argmax(DevArgMax{any, 0}, amax);
   pick = block_argmax(pick, amax);
   if (threadIdx.x == 0) {
@@ -252,12 +317,14 @@ __global__ void residual_kernel(CudaChainArgs a, int64_t slice, const ChainRowSt
   }
 }
 
+template <DType D>
 __global__ void residual_combine_kernel(CudaChainArgs a, int64_t slices, const ChainRowPartial* partial,
                                         ChainRowState* state) {
   const int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (r >= a.num_rows) return;
   const RowInfo info = row_info(a, r);
-  if (a.temperature[info.req] == 0.0f || info.bonus || state[r].accept) return;
+  const float temp = a.temperature[info.req];
+  if (temp == 0.0f || info.bonus || state[r].accept) return;
   DevArgMax pick{-kInf, 0x7fffffff};
   bool any = false;
   for (int64_t s = 0; s < slices; ++s) {
@@ -265,8 +332,18 @@ __global__ void residual_combine_kernel(CudaChainArgs a, int64_t slices, const C
     any = any || p.max > 0.0f;
     pick = better(pick, DevArgMax{p.pick_value, p.pick_index});
   }
-  // Empty residual: the reference samples from p itself, i.e. the row's stream-1 Gumbel sample.
-  state[r].recovered = any ? (pick.value == -kInf ? 0 : pick.index) : -1;
+  // Level 2 in the winning block. Empty residual: the reference samples from p itself, i.e. the row's
+  // stream-1 Gumbel sample (the row's token).
+  const ChainRowState& st = state[r];
+  const int64_t t = a.cu[info.req] + info.local;
+  const void* q = static_cast<const char*>(a.draft_probs) + t * a.vocab * (a.probs_dtype == DType::kFloat32 ? 4 : 2);
+  const void* row = static_cast<const char*>(a.logits) + r * a.vocab * sizeof(typename Elem<D>::type);
+  const TruncatedResidual<D> src{TruncatedZ<D>{row, temp, st.lo_key, a.vocab}, st.max, st.total, q, a.probs_dtype};
+  const PhiloxKey key = philox_key(a.seed[info.req]);
+  const uint32_t hi = philox_offset_hi(a.position[info.req] + info.local);
+  state[r].recovered =
+      any ? static_cast<int32_t>(sample_in_block(src, key, hi, kStreamRecovery, pick.value == -kInf ? 0 : pick.index))
+          : -1;
 }
 
 // --- 5. assemble -----------------------------------------------------------------------------------------
