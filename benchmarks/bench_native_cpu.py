@@ -17,7 +17,8 @@ rounds; the CSV row of a (case, provider) gives the min / median / max over roun
 are evicted (a 256 MiB write) before every timed call. ``must_read_bytes`` is what an exact verifier has to
 read given our outcome on that input: each request's logit rows up to its first rejection (all k + 1 when
 every draft is accepted) plus, for stochastic drafts, the draft-prob rows up to the rejection;
-``read_fraction = must_read_bytes / time / read bandwidth`` (``sum``'s bandwidth in the same round).
+``read_fraction`` = median over rounds of ``must_read_bytes / time / read bandwidth`` (``sum``'s bandwidth
+in the same round), with its min / max.
 
 Cases: fp32 and bf16 logits, temperature 1 (RL rollouts), greedy and random sampling, deterministic and
 stochastic drafts, drafts ``accept`` (the worst case: drafts are our own samples, or q = p, so every draft
@@ -325,7 +326,7 @@ def run_family(family: str, args, gen: torch.Generator, writer: CsvWriter, info:
             fractions = [need / ti / bw for ti, bw in zip(t, read_per_round, strict=True)]
             writer.write({**base, "provider": name, "status": "ok", "median_ms": f"{statistics.median(t) * 1e3:.4g}",
                           "min_ms": f"{min(t) * 1e3:.4g}", "max_ms": f"{max(t) * 1e3:.4g}",
-                          "read_fraction": f"{need / statistics.median(t) / read_gbs:.4g}",
+                          "read_fraction": f"{statistics.median(fractions):.4g}",
                           "read_fraction_min": f"{min(fractions):.4g}", "read_fraction_max": f"{max(fractions):.4g}"})
     for key in ("sum", "copy"):
         t = bw_times[key]
