@@ -1,10 +1,12 @@
 """Build script: the Python package plus the native extension ``specdec_kernels._C`` built by CMake.
 
-- CPU kernels are always built (needs a C++17 compiler, CMake and torch in the build environment:
-  install torch first and use ``pip install --no-build-isolation -e .``).
+- The native kernels need torch, pybind11, CMake and a C++17 compiler in the build environment. pip's
+  default build isolation hides the installed torch, so ``pip install -e .`` and ``pip install .`` install
+  the pure-Python package (build log: one message saying how to get the kernels); install torch first and
+  use ``pip install --no-build-isolation -e .`` to build them.
 - CUDA kernels (sm_90a, sm_100a) are added when torch is a CUDA build and ``nvcc`` is found.
-- ``SPECDEC_SKIP_NATIVE=1`` installs the pure-Python package; ``backend="auto"`` then falls back and
-  ``backend="cpu"`` raises one clear message (specdec_kernels/native.py).
+- ``SPECDEC_SKIP_NATIVE=1`` installs the pure-Python package on purpose. Without the extension
+  ``backend="auto"`` falls back and ``backend="cpu"`` raises one clear message (specdec_kernels/native.py).
 """
 
 from __future__ import annotations
@@ -27,20 +29,31 @@ class CMakeExtension(Extension):
         super().__init__(name, sources=[])
 
 
+NO_NATIVE_MESSAGE = (
+    "specdec-kernels: installing the pure-Python package without its native kernels ({reason}). "
+    "To build them: install torch, then `pip install --no-build-isolation -e .` (needs pybind11, cmake and "
+    "a C++17 compiler). Until then backend='auto' uses Triton or the reference."
+)
+
+
 class CMakeBuild(build_ext):
     """Configures and builds CMakeLists.txt, writing _C next to the package (or into build_lib)."""
 
-    def build_extension(self, ext: Extension) -> None:
+    def run(self) -> None:
         try:
-            import pybind11
-            import torch
+            import pybind11  # noqa: F401
+            import torch  # noqa: F401
         except ImportError as exc:
-            print(
-                f"WARNING: specdec_kernels native extension not built ({exc}); install torch and pybind11 "
-                "first and use `pip install --no-build-isolation -e .`. Continuing without it.",
-                file=sys.stderr,
-            )
-            return
+            # No extension to build, copy (editable installs) or package: the pure-Python package.
+            print(NO_NATIVE_MESSAGE.format(reason=f"{exc.name} is not importable in the build environment"),
+                  file=sys.stderr)
+            self.extensions = []
+        super().run()
+
+    def build_extension(self, ext: Extension) -> None:
+        import pybind11
+        import torch
+
         out_file = Path(self.get_ext_fullpath(ext.name)).resolve()
         out_dir = out_file.parent
         build_dir = ROOT / "build" / f"cmake-{sysconfig.get_platform()}-{sys.implementation.cache_tag}"

@@ -2,12 +2,12 @@
 
 One head step = one Qwen3 decoder layer over ``n`` new tokens per request against a per-request KV cache,
 then the final RMSNorm and LM head: ``native`` is ``specdec_kernels.native.decoder_step`` (one call),
-``torch`` is ``rl_loop.model.Qwen3.step`` on a one-layer model (its inference path: fused q/k/v and
-gate/up matrices, explicit attention against the cache). Both run in one process on the same weights,
+``torch`` is ``specdec_kernels.models.Qwen3.step`` on a one-layer model (its inference path: fused q/k/v
+and gate/up matrices, explicit attention against the cache): the same layer the drafter heads run. Both run in one process on the same weights,
 cache and threads, interleaved; the script reports the ratio per shape and checks that both return the
 same logits (to float32 rounding).
 
-Shapes: the rl_loop EAGLE-3 head (hidden 96, 2 query heads / 1 KV head of 64) and a wider head (hidden
+Shapes: rl_loop's drafter heads (hidden 96, 2 query heads / 1 KV head of 64) and a wider head (hidden
 512, 8 / 2 heads of 64), for R requests x n new tokens (n = 1: a draft step; n = 4: the first step of a
 proposal after k = 3 accepted drafts) against ``context`` cached tokens.
 
@@ -23,8 +23,8 @@ import time
 import torch
 
 from benchmarks.common import CsvWriter, default_csv_path, provenance
-from rl_loop.model import KVCache, ModelConfig, Qwen3
 from specdec_kernels import native
+from specdec_kernels.models import KVCache, ModelConfig, Qwen3
 
 HEADS = {
     "rl_loop": ModelConfig(vocab_size=32, hidden_size=96, intermediate_size=256, num_hidden_layers=1,
@@ -67,8 +67,7 @@ def bench_case(head: str, reqs: int, n: int, context: int, reps: int) -> dict:
     weights, rope = model.native_step_args(0)
 
     def run_torch():
-        return model.step(ids, caches[0], None, start, context + n, depth=depth, hidden_layers=(0,),
-                          inputs_embeds=x)[0]
+        return model.step(ids, caches[0], None, start, context + n, depth=depth, inputs_embeds=x)[0]
 
     def run_native():
         return native.decoder_step(x, weights, caches[1].k[0], caches[1].v[0], rows, start, depth, rope,

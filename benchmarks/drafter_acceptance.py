@@ -31,8 +31,9 @@ import torch
 
 from specdec_kernels import verify_chain
 from specdec_kernels.drafters.eagle3 import Eagle3Config, Eagle3Drafter, Eagle3Head, default_feature_layers
-from specdec_kernels.drafters.features import capture_target_features, tiny_qwen3
+from specdec_kernels.drafters.features import capture_target_features
 from specdec_kernels.drafters.training import DrafterTrainer, TrainConfig, build_draft_vocab
+from specdec_kernels.testing.tiny_models import tiny_qwen3
 
 V = 64
 PAD, BOS, EOS = 0, 1, 2
@@ -293,7 +294,7 @@ def main() -> None:
     math_eval = math_sequences(task, task.problems(random.Random(99), fam0, args.eval_prompts))
     generic = generic_sequences(task, rng, 3000)
     target = tiny_qwen3(vocab_size=V, hidden_size=64, num_layers=4, num_heads=2, num_kv_heads=1, head_dim=32,
-                        intermediate_size=192, seed=0)
+                        intermediate_size=192, seed=0, transformers=True)
     lm_seqs = [p + s for p, s in math_train] + generic
     target_loss = train_lm(target, lm_seqs, args.target_steps, 3e-3, 32, seed=1)
     print(f"target trained: loss {target_loss:.3f} ({time.time() - t0:.0f}s, task source: {task.source})")

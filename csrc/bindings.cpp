@@ -14,7 +14,11 @@ namespace specdec {
 std::tuple<at::Tensor, at::Tensor> decoder_step_cpu(const at::Tensor& x, const std::vector<at::Tensor>& weights,
                                                      at::Tensor k_cache, at::Tensor v_cache, const at::Tensor& rows,
                                                      const at::Tensor& start, const at::Tensor& depth,
-                                                     const at::Tensor& rope, int64_t num_heads, double eps);
+                                                     const at::Tensor& rope, int64_t num_heads, double eps,
+                                                     const std::optional<at::Tensor>& qkv_add);
+// csrc/cpu/philox_rows_cpu.cpp
+at::Tensor philox_uniform_rows_cpu(const at::Tensor& seed, const at::Tensor& position, int64_t stream,
+                                   int64_t vocab);
 }  // namespace specdec
 
 TORCH_LIBRARY(specdec, m) {
@@ -96,14 +100,24 @@ PYBIND11_MODULE(_C, m) {
       "decoder_step_cpu",
       [](const at::Tensor& x, const std::vector<at::Tensor>& weights, at::Tensor k_cache, at::Tensor v_cache,
          const at::Tensor& rows, const at::Tensor& start, const at::Tensor& depth, const at::Tensor& rope,
-         int64_t num_heads, double eps) {
+         int64_t num_heads, double eps, const std::optional<at::Tensor>& qkv_add) {
         py::gil_scoped_release release;
-        return specdec::decoder_step_cpu(x, weights, k_cache, v_cache, rows, start, depth, rope, num_heads, eps);
+        return specdec::decoder_step_cpu(x, weights, k_cache, v_cache, rows, start, depth, rope, num_heads, eps,
+                                         qkv_add);
       },
       "One Qwen3 decoder layer + final norm + LM head over x [R, n, H] against a KV cache (see "
       "specdec_kernels.native.decoder_step); returns (logits [R, n, V], hidden [R, n, H]).",
       py::arg("x"), py::arg("weights"), py::arg("k_cache"), py::arg("v_cache"), py::arg("rows"), py::arg("start"),
-      py::arg("depth"), py::arg("rope"), py::arg("num_heads"), py::arg("eps"));
+      py::arg("depth"), py::arg("rope"), py::arg("num_heads"), py::arg("eps"), py::arg("qkv_add") = py::none());
+  m.def(
+      "philox_uniform_rows_cpu",
+      [](const at::Tensor& seed, const at::Tensor& position, int64_t stream, int64_t vocab) {
+        py::gil_scoped_release release;
+        return specdec::philox_uniform_rows_cpu(seed, position, stream, vocab);
+      },
+      "Philox uniforms [R, V] of rows (seed [R], position [R]) on one stream (see "
+      "specdec_kernels.reference.philox.uniform_rows).",
+      py::arg("seed"), py::arg("position"), py::arg("stream"), py::arg("vocab"));
 #if defined(SPECDEC_WITH_CUDA)
   m.def("verify_chain_cuda", &verify_chain, doc, py::arg("target_logits_"), py::arg("draft_token_ids"),
         py::arg("cu_num_draft_tokens"), py::arg("draft_probs"), py::arg("temperature"), py::arg("top_k"),

@@ -6,7 +6,8 @@ import argparse
 import json
 from dataclasses import replace
 
-from .train import REQUIRED_SUMMARY_KEYS, RunConfig, run, tiny_config
+from .config import REQUIRED_SUMMARY_KEYS, RunConfig, tiny_config
+from .train import run
 
 
 def parse_args(argv: list[str] | None = None) -> RunConfig:
@@ -14,14 +15,16 @@ def parse_args(argv: list[str] | None = None) -> RunConfig:
     p = argparse.ArgumentParser(
         prog="python -m rl_loop",
         description="Train a small Qwen3 policy with GRPO on math problems; rollouts use lossless speculative "
-                    "decoding (specdec_kernels.verify_chain). Writes OUT/summary.json, metrics.jsonl, plots and "
+                    "decoding (specdec_kernels.verify_chain / verify_tree). Writes OUT/summary.json, metrics.jsonl, plots and "
                     "a checkpoint.",
     )
     p.add_argument("--pipeline", choices=("sync", "async"), default=d.pipeline,
-                   help="sync: generate -> log-probs -> train; async: generation overlapped with training on Ray "
-                        "actors (policy lag <= 1)")
+                   help="sync: generate -> log-probs -> train; async: generation overlapped with training on a Ray "
+                        "actor (policy lag <= 1)")
     p.add_argument("--spec", choices=("none", "chain", "tree"), default=d.spec, help="speculation mode for rollouts")
-    p.add_argument("--drafter", choices=("eagle3", "mtp", "draft_model"), default=d.drafter)
+    p.add_argument("--drafter", choices=("eagle3", "mtp", "draft_model"), default=d.drafter,
+                   help="specdec_kernels.drafters head: EAGLE-3 (vLLM serves it as its eagle3 speculator), MTP, "
+                        "or a one-layer draft model")
     p.add_argument("--k", type=int, default=d.k, help="draft tokens per verification round")
     p.add_argument("--backend", choices=("own", "vllm"), default=d.backend, help="rollout engine")
     p.add_argument("--steps", type=int, default=d.steps, help="GRPO steps")

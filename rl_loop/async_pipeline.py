@@ -2,7 +2,7 @@
 
 A :class:`GeneratorActor` holds its own copy of the policy and the drafter and the same
 :class:`~rl_loop.engine.RolloutEngine` (same requests, same per-request Philox seeds as the sync loop:
-:func:`rl_loop.train.step_requests`). The trainer (this process) runs :func:`run_async`:
+:func:`rl_loop.batch.step_requests`). The trainer (this process) runs :func:`run_async`:
 
     version v = number of policy updates applied so far (the actor starts with the setup's weights, v0)
     submit generate(step s0)
@@ -16,7 +16,7 @@ A :class:`GeneratorActor` holds its own copy of the policy and the drafter and t
 Actor calls run in submission order, so ``generate(t + 1)`` sees the weights pushed after step ``t - 1``:
 the rollouts trained at step t come from version ``t - 1`` (lag 1; lag 0 on the first step), never older.
 The importance ratio of the clipped GRPO loss is ``pi_v / pi_g``: the trainer recomputes the old log-probs
-with a snapshot of version g (see :func:`rl_loop.train.train_on_batch`), so the ratio stays correct under
+with a snapshot of version g (see :func:`rl_loop.learn.train_on_batch`), so the ratio stays correct under
 the lag. Each metrics row records ``policy_version``, ``rollout_version`` and ``policy_lag``. After a resume
 the pipeline refills from the checkpoint's weights (the first resumed step has lag 0).
 
@@ -32,31 +32,26 @@ from dataclasses import replace
 
 import torch
 
-from .engine import GenerationConfig, RolloutEngine, Rollouts, RolloutStats
-from .model import Qwen3
-from .train import (
-    RunConfig,
-    _progress,
-    account_step,
-    check_run_config,
-    compare_step,
-    evaluate_start,
-    finish_run,
-    learn,
-    open_run,
-    rollout_row,
-    save_checkpoint,
-    setup,
-    step_requests,
-    validate,
-)
+from specdec_kernels.models import Qwen3
+
+from .accounting import account_step, compare_step, rollout_row
+from .batch import step_requests
+from .config import RunConfig
+from .engine import RolloutEngine
+from .evaluation import evaluate_start, validate
+from .learn import learn
+from .rollouts import GenerationConfig, Rollouts, RolloutStats
+from .session import finish_run, open_run, setup
+from .state import Session, save_checkpoint
+from .sync_pipeline import progress
 
 
 def check_async_config(cfg: RunConfig) -> None:
     """Reject combinations ``--pipeline async`` does not support, with the flags named."""
     if cfg.pipeline != "async":
         raise ValueError(f"run_async needs --pipeline async, got {cfg.pipeline!r}")
-    check_run_config(cfg)  # --spec tree and --backend vllm name --pipeline sync as their requirement
+    if cfg.backend == "vllm":
+        raise ValueError("--backend vllm runs with --pipeline sync only")
 
 
 class GeneratorActor:
@@ -77,7 +72,7 @@ class GeneratorActor:
         self.policy.load_state_dict(policy_state)
         if drafter_state is not None and self.drafter is not None:
             self.drafter.trainable().load_state_dict(drafter_state)
-        self.engine.sync()
+        self.engine.sync(version)
         self.version = version
         return version
 
@@ -89,12 +84,12 @@ class GeneratorActor:
         return self.version, rollouts, ar
 
 
-def _weights(s: dict) -> tuple[dict, dict | None]:
+def _weights(s: Session) -> tuple[dict, dict | None]:
     """CPU copies of the trainer's policy and drafter weights (what a weight push sends)."""
-    policy = {k: v.detach().clone() for k, v in s["policy"].state_dict().items()}
+    policy = {k: v.detach().clone() for k, v in s.policy.state_dict().items()}
     drafter = None
-    if s["drafter"] is not None:
-        drafter = {k: v.detach().clone() for k, v in s["drafter"].trainable().state_dict().items()}
+    if s.drafter is not None:
+        drafter = {k: v.detach().clone() for k, v in s.drafter.trainable().state_dict().items()}
     return policy, drafter
 
 
@@ -127,15 +122,15 @@ def run_async(cfg: RunConfig) -> dict:
     threads = max(1, cfg.num_threads // 2)  # the trainer and the generator actor share the cores
     torch.set_num_threads(threads)
     s = setup(cfg, log)
-    st = s["state"]
-    evaluate_start(cfg, s, log)
+    st = s.state
+    evaluate_start(s)
     ray, owns_ray = _init_ray()
     actor = None
     try:
         actor_cls = ray.remote(num_cpus=1)(GeneratorActor)
-        version = st["step"]  # one update per step: after a resume the trainer holds version `step`
-        s["policy"].eval()
-        actor = actor_cls.remote((s["policy"], s["drafter"]), s["tok"].eos_id, threads)
+        version = st.step  # one update per step: after a resume the trainer holds version `step`
+        s.policy.eval()
+        actor = actor_cls.remote((s.policy, s.drafter), s.tok.eos_id, threads)
         ray.get(actor.load_weights.remote(version, *_weights(s)))
         snapshots = {version: _weights(s)[0]}  # policy versions the actor may still generate with
         behaviour = Qwen3(cfg.model)
@@ -143,13 +138,13 @@ def run_async(cfg: RunConfig) -> dict:
         gen = cfg.generation()
 
         def submit(step: int):
-            problems, prompts, seeds = step_requests(cfg, s, step)
+            problems, prompts, seeds = step_requests(cfg, s.train, s.tok, step)
             return problems, prompts, actor.generate.remote(prompts, seeds, gen, compare_step(cfg, step))
 
-        pending = submit(st["step"]) if st["step"] < cfg.steps else None
+        pending = submit(st.step) if st.step < cfg.steps else None
         lags, step_walls = [], []
-        for step in _progress(range(st["step"], cfg.steps), cfg.progress, desc="grpo async",
-                              initial=st["step"], total=cfg.steps):
+        for step in progress(range(st.step, cfg.steps), cfg.progress, desc="grpo async", initial=st.step,
+                             total=cfg.steps):
             t0 = time.perf_counter()
             problems, prompts, ref = pending
             rollout_version, rollouts, ar = ray.get(ref)
@@ -162,9 +157,9 @@ def run_async(cfg: RunConfig) -> dict:
             if lag:
                 behaviour.load_state_dict(snapshots[rollout_version])
                 old = behaviour
-            row = rollout_row(cfg, s, step, rollouts, ar)
-            learn(cfg, s, step, problems, prompts, rollouts, row, behaviour=old)
-            account_step(s, row, rollouts, ar)
+            row = rollout_row(cfg, st, step, rollouts, ar)
+            learn(s, step, problems, prompts, rollouts, row, behaviour=old)
+            account_step(st, row, rollouts, ar)
             version += 1
             t_push = time.perf_counter()
             policy_state, drafter_state = _weights(s)
@@ -174,14 +169,14 @@ def run_async(cfg: RunConfig) -> dict:
             row.update(policy_version=version - 1, rollout_version=rollout_version, policy_lag=lag,
                        wait_s=wait_s, push_s=time.perf_counter() - t_push)
             if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:
-                row.update(validate(cfg, s))
+                row.update(validate(s))
             row["async_step_s"] = time.perf_counter() - t0
             lags.append(lag)
             step_walls.append((row["async_step_s"], row["step_s"], ar is not None))
             log(row)
-            st["step"] = step + 1
-            if cfg.checkpoint_every and st["step"] % cfg.checkpoint_every == 0:
-                save_checkpoint(cfg, s)
+            st.step = step + 1
+            if cfg.checkpoint_every and st.step % cfg.checkpoint_every == 0:
+                save_checkpoint(s)
     finally:
         if owns_ray:
             ray.shutdown()
@@ -200,7 +195,7 @@ def run_async(cfg: RunConfig) -> dict:
         "async_compared_steps": len(plain),
         "async_step_speedup": sync_s / async_s if async_s > 0 else None,
     }
-    return finish_run(cfg, s, log, t_run, extra)
+    return finish_run(s, t_run, extra)
 
 
 __all__ = ["GeneratorActor", "check_async_config", "run_async"]

@@ -16,10 +16,12 @@ from dataclasses import fields, replace
 
 import torch
 
-from .engine import GenerationConfig
-from .model import ModelConfig
+from specdec_kernels.models import ModelConfig
+
+from .batch import request_seeds
+from .config import RunConfig
+from .session import setup
 from .task import TaskConfig
-from .train import RunConfig, request_seeds, setup
 
 
 def load_run_config(run_dir: str) -> RunConfig:
@@ -39,8 +41,8 @@ def sweep(run_dir: str, ks: list[int], repeats: int = 3, num_requests: int = 64,
         cfg = replace(cfg, verify_backend=verify_backend)
     torch.set_num_threads(cfg.num_threads)
     s = setup(cfg, lambda row: None)
-    tok, engine = s["tok"], s["engine"]
-    problems = [p for p in s["train"][: num_requests // cfg.group_size] for _ in range(cfg.group_size)]
+    tok, engine = s.tok, s.engine
+    problems = [p for p in s.train[: num_requests // cfg.group_size] for _ in range(cfg.group_size)]
     prompts = [tok.encode(p.prompt, bos=True) for p in problems]
     seeds = request_seeds(cfg.seed, 10_000, len(prompts))
     base = cfg.generation() if temperature is None else cfg.generation(temperature=temperature)
@@ -84,4 +86,4 @@ if __name__ == "__main__":
     raise SystemExit(main())
 
 
-__all__ = ["sweep", "load_run_config", "GenerationConfig"]
+__all__ = ["sweep", "load_run_config"]

@@ -26,14 +26,13 @@ import numpy as np
 import torch
 from scipy import stats as sps
 
-from .engine import GenerationConfig, RolloutEngine, Rollouts
-from .task import CharTokenizer, Problem, reward
+from specdec_kernels.testing.stats import chi2_power, two_sample_chi2
 
-try:  # the project's statistics module; scipy below is the same test
-    from specdec_kernels.testing.stats import chi2_power, two_sample_chi2
-except ImportError:  # pragma: no cover - the module ships with the package
-    two_sample_chi2 = None
-    chi2_power = None
+from .batch import build_batch
+from .logprobs import policy_log_probs
+from .rollouts import GenerationConfig, Rollouts
+from .state import Engine
+from .task import CharTokenizer, Problem, reward
 
 
 @dataclass(frozen=True)
@@ -50,20 +49,11 @@ class EquivalenceConfig:
 
 def _two_sample(a: np.ndarray, b: np.ndarray) -> tuple[float, int]:
     """(p-value, df) of the chi-square two-sample test of two histograms."""
-    if two_sample_chi2 is not None:
-        res = two_sample_chi2(a, b)
-        return res.pvalue, res.df
-    keep = (a + b) > 0
-    table = np.stack([a[keep], b[keep]])
-    if table.shape[1] < 2:
-        return 1.0, 0
-    _, p, df, _ = sps.chi2_contingency(table, correction=False)
-    return float(p), int(df)
+    res = two_sample_chi2(a, b)
+    return res.pvalue, res.df
 
 
-def _sequence_log_probs(engine: RolloutEngine, prompts: list[list[int]], out: Rollouts, tok: CharTokenizer) -> np.ndarray:
-    from .train import build_batch, policy_log_probs
-
+def _sequence_log_probs(engine: Engine, prompts: list[list[int]], out: Rollouts, tok: CharTokenizer) -> np.ndarray:
     ids, mask = build_batch(prompts, out.response_ids, out.finished, tok)
     with torch.no_grad():
         lp = policy_log_probs(engine.policy, ids)
@@ -105,7 +95,7 @@ def compare_laws(fa: dict, fb: dict, lp_a: np.ndarray, lp_b: np.ndarray, positio
 
 
 def check_equivalence(
-    engine: RolloutEngine, problems: list[Problem], tok: CharTokenizer, cfg: EquivalenceConfig
+    engine: Engine, problems: list[Problem], tok: CharTokenizer, cfg: EquivalenceConfig
 ) -> dict:
     """Run the checks of the module docstring on ``problems[:num_prompts]``; returns a JSON-able report."""
     if cfg.generation.spec == "none":
@@ -133,9 +123,7 @@ def check_equivalence(
     n_tests = len(main["pvalues"])
     alpha_each = cfg.alpha / n_tests
     min_p = min(main["pvalues"].values())
-    power = None
-    if chi2_power is not None:
-        power = chi2_power(len(prompts), cfg.power_tv, max(main["max_df"], 1), alpha_each)
+    power = chi2_power(len(prompts), cfg.power_tv, max(main["max_df"], 1), alpha_each)
     law_pass = min_p >= alpha_each
     return {
         "pass": bool(greedy_identical and law_pass),
@@ -148,7 +136,7 @@ def check_equivalence(
         "samples_per_arm": len(prompts),
         "power": {"tv": cfg.power_tv, "per_position_chi2_power": power, "df_bound": main["max_df"],
                   "statement": f"each per-position chi-square test detects a total-variation difference >= "
-                               f"{cfg.power_tv} with probability >= {power if power is None else round(power, 4)} "
+                               f"{cfg.power_tv} with probability >= {round(power, 4)} "
                                f"at level {alpha_each:.2g}"},
         "negative_control": {
             "temperature": cfg.control_temperature,
@@ -173,10 +161,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tiny", action="store_true", help="seconds-long configuration (tests)")
     args = parser.parse_args(argv)
 
-    from .drafters import build_drafter, distill, problem_batches
-    from .model import load_pretrained, supervised_warm_start
+    from specdec_kernels.models import Qwen3, load_pretrained
+
+    from .config import RunConfig, tiny_config
+    from .drafting import build_drafter, problem_batches, warm_start
+    from .engine import RolloutEngine
+    from .model import supervised_warm_start
     from .task import make_splits
-    from .train import RunConfig, tiny_config
 
     cfg = tiny_config() if args.tiny else RunConfig()
     torch.set_num_threads(cfg.num_threads)
@@ -186,8 +177,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.policy:
         policy = load_pretrained(args.policy)
     else:
-        from .model import Qwen3
-
         policy = Qwen3(cfg.model)
         supervised_warm_start(policy, train_set, tok, cfg.warm_start_steps, cfg.warm_start_batch,
                               cfg.warm_start_lr, args.seed)
@@ -195,8 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     for p in policy.parameters():
         p.requires_grad_(False)
     drafter = build_drafter(args.drafter, policy, args.seed)
-    distill(drafter, policy, problem_batches(train_set, tok, cfg.warm_start_batch, args.seed + 1),
-            cfg.drafter_warm_steps, unroll=args.k - 1)
+    warm_start(drafter, policy, problem_batches(train_set, tok, cfg.warm_start_batch, args.seed + 1),
+               cfg.drafter_warm_steps, cfg.drafter_warm_lr, unroll=args.k - 1)
     engine = RolloutEngine(policy, drafter, tok.eos_id)
     eq_cfg = EquivalenceConfig(num_prompts=args.prompts, samples_per_prompt=args.samples, seed=args.seed,
                                generation=replace(cfg.generation(), k=args.k))

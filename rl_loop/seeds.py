@@ -19,7 +19,10 @@ from dataclasses import replace
 
 import torch
 
-from .train import RunConfig, rl_step, setup, validate
+from .config import RunConfig, tiny_config
+from .evaluation import validate
+from .session import setup
+from .sync_pipeline import rl_step
 
 
 def paired_p(a: list[float], b: list[float]) -> float:
@@ -35,20 +38,20 @@ def train_arm(cfg: RunConfig, spec: str, weights: dict) -> dict:
     """GRPO from the warm-start ``weights`` with rollouts of ``spec``; returns the reward curve and accuracy."""
     arm = replace(cfg, spec=spec, warm_start_steps=0, drafter_warm_steps=0, compare_every=0)
     s = setup(arm, lambda row: None)
-    s["policy"].load_state_dict(weights["policy"])
-    if s["drafter"] is not None:
-        s["drafter"].trainable().load_state_dict(weights["drafter"])
-    s["engine"].sync()
-    rewards = [rl_step(arm, s, step)["reward_mean"] for step in range(arm.steps)]
-    return {"reward": rewards, **{f"{k}_end": v for k, v in validate(arm, s).items()}}
+    s.policy.load_state_dict(weights["policy"])
+    if s.drafter is not None:
+        s.drafter.trainable().load_state_dict(weights["drafter"])
+    s.engine.sync()
+    rewards = [rl_step(s, step)["reward_mean"] for step in range(arm.steps)]
+    return {"reward": rewards, **{f"{k}_end": v for k, v in validate(s).items()}}
 
 
 def compare_seed(cfg: RunConfig) -> dict:
     """One seed: warm start once, then the autoregressive and the speculative arm from the same weights."""
     s = setup(replace(cfg, spec="chain"), lambda row: None)
-    weights = {"policy": {k: v.clone() for k, v in s["policy"].state_dict().items()},
-               "drafter": {k: v.clone() for k, v in s["drafter"].trainable().state_dict().items()}}
-    start = {f"{k}_start": v for k, v in validate(cfg, s).items()}
+    weights = {"policy": {k: v.clone() for k, v in s.policy.state_dict().items()},
+               "drafter": {k: v.clone() for k, v in s.drafter.trainable().state_dict().items()}}
+    start = {f"{k}_start": v for k, v in validate(s).items()}
     ar, sp = train_arm(cfg, "none", weights), train_arm(cfg, "chain", weights)
     return {"seed": cfg.seed, **start, "ar": ar, "spec": sp,
             "wilcoxon_p": paired_p(ar["reward"], sp["reward"])}
@@ -83,8 +86,6 @@ def main(argv: list[str] | None = None) -> int:
     seeds = [int(x) for x in a.seeds.split(",")]
     if not seeds or a.steps < 2:
         raise ValueError("--seeds needs at least one seed and --steps at least 2 (a paired test needs pairs)")
-    from .train import tiny_config
-
     base = tiny_config() if a.tiny else RunConfig()
     base = replace(base, steps=a.steps, out=a.out, progress=False, plots=False, equivalence=False)
     os.makedirs(a.out, exist_ok=True)

@@ -7,6 +7,7 @@ temperature, int32 top-k, float32 top-p) and never re-validate.
 from __future__ import annotations
 
 import importlib
+import numbers
 import os
 from collections.abc import Callable
 
@@ -104,9 +105,55 @@ def _check_per_request(name: str, x, num_reqs: int, dtypes, device: torch.device
         raise ValueError(f"{name} must have one entry per request ({num_reqs}), got {x.numel()}")
 
 
-def _fail_if(cond: torch.Tensor, message: str) -> None:
-    if bool(cond.any()):
-        raise ValueError(message)
+class ValueChecks:
+    """The value checks of one call, read back with a single host sync.
+
+    ``fail_if`` records a boolean tensor (any True entry fails the check) with its message; ``read``
+    records an integer scalar tensor the call needs on the host (a longest chain, a deepest node).
+    ``run`` copies everything to the host at once and raises the first failing check, in the order they
+    were added, so the message blames the argument that is wrong first (a decreasing cu before a chain
+    longer than max_draft_len). Every tensor recorded must be computed so that it stays in bounds on any
+    input, since nothing is raised before ``run``.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._flags: list[torch.Tensor] = []
+        self._messages: list[str] = []
+        self._values: list[torch.Tensor] = []
+
+    def fail_if(self, cond: torch.Tensor, message: str) -> None:
+        self._flags.append(cond.any())
+        self._messages.append(message)
+
+    def read(self, value: torch.Tensor) -> int:
+        """Record a 0-d integer tensor; returns its index in ``run``'s result."""
+        self._values.append(value.reshape(()).to(torch.int64))
+        return len(self._values) - 1
+
+    def run(self) -> list[int]:
+        """One device-to-host copy of every flag and value; raises ValueError on the first failed check."""
+        if not self._flags and not self._values:
+            return []
+        if self.device.type == "meta":
+            raise ValueError(
+                "meta tensors carry no values, but validate=True and max_draft_len=None / max_depth=None read "
+                "them: pass validate=False and the output width to trace shapes"
+            )
+        packed = torch.stack([f.to(torch.int64) for f in self._flags] + self._values).tolist()
+        for flag, message in zip(packed[: len(self._flags)], self._messages, strict=True):
+            if flag:
+                raise ValueError(message)
+        return packed[len(self._flags):]
+
+
+def _check_width(name: str, value) -> int:
+    """An output width argument (max_draft_len, max_depth): an int in [0, MAX_POSITION]."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int or None, got {type(value).__name__}")
+    if not 0 <= value <= MAX_POSITION:
+        raise ValueError(f"{name} must be in [0, {MAX_POSITION}], got {value}")
+    return int(value)
 
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -121,15 +168,21 @@ def normalize_sampling_params(
     seed: torch.Tensor | None,
     position: torch.Tensor | None,
     validate: bool,
+    checks: ValueChecks | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor, torch.Tensor]:
-    """Check and normalise the per-request sampling arguments shared by every verifier."""
+    """Check and normalise the per-request sampling arguments shared by every verifier.
+
+    Value checks go to ``checks`` when given (the caller runs them with its own), else they run here.
+    ``top_k`` is read as int64 and clamped to [0, MAX_VOCAB] before it narrows to int32, so any value
+    >= V keeps meaning "disabled" (a negative one does too when validation is off).
+    """
     if temperature is None:
         temperature = torch.zeros(num_reqs, dtype=torch.float32, device=device)
     _check_per_request("temperature", temperature, num_reqs, FLOAT_DTYPES, device)
     temperature = temperature.float().contiguous()
     if top_k is not None:
         _check_per_request("top_k", top_k, num_reqs, INDEX_DTYPES, device)
-        top_k = top_k.to(torch.int32).contiguous()
+        top_k = top_k.to(torch.int64)
     if top_p is not None:
         _check_per_request("top_p", top_p, num_reqs, FLOAT_DTYPES, device)
         top_p = top_p.float().contiguous()
@@ -141,14 +194,20 @@ def normalize_sampling_params(
         position = torch.zeros(num_reqs, dtype=torch.int64, device=device)
     _check_per_request("position", position, num_reqs, INDEX_DTYPES, device)
     position = position.to(torch.int64).contiguous()
+    own = checks is None
     if validate and num_reqs > 0:
-        _fail_if(~(temperature >= 0) | torch.isinf(temperature),
-                 "temperature must be finite and >= 0 (0 = greedy)")
+        checks = ValueChecks(device) if own else checks
+        checks.fail_if(~(temperature >= 0) | torch.isinf(temperature),
+                       "temperature must be finite and >= 0 (0 = greedy)")
         if top_k is not None:
-            _fail_if(top_k < 0, "top_k must be >= 0 (0 or >= vocab size disables it)")
+            checks.fail_if(top_k < 0, "top_k must be >= 0 (0 or >= vocab size disables it)")
         if top_p is not None:
-            _fail_if(~((top_p > 0) & (top_p <= 1)), "top_p must be in (0, 1]")
-        _fail_if(position < 0, "position must be >= 0")
+            checks.fail_if(~((top_p > 0) & (top_p <= 1)), "top_p must be in (0, 1]")
+        checks.fail_if((position < 0) | (position > MAX_POSITION), f"position must be in [0, {MAX_POSITION}]")
+        if own:
+            checks.run()
+    if top_k is not None:
+        top_k = top_k.clamp(0, MAX_VOCAB).to(torch.int32).contiguous()
     return temperature, top_k, top_p, seed, position
 
 
@@ -208,10 +267,14 @@ def verify_chain(
         seed: [B] int64 Philox key per request; None draws fresh keys from torch's generator.
         position: [B] int64 absolute position of each request's first draft token (default 0).
         backend: "auto" | "reference" | "triton" | "cpu" | "cuda".
-        max_draft_len: width of the output minus one; None computes max(k_b) (one host sync).
-        validate: check values (ranges, monotone cu); False skips every check that reads tensor values,
-            for CUDA-graph capture. Kernels stay memory-safe either way: any draft id outside [0, V) is
-            treated as a placeholder.
+        max_draft_len: width of the output minus one, in [0, 2**31 - 1]; None computes max(k_b) (read in
+            the one host sync of the call).
+        validate: check values (ranges, monotone cu) with one host sync; False skips every check that reads
+            tensor values, for CUDA-graph capture. Every backend stays memory-safe and in the vocabulary
+            either way: a draft id outside [0, V) is a placeholder, cu entries are clamped into [0, T] and
+            chains are cut at max_draft_len (``reference.chain.chain_spans``; the row after the last kept
+            draft is sampled as the bonus row), and the CPU backend, which reads its cu on the host for free,
+            raises ValueError on an inconsistent cu instead.
 
     Returns:
         ``ChainResult(output_token_ids [B, max_draft_len + 1] int32 -1 padded, num_accepted [B] int32)``:
@@ -232,25 +295,32 @@ def verify_chain(
             f"(draft_token_ids has T entries, cu_num_draft_tokens B + 1), got {num_rows}"
         )
     draft_probs = _check_draft_probs(draft_probs, "T", num_drafts, vocab_size, device)
+    if max_draft_len is not None:
+        max_draft_len = _check_width("max_draft_len", max_draft_len)
+    checks = ValueChecks(device)
     temperature, top_k, top_p, seed, position = normalize_sampling_params(
-        num_reqs, device, temperature, top_k, top_p, seed, position, validate
+        num_reqs, device, temperature, top_k, top_p, seed, position, validate, checks
     )
     cu = cu_num_draft_tokens.to(torch.int64).contiguous()
-    lengths = cu[1:] - cu[:-1]
+    # Chain lengths as the kernels read them (reference.chain.chain_spans: clamped into [0, T]), so the
+    # widths and sums below stay in range on any cu; equal to cu[1:] - cu[:-1] on a valid cu.
+    lengths = _ref_chain.chain_spans(cu, num_drafts)[1]
     if validate:
-        _fail_if(cu[:1] != 0, "cu_num_draft_tokens must start at 0")
-        _fail_if(lengths < 0, "cu_num_draft_tokens must be non-decreasing")
-        _fail_if(cu[-1:] != num_drafts, f"cu_num_draft_tokens[-1] must equal len(draft_token_ids) = {num_drafts}")
-        _fail_if((draft_token_ids < -1) | (draft_token_ids >= vocab_size),
-                 f"draft_token_ids must be in [0, {vocab_size}) or -1 (placeholder)")
-        if num_reqs:
-            _fail_if(position + lengths > MAX_POSITION, f"position + num draft tokens must be <= {MAX_POSITION}")
+        checks.fail_if(cu[:1] != 0, "cu_num_draft_tokens must start at 0")
+        checks.fail_if(cu[1:] < cu[:-1], "cu_num_draft_tokens must be non-decreasing")
+        checks.fail_if(cu[-1:] != num_drafts,
+                       f"cu_num_draft_tokens[-1] must equal len(draft_token_ids) = {num_drafts}")
+        checks.fail_if((draft_token_ids < -1) | (draft_token_ids >= vocab_size),
+                       f"draft_token_ids must be in [0, {vocab_size}) or -1 (placeholder)")
+        if draft_probs is not None:
+            checks.fail_if(~torch.isfinite(draft_probs) | (draft_probs < 0), "draft_probs must be finite and >= 0")
+        if max_draft_len is not None:
+            checks.fail_if(lengths > max_draft_len, f"max_draft_len={max_draft_len} is smaller than the longest chain")
+        checks.fail_if(position > MAX_POSITION - lengths, f"position + num draft tokens must be <= {MAX_POSITION}")
+    longest = checks.read(lengths.max()) if max_draft_len is None and num_reqs else None
+    values = checks.run()
     if max_draft_len is None:
-        max_draft_len = int(lengths.max()) if num_reqs else 0
-    elif not isinstance(max_draft_len, int) or max_draft_len < 0:
-        raise ValueError(f"max_draft_len must be a non-negative int, got {max_draft_len!r}")
-    elif validate and num_reqs:
-        _fail_if(lengths > max_draft_len, f"max_draft_len={max_draft_len} is smaller than the longest chain")
+        max_draft_len = values[longest] if longest is not None else 0
     fn = _resolve(backend, device, "chain")
     return fn(
         target_logits.contiguous(), draft_token_ids.to(torch.int64).contiguous(), cu, draft_probs,
@@ -263,45 +333,48 @@ def verify_chain(
 # ----------------------------------------------------------------------------------------------------
 
 def _check_tree_values(
+    checks: ValueChecks,
     node_token_ids: torch.Tensor,
     parent: torch.Tensor,
     cu: torch.Tensor,
     vocab_size: int,
     unique_siblings: bool,
 ) -> torch.Tensor:
-    """Check the tree structure of a ragged batch; returns each node's depth [N] (int64)."""
+    """Record the tree-structure checks of a ragged batch; returns each node's depth [N] (int64).
+
+    Everything is computed on the bounds-safe layout (reference.tree.tree_layout), since the checks are
+    only read, all at once, after this returns.
+    """
     num_nodes = parent.numel()
-    num_reqs = cu.numel() - 1
-    lengths = cu[1:] - cu[:-1]
-    _fail_if(cu[:1] != 0, "cu_num_nodes must start at 0")
-    _fail_if(lengths < 1, "cu_num_nodes must be strictly increasing: every request needs at least its root node")
-    _fail_if(cu[-1:] != num_nodes, f"cu_num_nodes[-1] must equal the number of nodes N = {num_nodes}")
+    checks.fail_if(cu[:1] != 0, "cu_num_nodes must start at 0")
+    checks.fail_if(cu[1:] <= cu[:-1],
+                   "cu_num_nodes must be strictly increasing: every request needs at least its root node")
+    checks.fail_if(cu[-1:] != num_nodes, f"cu_num_nodes[-1] must equal the number of nodes N = {num_nodes}")
     device = parent.device
-    request = torch.repeat_interleave(torch.arange(num_reqs, device=device), lengths, output_size=num_nodes)
-    local = torch.arange(num_nodes, device=device) - cu[:-1][request]
     par = parent.to(torch.int64)
+    _, local, length = _ref_tree.node_requests(cu, num_nodes)
     is_first = local == 0
-    _fail_if(is_first & (par != -1), "parent: node 0 of each request must be its root (parent -1)")
-    _fail_if(~is_first & (par == -1),
-             "parent: only node 0 of each request may be a root (parent -1); the root must be at node 0")
-    _fail_if((par < -1) | (par >= lengths[request]), "parent: a parent index points out of its request")
-    _fail_if(~is_first & (par == local), "parent: a node is its own parent (cycle)")
-    _fail_if(~is_first & (par > local),
-             "parent: parents must point backwards (parent[i] < i within a request); a forward pointer can form a cycle")
+    checks.fail_if(is_first & (par != -1), "parent: node 0 of each request must be its root (parent -1)")
+    checks.fail_if(~is_first & (par == -1),
+                   "parent: only node 0 of each request may be a root (parent -1); the root must be at node 0")
+    checks.fail_if((par < -1) | (par >= length), "parent: a parent index points out of its request")
+    checks.fail_if(~is_first & (par == local), "parent: a node is its own parent (cycle)")
+    checks.fail_if(~is_first & (par > local),
+                   "parent: parents must point backwards (parent[i] < i within a request); a forward pointer can "
+                   "form a cycle")
     tokens = node_token_ids.to(torch.int64)
-    _fail_if(~is_first & ((tokens < -1) | (tokens >= vocab_size)),
-             f"node_token_ids must be in [0, {vocab_size}) or -1 (placeholder) for non-root nodes")
+    checks.fail_if(~is_first & ((tokens < -1) | (tokens >= vocab_size)),
+                   f"node_token_ids must be in [0, {vocab_size}) or -1 (placeholder) for non-root nodes")
+    tree = _ref_tree.tree_layout(cu, torch.where(is_first, -1, par))
     if unique_siblings and num_nodes:
         # (parent, token) pairs of real children must be distinct.
-        real = ~is_first & (tokens >= 0)
-        parent_global = cu[:-1][request] + par
-        key = torch.where(real, parent_global * (vocab_size + 1) + tokens, -1 - torch.arange(num_nodes, device=device))
+        real = (tree.parent >= 0) & (tokens >= 0) & (tokens < vocab_size)
+        key = torch.where(real, tree.parent * (vocab_size + 1) + tokens, -1 - torch.arange(num_nodes, device=device))
         sorted_key = torch.sort(key).values
-        _fail_if((sorted_key[1:] == sorted_key[:-1]) & (sorted_key[1:] >= 0),
-                 "node_token_ids: two siblings carry the same token; deterministic trees and trees drawn without "
-                 "replacement need distinct sibling tokens")
-    layout = _ref_tree.tree_layout(cu, torch.where(is_first, -1, par))
-    return _ref_tree.node_depth(layout)
+        checks.fail_if((sorted_key[1:] == sorted_key[:-1]) & (sorted_key[1:] >= 0),
+                       "node_token_ids: two siblings carry the same token; deterministic trees and trees drawn "
+                       "without replacement need distinct sibling tokens")
+    return _ref_tree.node_depth(tree)
 
 
 def verify_tree(
@@ -340,10 +413,14 @@ def verify_tree(
             verification) or "without_replacement" (recursive rejection sampling). Ignored without
             draft_probs.
         backend: "auto" | "reference" | "triton" | "cpu" | "cuda".
-        max_depth: width of the outputs minus one; None computes the deepest node's depth (one host sync).
-            Nodes deeper than max_depth are ignored when ``validate=False``.
-        validate: check values (tree structure, ranges, duplicate siblings); False skips every check that
-            reads tensor values, for CUDA-graph capture. Kernels stay memory-safe either way.
+        max_depth: width of the outputs minus one, in [0, 2**31 - 1]; None computes the deepest node's depth
+            (read in the one host sync of the call). Nodes deeper than max_depth are ignored when
+            ``validate=False``.
+        validate: check values (tree structure, ranges, duplicate siblings) with one host sync; False skips
+            every check that reads tensor values, for CUDA-graph capture. Every backend stays memory-safe and
+            in the vocabulary either way: cu entries are clamped into [0, N] (``reference.tree.tree_spans``; a
+            request left without nodes emits nothing), nodes whose parent does not point backwards inside
+            their request are detached, and the CPU backend raises ValueError on an inconsistent cu instead.
 
     Returns:
         ``TreeResult(output_token_ids [B, D + 1] int32, accepted_nodes [B, D + 1] int32,
@@ -369,27 +446,32 @@ def verify_tree(
     if sibling_sampling not in SIBLING_SAMPLING:
         raise ValueError(f"sibling_sampling must be one of {SIBLING_SAMPLING}, got {sibling_sampling!r}")
     draft_probs = _check_draft_probs(draft_probs, "N", num_nodes, vocab_size, device)
+    checks = ValueChecks(device)
     temperature, top_k, top_p, seed, position = normalize_sampling_params(
-        num_reqs, device, temperature, top_k, top_p, seed, position, validate
+        num_reqs, device, temperature, top_k, top_p, seed, position, validate, checks
     )
     cu = cu_num_nodes.to(torch.int64).contiguous()
-    if max_depth is not None and (isinstance(max_depth, bool) or not isinstance(max_depth, int) or max_depth < 0):
-        raise ValueError(f"max_depth must be a non-negative int, got {max_depth!r}")
+    if max_depth is not None:
+        max_depth = _check_width("max_depth", max_depth)
     depth = None
     if validate:
         unique = draft_probs is None or sibling_sampling == "without_replacement"
-        depth = _check_tree_values(node_token_ids, parent, cu, vocab_size, unique)
+        depth = _check_tree_values(checks, node_token_ids, parent, cu, vocab_size, unique)
         if draft_probs is not None:
-            _fail_if(~torch.isfinite(draft_probs) | (draft_probs < 0), "draft_probs must be finite and >= 0")
+            checks.fail_if(~torch.isfinite(draft_probs) | (draft_probs < 0), "draft_probs must be finite and >= 0")
+    width = max_depth
     if max_depth is None:
         if depth is None:
-            layout = _ref_tree.tree_layout(cu, parent.to(torch.int64))
-            depth = _ref_tree.node_depth(layout)
-        max_depth = int(depth.max()) if num_nodes else 0
+            depth = _ref_tree.node_depth(_ref_tree.tree_layout(cu, parent.to(torch.int64)))
+        width = depth.max() if num_nodes else torch.zeros((), dtype=torch.int64, device=device)
+        deepest = checks.read(width)
     elif validate and num_nodes:
-        _fail_if(depth > max_depth, f"max_depth={max_depth} is smaller than the deepest node's depth")
+        checks.fail_if(depth > max_depth, f"max_depth={max_depth} is smaller than the deepest node's depth")
     if validate and num_reqs:
-        _fail_if(position + max_depth > MAX_POSITION, f"position + max_depth must be <= {MAX_POSITION}")
+        checks.fail_if(position > MAX_POSITION - width, f"position + max_depth must be <= {MAX_POSITION}")
+    values = checks.run()
+    if max_depth is None:
+        max_depth = values[deepest]
     fn = _resolve(backend, device, "tree")
     return fn(
         target_logits.contiguous(), node_token_ids.to(torch.int64).contiguous(), parent.to(torch.int64).contiguous(),

@@ -85,7 +85,7 @@ def op(name: str, device_type: str) -> Callable:
     return getattr(module, f"{name}_{device_type}")
 
 
-def decoder_step(x, weights, k_cache, v_cache, rows, start, depth, rope, num_heads: int, eps: float):
+def decoder_step(x, weights, k_cache, v_cache, rows, start, depth, rope, num_heads: int, eps: float, qkv_add=None):
     """One Qwen3 decoder layer, final RMSNorm and LM head over ``n`` new tokens per request, fused (CPU).
 
     The drafter-head step: tens of requests x a few tokens, where ~40 framework ops would cost more in
@@ -100,8 +100,19 @@ def decoder_step(x, weights, k_cache, v_cache, rows, start, depth, rope, num_hea
       written to slot ``start[r] + i`` and attends to slots ``[0, start[r] + i]``.
     - ``depth`` [R, n]: RoPE position of token i is ``start[r] + depth[r, i]``; ``rope`` [P, D/2, 2] holds
       (cos, sin) per position and pair.
+    - ``qkv_add`` [R, n, (heads + 2 kv_heads) D] or None: added to the q/k/v projection (EAGLE-3's token half).
+
+    The readable spec, weight packing included, is ``specdec_kernels.reference.decoder_step``.
 
     Returns logits [R, n, V] and the layer output (before the final norm) [R, n, H]. Shapes and index
     ranges are checked (a clear error names the argument); values are not.
     """
-    return op("decoder_step", "cpu")(x, list(weights), k_cache, v_cache, rows, start, depth, rope, num_heads, eps)
+    return op("decoder_step", "cpu")(x, list(weights), k_cache, v_cache, rows, start, depth, rope, num_heads, eps,
+                                     qkv_add)
+
+
+def uniform_rows(seed, position, stream: int, vocab_size: int):
+    """[R, V] float32 Philox uniforms of rows (``seed`` [R], ``position`` [R] int64, CPU) on ``stream``:
+    ``specdec_kernels.reference.philox.uniform_rows`` bit for bit, in one native call (the drafters'
+    sampling noise, stream 3)."""
+    return op("philox_uniform_rows", "cpu")(seed, position, stream, vocab_size)

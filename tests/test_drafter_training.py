@@ -14,7 +14,7 @@ import torch
 
 from specdec_kernels.drafters.checkpoint import load_eagle3, save_eagle3
 from specdec_kernels.drafters.eagle3 import Eagle3Config, Eagle3Drafter, Eagle3Head, default_feature_layers
-from specdec_kernels.drafters.features import capture_target_features, tiny_qwen3
+from specdec_kernels.drafters.features import capture_target_features
 from specdec_kernels.drafters.mtp import MtpHead
 from specdec_kernels.drafters.training import (
     DrafterTrainer,
@@ -23,6 +23,7 @@ from specdec_kernels.drafters.training import (
     distill_loss,
     unroll_logits,
 )
+from specdec_kernels.testing.tiny_models import tiny_qwen3
 
 V = 96
 
@@ -35,9 +36,10 @@ def make_target(seed: int = 0):
                       intermediate_size=64, seed=seed)
 
 
-def make_head(target, vocab: torch.Tensor, seed: int = 1) -> Eagle3Head:
+def make_head(target, vocab: torch.Tensor, seed: int = 1, qk_norm: bool = True) -> Eagle3Head:
     torch.manual_seed(seed)
-    head = Eagle3Head(Eagle3Config(V, vocab.numel(), 32, 32, 64, 2, 1, 16, default_feature_layers(4)))
+    head = Eagle3Head(Eagle3Config(V, vocab.numel(), 32, 32, 64, 2, 1, 16, default_feature_layers(4),
+                                   qk_norm=qk_norm))
     head.set_draft_vocab(vocab)
     DrafterTrainer(head).sync(target, 0)
     return head
@@ -151,14 +153,15 @@ def test_online_adaptation_sends_no_gradient_to_the_policy():
         assert torch.equal(results[0][k], results[1][k]), k
 
 
-def test_checkpoint_round_trip(tmp_path):
+@pytest.mark.parametrize("qk_norm, arch", [(True, "Eagle3Qwen3ForCausalLM"), (False, "LlamaForCausalLMEagle3")])
+def test_checkpoint_round_trip(tmp_path, qk_norm, arch):
     target = make_target()
-    head = make_head(target, build_draft_vocab(corpus(), 40, V))
+    head = make_head(target, build_draft_vocab(corpus(), 40, V), qk_norm=qk_norm)
     with torch.no_grad():
         head.fc.weight.normal_()
     path = save_eagle3(head, tmp_path / "eagle3", policy_version=7)
     cfg = json.loads((path / "config.json").read_text())
-    assert cfg["architectures"] == ["LlamaForCausalLMEagle3"]
+    assert cfg["architectures"] == [arch] and cfg["model_type"] == ("qwen3" if qk_norm else "llama")
     assert cfg["draft_vocab_size"] == 40 and cfg["vocab_size"] == V and cfg["fc_norm"] is True
     assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == list(default_feature_layers(4))
     assert cfg["specdec_kernels"]["policy_version"] == 7
@@ -170,6 +173,7 @@ def test_checkpoint_round_trip(tmp_path):
         assert tuple(f.get_tensor("lm_head.weight").shape) == (40, 32)
         assert tuple(f.get_tensor("midlayer.self_attn.q_proj.weight").shape) == (32, 64)
     assert {"fc.weight", "norm.weight", "midlayer.hidden_norm.weight", "fc_norm.0.weight"} <= names
+    assert ("midlayer.self_attn.q_norm.weight" in names) == qk_norm
     assert not any(n.startswith("embed_tokens") for n in names)
     back = load_eagle3(path, target.get_input_embeddings().weight)
     for k, v in head.state_dict().items():
@@ -215,7 +219,7 @@ def test_vllm_serves_trained_head_as_eagle3_speculator(tmp_path):
     drafts our own drafter + verifier accept (same rounds, same per-position counts)."""
     pytest.importorskip("vllm")
     target = tiny_qwen3(vocab_size=128, hidden_size=64, num_layers=4, num_heads=2, num_kv_heads=1,
-                        head_dim=64, intermediate_size=128, seed=0)
+                        head_dim=64, intermediate_size=128, seed=0, transformers=True)
     target.save_pretrained(tmp_path / "target")
     prompt = torch.tensor([[3, 17, 42, 5, 9]])
     with torch.no_grad():
@@ -233,7 +237,7 @@ def test_vllm_serves_trained_head_as_eagle3_speculator(tmp_path):
                                               prompt, k, max_new)
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", PYTHONPATH=os.getcwd())
     proc = subprocess.run(
-        [sys.executable, "-m", "specdec_kernels.drafters.vllm_check", "--target", str(tmp_path / "target"),
+        [sys.executable, "-m", "specdec_kernels.testing.vllm_check", "--target", str(tmp_path / "target"),
          "--draft", str(tmp_path / "draft"), "--prompt-ids", ",".join(map(str, prompt[0].tolist())),
          "--max-tokens", str(max_new), "--k", str(k)],
         capture_output=True, text=True, timeout=600, env=env, cwd=str(tmp_path))

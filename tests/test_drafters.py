@@ -5,13 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 
+from specdec_kernels import native
 from specdec_kernels.drafters.base import STREAM_DRAFT, DraftProposal
 from specdec_kernels.drafters.draft_model import DraftModelDrafter, DraftModelHead
 from specdec_kernels.drafters.eagle3 import Eagle3Config, Eagle3Drafter, Eagle3Head, default_feature_layers
-from specdec_kernels.drafters.features import capture_target_features, tiny_qwen3
+from specdec_kernels.drafters.features import capture_target_features
 from specdec_kernels.drafters.head_ops import head_sample
 from specdec_kernels.drafters.mtp import MtpDrafter, MtpHead
 from specdec_kernels.reference import philox
+from specdec_kernels.testing.tiny_models import tiny_qwen3
 
 V = 96
 
@@ -145,7 +147,7 @@ def test_tree_structure_and_greedy_path_is_chain(target):
 def test_draft_model_matches_transformers_on_chain_and_tree():
     """Cached speculative rows of a draft model must reproduce the transformers model's logits."""
     lm = tiny_qwen3(vocab_size=V, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=16,
-                    intermediate_size=64, seed=5)
+                    intermediate_size=64, seed=5, transformers=True)
     d = DraftModelDrafter(lm)
     assert isinstance(d.head, DraftModelHead) and d.feature_size == 0
     ids, lengths, nxt = ragged_batch(2)
@@ -271,8 +273,9 @@ def test_validation_errors(target):
     assert isinstance(DraftProposal(torch.zeros(1, 1), None).flat()[1], torch.Tensor)
 
 
-def test_slots_admit_subset_update_match_a_plain_batch(target):
-    """Continuous batching (reset/admit/subset/update) leaves every slot as a plain prefill would."""
+def test_slots_admit_and_row_subsets_match_a_plain_batch(target):
+    """Continuous batching (reset / admit / rows=) leaves every slot as a plain prefill would: proposals and
+    commits on a subset of slots, in any order, equal those of a plain batch."""
     head = make_eagle()
     ids, lengths, nxt = ragged_batch(5)
     with torch.no_grad():
@@ -284,17 +287,54 @@ def test_slots_admit_subset_update_match_a_plain_batch(target):
     d.reset(5)
     d.admit(torch.tensor([4, 1]), ids[[0, 2]], lengths[[0, 2]], nxt[[0, 2]], feats[[0, 2]])
     d.admit(torch.tensor([3]), ids[[1]], lengths[[1]], nxt[[1]], feats[[1]])
-    sub = d.subset(torch.tensor([4, 3, 1]))
-    got = sub.propose_tree(3, 2, 2)
+    rows = torch.tensor([4, 3, 1])
+    got = d.propose_tree(3, 2, 2, rows=rows)
     assert torch.equal(got.node_token_ids, want.node_token_ids)
-    # commit on the subset, write back, and compare with committing on the plain batch
     out = torch.cat([want.node_token_ids[:, 1:3], torch.full((3, 1), 7)], 1)
     n = torch.tensor([2, 0, 1])
-    rows = torch.randn(3, 3, 96)
-    plain.commit(n, out, rows)
-    sub.commit(n, out, rows)
-    d.update(torch.tensor([4, 3, 1]), sub)
-    assert torch.equal(d.num_tokens[[4, 3, 1]], plain.num_tokens)
-    assert torch.equal(d.subset(torch.tensor([4, 3, 1])).propose(3).token_ids, plain.propose(3).token_ids)
+    feats2 = torch.randn(3, 3, 96)
+    plain.commit(n, out, feats2)
+    d.commit(n[[2, 0]], out[[2, 0]], feats2[[2, 0]], rows=torch.tensor([1, 4]))  # two slots, other order
+    d.commit(n[[1]], out[[1]], feats2[[1]], rows=torch.tensor([3]))
+    assert torch.equal(d.num_tokens[rows], plain.num_tokens)
+    assert torch.equal(d.propose(3, rows=rows).token_ids, plain.propose(3).token_ids)
+    temp, seed = torch.tensor([0.9, 1.0, 0.0]), torch.tensor([5, 6, 7])
+    assert torch.equal(d.propose(3, temp, seed, rows=rows).token_ids, plain.propose(3, temp, seed).token_ids)
     with pytest.raises(ValueError, match="num_slots"):
         d.reset(0)
+
+
+def test_chain_proposal_equals_the_one_branch_tree(target):
+    """``propose`` (causal steps, one native call each when built) drafts what ``propose_tree(k, 1, 1)``
+    drafts, greedy and sampled, with the torch ops and with the native step."""
+    head = make_eagle()
+    ids, lengths, nxt = ragged_batch(2)
+    with torch.no_grad():
+        feats = capture_target_features(target, ids, head.cfg.feature_layers).eagle3_features
+    temp, seed = torch.tensor([1.0, 0.0, 0.7]), torch.tensor([3, 4, 5])
+    for use_native in (False, None):
+        d = Eagle3Drafter(head, native=use_native)
+        d.prefill(ids, lengths, nxt, feats)
+        for t, s in ((None, None), (temp, seed)):
+            chain, tree = d.propose(4, t, s), d.propose_tree(4, 1, 1, t, s)
+            assert torch.equal(chain.token_ids, tree.node_token_ids[:, 1:])
+            if t is not None:
+                torch.testing.assert_close(chain.probs, tree.draft_probs[:, :4], rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.native
+@pytest.mark.skipif(not native.has_op("philox_uniform_rows", "cpu"), reason="specdec_kernels._C not built")
+def test_native_draft_uniforms_are_the_reference_philox():
+    """The drafters' noise in one native call equals reference/philox.py bit for bit (every stream, extreme
+    seeds and positions); bad arguments name themselves."""
+    g = torch.Generator().manual_seed(0)
+    seed = torch.cat([torch.randint(-2**62, 2**62, (64,), generator=g), torch.tensor([0, -1, 2**63 - 1, -2**63])])
+    pos = torch.cat([torch.randint(0, 2**31, (64,), generator=g), torch.tensor([0, 2**31 - 1, 5, 7])])
+    for stream in range(4):
+        assert torch.equal(native.uniform_rows(seed, pos, stream, 777), philox.uniform_rows(seed, pos, stream, 777))
+    with pytest.raises(ValueError, match="position"):
+        native.uniform_rows(seed[:1], torch.tensor([-1]), 3, 8)
+    with pytest.raises(ValueError, match="stream"):
+        native.uniform_rows(seed[:1], pos[:1], 4, 8)
+    with pytest.raises(TypeError, match="seed"):
+        native.uniform_rows(seed[:1].int(), pos[:1], 3, 8)

@@ -258,7 +258,7 @@ def test_torch_ops_eager_and_compiled():
 
 
 def test_op_rejects_bad_shapes():
-    with pytest.raises(RuntimeError, match="T \\+ B rows"):
+    with pytest.raises(ValueError, match="T \\+ B = 1 \\+ 1 rows"):
         torch.ops.specdec.verify_chain(torch.zeros(3, 4), torch.zeros(1, dtype=torch.int64),
                                        torch.tensor([0, 1]), None, torch.ones(1), None, None,
                                        torch.zeros(1, dtype=torch.int64), torch.zeros(1, dtype=torch.int64), 1)

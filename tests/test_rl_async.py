@@ -10,22 +10,20 @@ import torch
 
 from rl_loop import grpo
 from rl_loop.async_pipeline import GeneratorActor, check_async_config
-from rl_loop.drafters import build_drafter
-from rl_loop.engine import GenerationConfig, RolloutEngine
-from rl_loop.model import ModelConfig, Qwen3
+from rl_loop.batch import build_batch
+from rl_loop.config import REQUIRED_SUMMARY_KEYS, tiny_config
+from rl_loop.drafting import build_drafter
+from rl_loop.engine import RolloutEngine
+from rl_loop.learn import train_on_batch
+from rl_loop.logprobs import policy_log_probs
+from rl_loop.rollouts import GenerationConfig
 from rl_loop.task import CharTokenizer
-from rl_loop.train import (
-    REQUIRED_SUMMARY_KEYS,
-    build_batch,
-    policy_log_probs,
-    run,
-    tiny_config,
-    train_on_batch,
-)
+from rl_loop.train import run
+from specdec_kernels.models import ModelConfig, Qwen3
 
 pytestmark = pytest.mark.rl
 torch.set_num_threads(1)
-CFG = ModelConfig(num_hidden_layers=2, intermediate_size=96)
+CFG = ModelConfig(num_hidden_layers=3, intermediate_size=96)
 
 
 def _rows(path) -> list[dict]:
@@ -53,7 +51,6 @@ def test_tiny_async_run_writes_summary_with_lag_at_most_one(tmp_path):
 
 
 @pytest.mark.parametrize("overrides, flag", [
-    ({"spec": "tree"}, "--spec tree"),
     ({"backend": "vllm"}, "--backend vllm"),
     ({"backend": "vllm", "spec": "none"}, "--backend vllm"),
 ])

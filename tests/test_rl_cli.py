@@ -12,7 +12,10 @@ import pytest
 import torch
 
 from rl_loop.__main__ import parse_args
-from rl_loop.train import REQUIRED_SUMMARY_KEYS, RunConfig, evaluate, run, setup, tiny_config, validate
+from rl_loop.config import REQUIRED_SUMMARY_KEYS, RunConfig, tiny_config
+from rl_loop.evaluation import evaluate, validate
+from rl_loop.session import setup
+from rl_loop.train import run
 
 pytestmark = pytest.mark.rl
 torch.set_num_threads(1)
@@ -58,7 +61,7 @@ def test_tiny_run_writes_summary_and_resume_continues_exactly(tmp_path):
     assert [r["step"] for r in rows_b if "event" not in r] == [0, 1]
     a = torch.load(tmp_path / "a" / "checkpoint.pt", weights_only=False)
     b = torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=False)
-    assert a["step"] == b["step"] == 2
+    assert a["state"]["step"] == b["state"]["step"] == 2
     for name, tensor in a["policy"].items():  # resuming reproduces the uninterrupted run
         assert torch.equal(tensor, b["policy"][name]), name
     assert resumed["val_accuracy_end"] == straight["val_accuracy_end"]
@@ -68,13 +71,13 @@ def test_tiny_run_writes_summary_and_resume_continues_exactly(tmp_path):
 def test_sampled_validation_reuses_its_keys_and_counts_every_sample(tmp_path):
     cfg = tiny_config(out=str(tmp_path), spec="none", eval_samples=3)
     s = setup(cfg, lambda row: None)
-    engine, val, tok, gen = s["engine"], s["val"], s["tok"], cfg.generation()
+    engine, val, tok, gen = s.engine, s.val, s.tok, cfg.generation()
     first = evaluate(engine, val, tok, gen, samples=3, seed=5)
     assert first == evaluate(engine, val, tok, gen, samples=3, seed=5)  # fixed Philox keys: same draw
     assert first * 3 * len(val) == pytest.approx(round(first * 3 * len(val)))  # a mean over 3 x |val| samples
-    v = validate(cfg, s)
+    v = validate(s)
     assert v["val_greedy_accuracy"] == evaluate(engine, val, tok, gen)
-    assert validate(replace(cfg, eval_samples=0), s)["val_accuracy"] == v["val_greedy_accuracy"]
+    assert validate(replace(s, cfg=replace(cfg, eval_samples=0)))["val_accuracy"] == v["val_greedy_accuracy"]
 
 
 def test_not_implemented_modes_say_so(tmp_path):

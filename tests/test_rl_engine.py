@@ -1,4 +1,5 @@
-"""rl_loop.engine: speculative rollouts are lossless (token-identical at T=0, equal in law at T=1)."""
+"""rl_loop.engine: speculative rollouts are lossless (token-identical at T=0, equal in law at T=1) and batch
+invariant (a request's tokens depend on its own prompt and seed only)."""
 
 from __future__ import annotations
 
@@ -8,13 +9,14 @@ import numpy as np
 import pytest
 import torch
 
-from rl_loop.drafters import DraftModelDrafter, build_drafter
-from rl_loop.engine import GenerationConfig, RolloutEngine
-from rl_loop.model import ModelConfig, Qwen3
+from rl_loop.drafting import build_drafter
+from rl_loop.engine import RolloutEngine
+from rl_loop.rollouts import GenerationConfig, TreeShape
+from specdec_kernels.drafters import DraftModelDrafter, DraftProposal
+from specdec_kernels.models import ModelConfig, Qwen3
 from specdec_kernels.testing.stats import two_sample_chi2
 
-pytestmark = pytest.mark.rl
-torch.set_num_threads(1)  # tiny shapes: extra threads only add synchronisation overhead on a shared machine
+pytestmark = [pytest.mark.rl, pytest.mark.usefixtures("one_thread")]
 
 CFG = ModelConfig(num_hidden_layers=3, intermediate_size=96)
 EOS = 2
@@ -44,6 +46,19 @@ def _perturbed_copy(policy: Qwen3, noise: float) -> Qwen3:
     return d
 
 
+def _drafter(kind: str, policy: Qwen3):
+    """A drafter whose proposals get accepted sometimes (random heads are pulled toward the policy)."""
+    if kind == "copy":
+        return DraftModelDrafter(_perturbed_copy(policy, 0.003))
+    drafter = build_drafter(kind, policy, seed=1)
+    if kind == "draft_model":  # a one-layer LM with the policy's embedding and first attention block
+        with torch.no_grad():
+            lm = drafter.model
+            lm.model.embed_tokens.weight.copy_(policy.model.embed_tokens.weight)
+            lm.model.layers[0].self_attn.load_state_dict(policy.model.layers[0].self_attn.state_dict())
+    return drafter
+
+
 def _prompts(n: int, seed: int = 0) -> list[list[int]]:
     rng = np.random.default_rng(seed)
     return [[1, *rng.integers(3, 21, size=int(rng.integers(2, 7))).tolist()] for _ in range(n)]
@@ -52,8 +67,7 @@ def _prompts(n: int, seed: int = 0) -> list[list[int]]:
 @pytest.mark.parametrize("kind", ["eagle3", "mtp", "draft_model", "copy"])
 @pytest.mark.parametrize("k", [1, 3])
 def test_greedy_speculation_is_token_identical_to_autoregressive(policy, kind, k):
-    drafter = DraftModelDrafter(_perturbed_copy(policy, 0.003)) if kind == "copy" else build_drafter(kind, policy)
-    engine = RolloutEngine(policy, drafter, EOS)
+    engine = RolloutEngine(policy, _drafter(kind, policy), EOS)
     prompts = _prompts(12)
     seeds = list(range(12))
     ar = engine.generate(prompts, seeds, GenerationConfig(spec="none", temperature=0.0, max_new_tokens=20, max_batch=5))
@@ -88,17 +102,45 @@ def test_requests_sharing_a_prompt_reuse_its_prefill(policy, monkeypatch):
     assert shared.response_ids == [alone[0]] * 5 + [alone[1]] * 3
 
 
-def test_rollouts_do_not_depend_on_the_batch(policy):
-    """Continuous batching with 3 slots or 16: each request's tokens depend only on its own seed."""
-    engine = RolloutEngine(policy, DraftModelDrafter(_perturbed_copy(policy, 0.05)), EOS)
-    prompts = _prompts(10, seed=1)
-    seeds = [11 * i + 3 for i in range(10)]
-    a = engine.generate(prompts, seeds, GenerationConfig(spec="none", temperature=1.0, max_new_tokens=12, max_batch=3))
-    b = engine.generate(prompts, seeds, GenerationConfig(spec="none", temperature=1.0, max_new_tokens=12, max_batch=16))
-    assert a.response_ids == b.response_ids
-    c = engine.generate(prompts, seeds, GenerationConfig(spec="chain", temperature=0.0, max_new_tokens=12, max_batch=3))
-    d = engine.generate(prompts, seeds, GenerationConfig(spec="none", temperature=0.0, max_new_tokens=12, max_batch=16))
-    assert c.response_ids == d.response_ids
+@pytest.mark.parametrize("spec", ["chain", "tree"])
+@pytest.mark.parametrize("kind", ["eagle3", "mtp", "draft_model"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_rollouts_are_batch_invariant(policy, kind, spec, temperature):
+    """A request's tokens are the same alone, in a batch, with another max_batch and in another slot
+    (drafts, tree siblings and verification all drawn by the request's seed and absolute position)."""
+    engine = RolloutEngine(policy, _drafter(kind, policy), EOS)
+    prompts = _prompts(8, seed=2)
+    seeds = [1000 + 37 * i for i in range(8)]
+    cfg = GenerationConfig(spec=spec, k=3, temperature=temperature, max_new_tokens=10, max_batch=8,
+                           tree=TreeShape(3, top_k=2, beam=2))
+    batch = engine.generate(prompts, seeds, cfg).response_ids
+    assert engine.generate(prompts, seeds, GenerationConfig(**{**cfg.__dict__, "max_batch": 3})).response_ids == batch
+    order = [5, 2, 7, 0, 3, 6, 1, 4]  # other slots, other neighbours
+    shuffled = engine.generate([prompts[i] for i in order], [seeds[i] for i in order], cfg).response_ids
+    assert shuffled == [batch[i] for i in order]
+    for i in (0, 6):
+        assert engine.generate([prompts[i]], [seeds[i]], cfg).response_ids[0] == batch[i]
+    if temperature > 0:  # the seeds matter: the comparison is not between constant outputs
+        other = engine.generate(prompts, [s + 1 for s in seeds], cfg).response_ids
+        assert other != batch
+
+
+def test_batch_invariance_check_has_power(policy, monkeypatch):
+    """Planted bug (what rl_loop did before): drafts drawn from a generator seeded with the batch's seeds.
+    The emitted tokens then depend on the batch, and the invariance check sees it."""
+    import specdec_kernels.drafters.cached as cached
+
+    def batch_uniforms(seed, position, vocab_size):
+        g = torch.Generator().manual_seed(int(seed.sum()) & 0x7FFFFFFF)
+        return torch.rand((seed.numel(), vocab_size), generator=g).clamp_(min=1e-20)
+
+    monkeypatch.setattr(cached, "draft_uniforms", batch_uniforms)
+    engine = RolloutEngine(policy, _drafter("eagle3", policy), EOS)
+    prompts, seeds = _prompts(8, seed=2), [1000 + 37 * i for i in range(8)]
+    cfg = GenerationConfig(spec="chain", k=3, temperature=1.0, max_new_tokens=10, max_batch=8)
+    batch = engine.generate(prompts, seeds, cfg).response_ids
+    alone = [engine.generate([p], [s], cfg).response_ids[0] for p, s in zip(prompts, seeds, strict=True)]
+    assert alone != batch
 
 
 def _position_histograms(rollouts, positions: int) -> np.ndarray:
@@ -113,9 +155,9 @@ def _position_histograms(rollouts, positions: int) -> np.ndarray:
 class _LyingDrafter(DraftModelDrafter):
     """Planted bug: reports a uniform q to the verifier instead of the q it sampled from."""
 
-    def propose(self, slots, k, temperature, generator):
-        drafts, q = super().propose(slots, k, temperature, generator)
-        return drafts, torch.full_like(q, 1.0 / q.shape[-1])
+    def propose(self, k, temperature=None, seed=None, position=None, rows=None):
+        prop = super().propose(k, temperature, seed, position, rows)
+        return DraftProposal(prop.token_ids, torch.full_like(prop.probs, 1.0 / prop.probs.shape[-1]))
 
 
 @pytest.mark.stat
@@ -148,3 +190,5 @@ def test_bad_arguments_raise(policy):
         GenerationConfig(k=0)
     with pytest.raises(ValueError, match="max_position_embeddings"):
         engine.generate([[1] * 250], [0], GenerationConfig(spec="none", max_new_tokens=20))
+    with pytest.raises(ValueError, match="2 tokens"):
+        RolloutEngine(policy, build_drafter("eagle3", policy), EOS).generate([[1]], [0], GenerationConfig())

@@ -9,11 +9,12 @@ import os
 import pytest
 import torch
 
-from rl_loop.drafters import DraftModelDrafter
-from rl_loop.engine import GenerationConfig, RolloutEngine
+from rl_loop.engine import RolloutEngine
 from rl_loop.equivalence import EquivalenceConfig, check_equivalence, main
-from rl_loop.model import ModelConfig, Qwen3
+from rl_loop.rollouts import GenerationConfig
 from rl_loop.task import CharTokenizer, TaskConfig, make_splits
+from specdec_kernels.drafters import DraftModelDrafter
+from specdec_kernels.models import ModelConfig, Qwen3
 
 pytestmark = [pytest.mark.rl, pytest.mark.stat]
 torch.set_num_threads(1)

@@ -1,4 +1,4 @@
-"""rl_loop.train optimisation pieces: the policy optimizer's parameter groups and their learning rates."""
+"""rl_loop.learn optimisation pieces: the policy optimizer's parameter groups and their learning rates."""
 
 from __future__ import annotations
 
@@ -7,9 +7,11 @@ from dataclasses import replace
 import pytest
 import torch
 
-from rl_loop.model import ModelConfig, Qwen3
+from rl_loop.batch import build_batch
+from rl_loop.config import tiny_config
+from rl_loop.learn import policy_optimizer, set_learning_rates, train_on_batch
 from rl_loop.task import CharTokenizer
-from rl_loop.train import build_batch, policy_optimizer, set_learning_rates, tiny_config, train_on_batch
+from specdec_kernels.models import ModelConfig, Qwen3
 
 pytestmark = pytest.mark.rl
 torch.set_num_threads(1)

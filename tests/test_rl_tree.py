@@ -1,4 +1,5 @@
-"""rl_loop.tree_engine: tree-speculative rollouts are lossless (token-identical at T=0, equal in law at T=1)."""
+"""Tree speculation (``--spec tree``) on the one engine: lossless (token-identical at T=0, equal in law at
+T=1), verified on the fastest backend (native CPU when built), and its checks have power."""
 
 from __future__ import annotations
 
@@ -9,16 +10,17 @@ import numpy as np
 import pytest
 import torch
 
-import rl_loop.tree_engine as tree_engine
-from rl_loop.drafters import build_drafter, distill
-from rl_loop.engine import GenerationConfig, RolloutEngine
-from rl_loop.model import KVCache, ModelConfig, Qwen3
-from rl_loop.train import REQUIRED_SUMMARY_KEYS, run, tiny_config
-from rl_loop.tree_engine import TreeRolloutEngine, TreeShape, sampled_paths, tree_shape_for
+import rl_loop.strategies as strategies
+from rl_loop.config import REQUIRED_SUMMARY_KEYS, tiny_config
+from rl_loop.drafting import build_drafter, distill_step
+from rl_loop.engine import RolloutEngine
+from rl_loop.rollouts import GenerationConfig, TreeShape
+from rl_loop.train import run
+from specdec_kernels.drafters.training import DrafterTrainer, TrainConfig
+from specdec_kernels.models import KVCache, ModelConfig, Qwen3
 from specdec_kernels.testing.stats import two_sample_chi2
 
-pytestmark = pytest.mark.rl
-torch.set_num_threads(1)
+pytestmark = [pytest.mark.rl, pytest.mark.usefixtures("one_thread")]
 
 CFG = ModelConfig(num_hidden_layers=3, intermediate_size=96)
 EOS = 2
@@ -33,6 +35,7 @@ def _prompts(n: int, seed: int = 0) -> list[list[int]]:
 def policy_and_drafter():
     """A random policy with spread-out next-token distributions and an EAGLE-3 head distilled on its own
     samples, so trees are accepted at several depths and off the first branch."""
+    torch.set_num_threads(1)
     g = torch.Generator().manual_seed(0)
     policy = Qwen3(CFG)
     with torch.no_grad():
@@ -54,14 +57,16 @@ def policy_and_drafter():
         ids[i, : len(s)] = torch.tensor(s)
         mask[i, len(p) - 1 : len(s) - 1] = True
     torch.manual_seed(0)
-    distill(drafter, policy, lambda: (ids, mask), 40, lr=3e-3)
+    trainer = DrafterTrainer(drafter.head, TrainConfig(lr=3e-3, ttt_steps=3, decay=1.0))
+    for _ in range(40):
+        distill_step(trainer, policy, ids, mask)
     return policy, drafter
 
 
 @pytest.mark.parametrize("k", [1, 3])
 def test_greedy_tree_speculation_is_token_identical_to_autoregressive(policy_and_drafter, k):
     policy, drafter = policy_and_drafter
-    engine = TreeRolloutEngine(policy, drafter, EOS)
+    engine = RolloutEngine(policy, drafter, EOS)
     prompts, seeds = _prompts(12), list(range(12))
     ar = engine.generate(prompts, seeds, GenerationConfig(spec="none", temperature=0.0, max_new_tokens=20, max_batch=5))
     tr = engine.generate(prompts, seeds, GenerationConfig(spec="tree", k=k, temperature=0.0, max_new_tokens=20,
@@ -81,22 +86,42 @@ def test_wide_tree_and_planted_bugs_are_caught(policy_and_drafter, monkeypatch):
     a missing KV compaction, changes the greedy tokens (the identity test has power)."""
     policy, drafter = policy_and_drafter
     prompts, seeds = _prompts(12, seed=3), list(range(12))
-    cfg = GenerationConfig(spec="tree", k=3, temperature=0.0, max_new_tokens=20, max_batch=6)
-    ar = RolloutEngine(policy, drafter, EOS).generate(prompts, seeds, GenerationConfig(**{**cfg.__dict__, "spec": "none"}))
-    wide = TreeRolloutEngine(policy, drafter, EOS, shape=TreeShape(depth=3, top_k=3, beam=2, budget=7))
-    assert wide.generate(prompts, seeds, cfg).response_ids == ar.response_ids
+    cfg = GenerationConfig(spec="tree", k=3, temperature=0.0, max_new_tokens=20, max_batch=6,
+                           tree=TreeShape(depth=3, top_k=3, beam=2))
+    engine = RolloutEngine(policy, drafter, EOS)
+    ar = engine.generate(prompts, seeds, GenerationConfig(**{**cfg.__dict__, "spec": "none"}))
+    wide = engine.generate(prompts, seeds, cfg)
+    assert wide.response_ids == ar.response_ids
+    assert wide.stats.mean_accepted_length > 1.5
     with monkeypatch.context() as m:
-        m.setattr(tree_engine, "tree_attention_mask", _causal_mask)
-        assert wide.generate(prompts, seeds, cfg).response_ids != ar.response_ids
+        m.setattr(strategies, "tree_attention_mask", _causal_mask)
+        assert engine.generate(prompts, seeds, cfg).response_ids != ar.response_ids
     with monkeypatch.context() as m:
         m.setattr(KVCache, "gather_positions", lambda self, rows, src, dst: None)
-        assert wide.generate(prompts, seeds, cfg).response_ids != ar.response_ids
+        assert engine.generate(prompts, seeds, cfg).response_ids != ar.response_ids
 
 
 def _causal_mask(parent: torch.Tensor, prefix_len: int) -> torch.Tensor:
     """Planted bug: every node sees every earlier node (siblings and cousins too), not only its ancestors."""
     n = parent.shape[1]
     return torch.ones(n, n, dtype=torch.bool).tril().expand(parent.shape[0], -1, -1)
+
+
+def test_trees_verify_on_the_native_backend(policy_and_drafter, monkeypatch):
+    """The default verification backend of trees is the engine's (native CPU when built), not a fallback."""
+    import specdec_kernels as sk
+
+    policy, drafter = policy_and_drafter
+    seen = []
+    verify = sk.verify_tree
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs["backend"])
+        return verify(*args, **kwargs)
+
+    monkeypatch.setattr(strategies.sk, "verify_tree", spy)
+    RolloutEngine(policy, drafter, EOS).generate(_prompts(2), [0, 1], GenerationConfig(spec="tree", max_new_tokens=4))
+    assert seen and set(seen) == {sk.available_backends("cpu")[0]}
 
 
 def _position_histograms(rollouts, positions: int) -> np.ndarray:
@@ -109,10 +134,9 @@ def _position_histograms(rollouts, positions: int) -> np.ndarray:
 
 
 @pytest.mark.stat
-@pytest.mark.parametrize("stochastic", [True, False], ids=["rrs_tree", "deterministic_tree"])
-def test_sampled_tree_speculation_has_the_autoregressive_law(policy_and_drafter, stochastic):
-    """Per-position token histograms of tree-speculative vs autoregressive rollouts at T = 1: siblings
-    drawn without replacement (recursive rejection sampling) and the deterministic EAGLE-2 tree.
+def test_sampled_tree_speculation_has_the_autoregressive_law(policy_and_drafter):
+    """Per-position token histograms of tree-speculative (siblings drawn without replacement on the draft
+    stream, recursive rejection sampling) vs autoregressive rollouts at T = 1.
 
     Power: 2000 rollouts per side, 33 cells, alpha 2.5e-4 per position; a two-sample test is about a
     one-sample test at n / 2, and ``chi2_power(1000, tv=0.15, df=32, alpha)`` is 0.999, so any per-position
@@ -120,9 +144,9 @@ def test_sampled_tree_speculation_has_the_autoregressive_law(policy_and_drafter,
     policy, drafter = policy_and_drafter
     n, positions = 2000, 4
     prompt = [[1, 5, 9, 7]] * n
-    cfg = GenerationConfig(spec="tree", temperature=1.0, max_new_tokens=positions, max_batch=250, k=3)
-    engine = TreeRolloutEngine(policy, drafter, EOS, shape=TreeShape(depth=3, top_k=3, beam=2, budget=5,
-                                                                stochastic_when_sampling=stochastic))
+    cfg = GenerationConfig(spec="tree", temperature=1.0, max_new_tokens=positions, max_batch=250, k=3,
+                           tree=TreeShape(depth=3, top_k=3, beam=2))
+    engine = RolloutEngine(policy, drafter, EOS)
     ar = engine.generate(prompt, list(range(n)), GenerationConfig(**{**cfg.__dict__, "spec": "none"}))
     tr = engine.generate(prompt, list(range(10_000, 10_000 + n)), cfg)
     assert tr.stats.mean_accepted_length > 1.1  # accept and reject paths are both exercised
@@ -132,21 +156,11 @@ def test_sampled_tree_speculation_has_the_autoregressive_law(policy_and_drafter,
     assert min(pvalues) > alpha, pvalues
 
 
-def test_tree_shape_and_drafter_validation(policy_and_drafter):
-    policy, _ = policy_and_drafter
-    assert tree_shape_for(3) == TreeShape(depth=3, top_k=2, beam=2, budget=3)
-    assert sampled_paths(3, 3) == [(0,), (0, 0), (0, 0, 0)]  # equal node budget: the chain
-    assert sampled_paths(3, 7) == [(0,), (0, 0), (0, 0, 0), (1,), (0, 1), (0, 0, 1), (2,)]
-    assert sampled_paths(3, 2) == [(0,), (0, 0)]
-    with pytest.raises(ValueError, match="budget"):
-        TreeShape(depth=1, top_k=2, beam=2, budget=3)
-    with pytest.raises(ValueError, match="beam"):
-        TreeShape(depth=2, top_k=1, beam=2, budget=1)
-    engine = TreeRolloutEngine(policy, build_drafter("draft_model", policy), EOS)
-    with pytest.raises(ValueError, match="EAGLE-3"):
-        engine.generate([[1, 4]], [0], GenerationConfig(spec="tree"))
-    with pytest.raises(ValueError, match="drafter"):
-        run(tiny_config(spec="tree", drafter="draft_model", out="/nonexistent"))
+def test_tree_shape_validation():
+    assert TreeShape.for_k(3) == TreeShape(depth=3, top_k=2, beam=1)
+    assert TreeShape(3, 2, 1).num_nodes == 7 and TreeShape(3, 3, 2).num_nodes == 1 + 3 + 6 + 6
+    with pytest.raises(ValueError, match="depth"):
+        TreeShape(depth=0)
 
 
 def test_cli_tree_run_writes_summary(tmp_path):

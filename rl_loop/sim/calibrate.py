@@ -34,7 +34,7 @@ from .engine_costs import cpu_time
 from .generation import Parallelism, Speculation, Workload, forward_time, simulate_generation
 from .hardware import Hardware
 from .harness import HarnessConfig, RunResult, build_models, run_rollouts
-from .presets import Scenario
+from .scenario import Scenario
 from .step import StepSetup
 
 # A 38M-parameter target and its one-layer truncation as the draft (~70% acceptance at temperature 1).

@@ -95,7 +95,8 @@ def build_engine(drafter: str = "eagle3", seed: int = 0, state_path: str | None 
     With ``state_path``, weights saved by an earlier call are loaded instead (and saved there if absent)."""
     import os
 
-    from rl_loop.train import RunConfig, setup
+    from rl_loop.config import RunConfig
+    from rl_loop.session import setup
 
     cached = state_path is not None and os.path.exists(state_path)
     cfg = RunConfig(out=tempfile.mkdtemp(prefix="sim-engine-"), seed=seed, drafter=drafter, progress=False,
@@ -105,11 +106,11 @@ def build_engine(drafter: str = "eagle3", seed: int = 0, state_path: str | None 
     s = setup(cfg, lambda row: None)
     if cached:
         state = torch.load(state_path, weights_only=False)
-        s["policy"].load_state_dict(state["policy"])
-        s["drafter"].trainable().load_state_dict(state["drafter"])
-        s["engine"].sync()
+        s.policy.load_state_dict(state["policy"])
+        s.drafter.trainable().load_state_dict(state["drafter"])
+        s.engine.sync()
     elif state_path is not None:
-        torch.save({"policy": s["policy"].state_dict(), "drafter": s["drafter"].trainable().state_dict()}, state_path)
+        torch.save({"policy": s.policy.state_dict(), "drafter": s.drafter.trainable().state_dict()}, state_path)
     return cfg, s
 
 
@@ -117,11 +118,11 @@ def requests(cfg, s: dict, num_prompts: int, group: int, seed: int = 0) -> tuple
     """``num_prompts x group`` prompts (token ids) from the training split and their Philox seeds."""
     import random
 
-    from rl_loop.train import request_seeds
+    from rl_loop.batch import request_seeds
 
     rng = random.Random(f"sim/{seed}")
-    problems = [p for p in rng.sample(s["train"], num_prompts) for _ in range(group)]
-    prompts = [s["tok"].encode(p.prompt, bos=True) for p in problems]
+    problems = [p for p in rng.sample(s.train, num_prompts) for _ in range(group)]
+    prompts = [s.tok.encode(p.prompt, bos=True) for p in problems]
     return prompts, request_seeds(seed, 0, len(prompts))
 
 
@@ -130,15 +131,15 @@ def measure_components(cfg, s: dict, prompts: list[list[int]], batches=(2, 8, 16
                        repeats: int = 7) -> tuple[MeasuredCosts, list[dict]]:
     """(a): time each engine component alone over ``batches`` x tokens / k; returns the fits and rows."""
     import specdec_kernels as sk
-    from rl_loop.model import KVCache
-    from rl_loop.train import verify_backend
+    from rl_loop.rollouts import resolve_verify_backend
+    from rl_loop.strategies import ChainSpeculation
+    from specdec_kernels.models import KVCache
 
     torch.set_num_threads(1)
-    policy, drafter = s["policy"], s["drafter"]
-    layers = drafter.hidden_layers
+    policy, drafter = s.policy, s.drafter
+    layers = drafter.feature_layers
     V = policy.config.vocab_size
-    backend = verify_backend(cfg.verify_backend)
-    gen = torch.Generator().manual_seed(0)
+    backend = resolve_verify_backend(cfg.verify_backend)
     rows, feats = [], {name: ([], []) for name in ("ar", "target", "drafter", "sampler", "commit", "admit",
                                                       "pending")}
     width = max(map(len, prompts))
@@ -154,7 +155,7 @@ def measure_components(cfg, s: dict, prompts: list[list[int]], batches=(2, 8, 16
         rows.append({"component": "target forward (AR)", "requests": r, "tokens_per_request": 1, "measured_s": t})
         for n in (2, 4, 6):
             ids = torch.zeros(r, n, dtype=torch.long)
-            t = cpu_time(lambda ids=ids, n=n, cache=cache, start=start: policy.step(ids, cache, None, start, width + n, hidden_layers=layers),
+            t = cpu_time(lambda ids=ids, n=n, cache=cache, start=start: policy.step(ids, cache, None, start, width + n, capture=layers),
                      repeats)
             feats["target"][0].append([1.0, r, r * n])
             feats["target"][1].append(t)
@@ -163,28 +164,29 @@ def measure_components(cfg, s: dict, prompts: list[list[int]], batches=(2, 8, 16
         pre = torch.zeros(r, width - 1, dtype=torch.long)
         for i, p in enumerate(batch):
             pre[i, : len(p) - 1] = torch.tensor(p[:-1])
-        _, hidden = policy.step(pre, cache, None, torch.zeros(r, dtype=torch.long), width - 1, hidden_layers=layers)
+        _, hidden = policy.step(pre, cache, None, torch.zeros(r, dtype=torch.long), width - 1, capture=layers)
+        chain = ChainSpeculation(drafter, max(ks), cfg.temperature)
 
-        def admit(batch=batch, hidden=hidden, r=r, max_len=max_len):
-            drafter.reset(r, max_len)
-            drafter.admit(list(range(r)), batch, hidden)
+        def admit(batch=batch, hidden=hidden, r=r, max_len=max_len, chain=chain):
+            chain.reset(r, max_len)
+            chain.admit(list(range(r)), batch, hidden)
 
         t = cpu_time(admit, repeats)
         feats["admit"][0].append([1.0, r])
         feats["admit"][1].append(t)
-        temp = torch.ones(r)
+        temp, seed = torch.ones(r), torch.arange(r, dtype=torch.int64)
+        feat_size = sum(h.shape[-1] for h in hidden)
         for k in ks:
             admit()
-            t = cpu_time(lambda k=k, temp=temp: drafter.propose(None, k, temp, gen), min(repeats, 3))
+            t = cpu_time(lambda k=k, temp=temp, seed=seed: drafter.propose(k, temp, seed), min(repeats, 3))
             feats["drafter"][0].append([1.0, r, k, k * r])
             feats["drafter"][1].append(t)
             rows.append({"component": "drafter propose", "requests": r, "k": k, "pending": 1, "measured_s": t})
-            # after a step that accepted all k drafts, the first draft forward re-runs k + 1 rows
+            # after a step that accepted all k drafts (the commit ran the k + 1 verified rows)
             admit()
-            drafter.propose(None, k, temp, gen)
-            drafter.commit(None, [k] * r, [[1] * (k + 1)] * r,
-                           [torch.randn(r, k + 1, policy.config.hidden_size) for _ in layers])
-            t_full = cpu_time(lambda k=k, temp=temp: drafter.propose(None, k, temp, gen), min(repeats, 3))
+            drafter.propose(k, temp, seed)
+            drafter.commit(torch.full((r,), k), torch.ones(r, k + 1, dtype=torch.long), torch.randn(r, k + 1, feat_size))
+            t_full = cpu_time(lambda k=k, temp=temp, seed=seed: drafter.propose(k, temp, seed), min(repeats, 3))
             feats["pending"][0].append([k, k * r])
             feats["pending"][1].append(max(t_full - t, 0.0))
             rows.append({"component": "drafter propose", "requests": r, "k": k, "pending": k + 1, "measured_s": t_full})
@@ -199,9 +201,9 @@ def measure_components(cfg, s: dict, prompts: list[list[int]], batches=(2, 8, 16
             feats["sampler"][0].append([1.0, r * (k + 1)])
             feats["sampler"][1].append(t)
             rows.append({"component": "verify_chain", "requests": r, "k": k, "measured_s": t})
-            hid = [torch.randn(r, k + 1, policy.config.hidden_size) for _ in layers]
-            outs = [[1] * (k + 1)] * r
-            t = cpu_time(lambda hid=hid, outs=outs, k=k, r=r: drafter.commit(None, [k] * r, outs, hid), repeats)
+            hid = torch.randn(r, k + 1, feat_size)
+            outs = torch.ones(r, k + 1, dtype=torch.long)
+            t = cpu_time(lambda hid=hid, outs=outs, k=k, r=r: drafter.commit(torch.full((r,), k), outs, hid), repeats)
             feats["commit"][0].append([1.0, r])
             feats["commit"][1].append(t)
         # AR sampling: verify_chain with no drafts
@@ -228,12 +230,10 @@ class EngineRun:
 
 def run_engine(cfg, s: dict, prompts, seeds, k: int, max_new_tokens: int, max_batch: int) -> EngineRun:
     """(b): one ``RolloutEngine.generate`` call (k = 0: autoregressive), timed with the thread CPU clock."""
-    from rl_loop.train import verify_backend
-
     gen = replace(cfg.generation(spec="none" if k == 0 else "chain"), k=max(k, 1), max_new_tokens=max_new_tokens,
-                  max_batch=max_batch, backend=verify_backend(cfg.verify_backend))
+                  max_batch=max_batch)
     t = time.thread_time()
-    out = s["engine"].generate(prompts, seeds, gen)
+    out = s.engine.generate(prompts, seeds, gen)
     cpu = time.thread_time() - t
     st = out.stats
     lengths = [len(r) + int(f) for r, f in zip(out.response_ids, out.finished, strict=True)]
@@ -296,13 +296,13 @@ def compare_engine(cfg, s: dict, ks=(1, 3, 5), rounds: int = 5, request_sets: in
     from dataclasses import asdict
 
     import specdec_kernels as sk
-    from rl_loop.train import verify_backend
+    from rl_loop.rollouts import resolve_verify_backend
 
     ar_meas = float(np.median([sum(x.cpu_s for x in rr[0]) for rr in per_round]))
     ar_pred = sum(predict(costs, x, prompt_len, max_batch) for x in per_round[0][0])
-    return {"engine": "rl_loop.engine.RolloutEngine", "policy": asdict(s["policy"].config),
-            "drafter": type(s["drafter"]).__name__, "temperature": cfg.temperature,
-            "max_new_tokens": max_new_tokens, "verify_backend": verify_backend(cfg.verify_backend),
+    return {"engine": "rl_loop.engine.RolloutEngine", "policy": asdict(s.policy.config),
+            "drafter": type(s.drafter).__name__, "temperature": cfg.temperature,
+            "max_new_tokens": max_new_tokens, "verify_backend": resolve_verify_backend(cfg.verify_backend),
             "backends": sk.available_backends("cpu"), "requests_per_set": prompts_per_set * group,
             "request_sets": len(sets), "rounds": rounds,
             "components": components, "fits": {k: np.asarray(v).tolist() for k, v in vars(costs).items()},

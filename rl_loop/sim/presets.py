@@ -11,40 +11,15 @@ should reproduce.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from .generation import Parallelism, Speculation, Workload
-from .hardware import GB200, Hardware
-from .model import QWEN3_8B, QWEN3_235B_A22B, ModelSpec, eagle3_head
+from .hardware import GB200
+from .model import QWEN3_8B, QWEN3_235B_A22B, eagle3_head
+from .scenario import Scenario
 from .step import StepSetup, async_speedup_at_exposure, simulate_async_fixed_split, simulate_step
 
 K_RANGE = tuple(range(1, 9))
-
-
-@dataclass(frozen=True)
-class Scenario:
-    """A step setup plus speculation settings (``spec.k`` is the default draft length)."""
-
-    name: str
-    description: str
-    setup: StepSetup
-    spec: Speculation
-    assumptions: tuple[str, ...] = ()
-    paper: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def hardware(self) -> Hardware:
-        return self.setup.hardware
-
-    @property
-    def model(self) -> ModelSpec:
-        return self.setup.model
-
-    def with_k(self, k: int) -> Scenario:
-        return replace(self, spec=self.spec.with_k(k))
-
-    def with_acceptance(self, acceptance: tuple[float, ...]) -> Scenario:
-        return replace(self, spec=replace(self.spec, acceptance=tuple(acceptance)))
 
 
 def evaluate(scn: Scenario, k: int | None = None, k_range: tuple[int, ...] = K_RANGE) -> dict:

@@ -18,23 +18,24 @@ bonus token). ``commit`` appends those ``n + 1`` tokens.
 Target features (what the target's forward captured, per input position; see ``features.py``):
 
 - EAGLE-3: the residual stream at the inputs of three target layers, concatenated: ``F = 3 * H_target``.
-- MTP: the target's last hidden state (before its final norm): ``F = H_target``.
+- MTP: the target's final hidden state (after its final norm, ``hidden_states[-1]``): ``F = H_target``.
 - draft model: nothing (``target_features=None``; ``feature_size == 0``).
 
 ``prefill`` takes features for the prompt positions ``[B, L, F]``; ``commit`` takes the features of the
 verified rows ``[B, k + 1, F]`` (row j = the target's input at position ``num_tokens - 1 + j``); only the
 first ``n + 1`` rows of each sequence are read.
 
-Continuous batching. ``reset(num_slots)`` starts an empty batch, ``admit(rows, ...)`` prefills new
-sequences into some slots, and ``subset(rows)`` / ``update(rows, sub)`` run ``propose``/``commit`` on
-the active slots only (``CachedDrafter`` implements them for every head).
+Continuous batching. ``reset(num_slots, max_len)`` starts empty slots, ``admit(rows, ...)`` prefills new
+sequences into some of them, and ``propose`` / ``propose_tree`` / ``commit`` take ``rows`` [R] to work on
+the active slots only, in place (None: every slot). ``CachedDrafter`` implements this for every head.
 
 Randomness. Stochastic proposals sample from the draft distribution q with the project's stateless
 Philox (``reference/philox.py``) on stream :data:`STREAM_DRAFT` = 3, which DESIGN.md §4 leaves unused by
 the verifiers: the draft token at absolute position ``pos`` of a sequence with key ``seed`` uses
 ``u_v = rand(seed, (pos << 32) | (3 << 30) | v)`` for target-vocabulary index v, and is
 ``argmax_v(log q(v) - log(-log u_v))`` (Gumbel-max; tree children: the top-m of the same perturbed scores,
-i.e. m draws without replacement). Runs are therefore reproducible and batch invariant.
+i.e. m draws without replacement). A sequence's drafts therefore depend only on its own tokens, seed and
+positions: runs are reproducible and batch invariant (not on the batch, the slot or the slot order).
 
 Vocabularies. A drafter may predict over a reduced draft vocabulary of ``Vd`` tokens; draft id ``i`` maps
 to target id ``i + d2t[i]`` (vLLM's convention). Every id a drafter returns is a *target* id and every q
@@ -44,6 +45,7 @@ row is a distribution over the *target* vocabulary (zero outside the draft vocab
 from __future__ import annotations
 
 import abc
+import functools
 from typing import NamedTuple
 
 import torch
@@ -131,13 +133,14 @@ class Drafter(abc.ABC):
         num_accepted: torch.Tensor,
         output_token_ids: torch.Tensor,
         target_features: torch.Tensor | None,
+        rows: torch.Tensor | None = None,
     ) -> None:
         """Append each sequence's verified tokens and refresh the KV cache from the target's features.
 
         ``num_accepted`` [B] (n_b), ``output_token_ids`` [B, >= n_b + 1] (verify_chain / verify_tree output:
         accepted drafts then the correction or bonus token, -1 padded), ``target_features`` [B, >= n_b + 1, F]
         the target's features at the verified rows (row j = position num_tokens - 1 + j), None for a draft
-        model. Speculative state from ``propose`` is discarded.
+        model. Speculative state from ``propose`` is discarded. ``rows``: the slots the B sequences are in.
         """
 
     def propose(
@@ -146,6 +149,7 @@ class Drafter(abc.ABC):
         temperature: torch.Tensor | None = None,
         seed: torch.Tensor | None = None,
         position: torch.Tensor | None = None,
+        rows: torch.Tensor | None = None,
     ) -> DraftProposal:
         """Draft a chain of ``k`` tokens per sequence.
 
@@ -154,9 +158,9 @@ class Drafter(abc.ABC):
         q = softmax(draft logits / temperature) with Philox stream 3 keyed by ``seed`` [B] int64 at absolute
         positions ``position + j`` (``position`` [B] int64 defaults to :attr:`num_tokens`), rows with 0 draft
         greedily, and ``probs`` [B, k, V] holds q (for greedy rows the temperature-1 draft softmax, which
-        verifiers ignore for greedy requests).
+        verifiers ignore for greedy requests). ``rows``: the slots to draft for (None: every slot).
         """
-        tree = self.propose_tree(k, 1, 1, temperature, seed, position)
+        tree = self.propose_tree(k, 1, 1, temperature, seed, position, rows)
         # With top_k = beam_width = 1 the tree is a chain: node j + 1 is the child of node j.
         probs = None if tree.draft_probs is None else tree.draft_probs[:, :k]
         return DraftProposal(tree.node_token_ids[:, 1:], probs)
@@ -170,6 +174,7 @@ class Drafter(abc.ABC):
         temperature: torch.Tensor | None = None,
         seed: torch.Tensor | None = None,
         position: torch.Tensor | None = None,
+        rows: torch.Tensor | None = None,
     ) -> TreeProposal:
         """Draft a tree of ``depth`` levels: at each level the ``beam_width`` frontier nodes with the highest
         cumulative draft log-probability each get ``top_k`` children (the top-k draft tokens; or, with a
@@ -195,8 +200,20 @@ class Drafter(abc.ABC):
 # ---------------------------------------------------------------------------------------------------
 
 def draft_uniforms(seed: torch.Tensor, position: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """[R, V] Philox uniforms on :data:`STREAM_DRAFT` for rows with ``seed`` [R] and ``position`` [R]."""
+    """[R, V] Philox uniforms on :data:`STREAM_DRAFT` for rows with ``seed`` [R] and ``position`` [R]
+    (``reference/philox.py``; on CPU one native call when the extension is built, bit-identical)."""
+    if seed.device.type == "cpu" and _native_uniforms():
+        from .. import native
+
+        return native.uniform_rows(seed.to(torch.int64), position.to(torch.int64), STREAM_DRAFT, vocab_size)
     return philox.uniform_rows(seed, position, STREAM_DRAFT, vocab_size)
+
+
+@functools.cache
+def _native_uniforms() -> bool:
+    from .. import native
+
+    return native.has_op("philox_uniform_rows", "cpu")
 
 
 def scatter_to_target(draft_values: torch.Tensor, d2t: torch.Tensor, vocab_size: int, fill: float) -> torch.Tensor:

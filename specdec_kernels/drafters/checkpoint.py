@@ -1,11 +1,13 @@
 """Save and load EAGLE-3 heads in the layout vLLM serves as an ``eagle3`` speculator.
 
-A checkpoint is a directory with ``config.json`` (a ``LlamaForCausalLMEagle3`` config: Llama fields plus
-``draft_vocab_size``, ``target_hidden_size``, ``fc_norm`` and
-``eagle_config.eagle_aux_hidden_state_layer_ids``) and ``model.safetensors`` holding ``fc.weight``,
-``fc_norm.{i}.weight``, ``midlayer.*`` (one Llama decoder layer with ``hidden_norm`` and a 2H-wide
-q/k/v input), ``norm.weight``, ``lm_head.weight`` [Vd, H], ``d2t`` [Vd] int64 (target id = draft id +
-d2t) and ``t2d`` [V] bool. The token embedding is not saved: the server shares the target's.
+A checkpoint is a directory with ``config.json`` and ``model.safetensors``. The config is vLLM's
+``Eagle3Qwen3ForCausalLM`` (a Qwen3 midlayer with q/k norms, ``model_type`` qwen3; the default) or
+``LlamaForCausalLMEagle3`` (``qk_norm=False``): the layer fields plus ``draft_vocab_size``,
+``target_hidden_size``, ``fc_norm`` and ``eagle_config.eagle_aux_hidden_state_layer_ids``. The weights are
+``fc.weight``, ``fc_norm.{i}.weight``, ``midlayer.*`` (one decoder layer with ``hidden_norm`` and a
+2H-wide q/k/v input), ``norm.weight``, ``lm_head.weight`` [Vd, H], ``d2t`` [Vd] int64 (target id = draft id +
+d2t) and ``t2d`` [V] bool (both omitted when the draft vocabulary is the target's). The token embedding
+is not saved: the server shares the target's.
 ``policy_version`` (the policy weights the head was synced with) is recorded in the config.
 """
 
@@ -20,16 +22,18 @@ from .eagle3 import Eagle3Config, Eagle3Head
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
+ARCHITECTURES = {True: "Eagle3Qwen3ForCausalLM", False: "LlamaForCausalLMEagle3"}  # keyed by qk_norm
 
 
-def eagle3_config_dict(head: Eagle3Head, max_position_embeddings: int = 4096,
+def eagle3_config_dict(head: Eagle3Head, max_position_embeddings: int | None = None,
                        policy_version: int | None = None) -> dict:
-    """The vLLM/transformers config of ``head`` (``LlamaForCausalLMEagle3``)."""
+    """The vLLM/transformers config of ``head`` (``Eagle3Qwen3ForCausalLM`` or ``LlamaForCausalLMEagle3``)."""
     c = head.cfg
+    max_position_embeddings = max_position_embeddings or c.max_position_embeddings
     dtype = str(head.fc.weight.dtype).replace("torch.", "")
     return {
-        "architectures": ["LlamaForCausalLMEagle3"],
-        "model_type": "llama",
+        "architectures": [ARCHITECTURES[c.qk_norm]],
+        "model_type": "qwen3" if c.qk_norm else "llama",
         "hidden_size": c.hidden_size,
         "intermediate_size": c.intermediate_size,
         "num_attention_heads": c.num_heads,
@@ -58,7 +62,7 @@ def eagle3_config_dict(head: Eagle3Head, max_position_embeddings: int = 4096,
     }
 
 
-def save_eagle3(head: Eagle3Head, path: str | Path, max_position_embeddings: int = 4096,
+def save_eagle3(head: Eagle3Head, path: str | Path, max_position_embeddings: int | None = None,
                 policy_version: int | None = None) -> Path:
     """Write ``head`` to directory ``path`` (created) in vLLM's EAGLE-3 layout; returns the path."""
     from safetensors.torch import save_file
@@ -66,8 +70,9 @@ def save_eagle3(head: Eagle3Head, path: str | Path, max_position_embeddings: int
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     tensors = {}
+    full_vocab = head.cfg.draft_vocab_size == head.cfg.vocab_size  # d2t = 0: vLLM then has no mapping to load
     for name, t in head.state_dict().items():
-        if name.startswith("embed_tokens."):
+        if name.startswith("embed_tokens.") or (full_vocab and name in ("d2t", "t2d")):
             continue
         tensors[name] = t.detach().contiguous().cpu()
     save_file(tensors, str(path / WEIGHTS_NAME))
@@ -87,9 +92,10 @@ def load_eagle3(path: str | Path, embed_tokens: torch.Tensor | None = None) -> E
     path = Path(path)
     with open(path / CONFIG_NAME) as f:
         cfg = json.load(f)
-    if "LlamaForCausalLMEagle3" not in cfg.get("architectures", []) and "Eagle3LlamaForCausalLM" not in cfg.get(
-            "architectures", []):
-        raise ValueError(f"{path} is not an EAGLE-3 Llama checkpoint (architectures={cfg.get('architectures')})")
+    archs = set(cfg.get("architectures") or [])
+    qwen3 = bool(archs & {"Eagle3Qwen3ForCausalLM", "Qwen3ForCausalLM"})
+    if not qwen3 and not archs & {"LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM"}:
+        raise ValueError(f"{path} is not an EAGLE-3 Qwen3 / Llama checkpoint (architectures={sorted(archs)})")
     tensors = load_file(str(path / WEIGHTS_NAME))
     tensors = {k.replace("layers.0.", "midlayer.", 1) if k.startswith("layers.0.") else k: v
                for k, v in tensors.items()}
@@ -105,7 +111,8 @@ def load_eagle3(path: str | Path, embed_tokens: torch.Tensor | None = None) -> E
         num_kv_heads=cfg.get("num_key_value_heads", heads), head_dim=cfg.get("head_dim") or hidden // heads,
         feature_layers=layers, rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
         rope_theta=cfg.get("rope_theta", (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0)),
-        fc_norm=bool(cfg.get("fc_norm", False)))
+        fc_norm=bool(cfg.get("fc_norm", False)), qk_norm=qwen3,
+        max_position_embeddings=cfg.get("max_position_embeddings", 4096))
     head = Eagle3Head(econf).to(tensors["fc.weight"].dtype)
     if "d2t" not in tensors:
         tensors["d2t"] = torch.zeros(econf.draft_vocab_size, dtype=torch.int64)

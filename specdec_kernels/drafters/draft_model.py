@@ -1,8 +1,9 @@
-"""A small external causal LM as drafter: the weights of a transformers ``Qwen3ForCausalLM`` (or a
-Llama-family model) run by this package's cached decoder layers, so that the drafter shares the KV-cache,
-ragged-batch and tree-attention machinery of the heads (``cached.py``).
+"""A small external causal LM as drafter: a :class:`specdec_kernels.models.Qwen3` (or the weights of a
+transformers ``Qwen3ForCausalLM`` / ``LlamaForCausalLM``) driven by the same cached-drafter machinery as
+the heads (``cached.py``): KV cache, ragged batches, tree attention.
 
-Each cached row is one token; no target features are used (``target_features=None``).
+Each cached row is one token; no target features are used (``target_features=None``). A one-layer float32
+Qwen3 runs its cached causal steps as one ``native.decoder_step`` call when the extension is built.
 """
 
 from __future__ import annotations
@@ -10,68 +11,79 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..models.qwen3 import CachedAttention, KVCache, Qwen3
 from .cached import CachedDrafter
-from .layers import DecoderLayer, KVCache, LayerConfig, RMSNorm
+from .native_step import NativeHeadStep, native_step_available
 
 
 class DraftModelHead(nn.Module):
-    """A decoder-only LM (embedding, N decoder layers, final norm, lm_head) with a cached step."""
+    """The head protocol of ``cached.py`` over a draft language model ``lm`` (its parameters live in ``lm``)."""
 
     uses_features = False
     feature_size = 0
+    feature_layers: tuple[int, ...] = ()
 
-    def __init__(self, vocab_size: int, num_layers: int, cfg: LayerConfig) -> None:
+    def __init__(self, lm: Qwen3) -> None:
         super().__init__()
-        self.vocab_size = vocab_size
-        self.num_layers = num_layers
-        self.num_kv_heads = cfg.num_kv_heads
-        self.head_dim = cfg.head_dim
-        self.embed_tokens = nn.Embedding(vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList([DecoderLayer(cfg, cfg.hidden_size) for _ in range(num_layers)])
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = nn.Linear(cfg.hidden_size, vocab_size, bias=False)
-        self.register_buffer("d2t", torch.zeros(vocab_size, dtype=torch.int64))
+        self.lm = lm
+        self.layer_config = lm.config
+        self.vocab_size = lm.config.vocab_size
+        self.register_buffer("d2t", torch.zeros(lm.config.vocab_size, dtype=torch.int64))
 
-    @classmethod
-    @torch.no_grad()
-    def from_transformers(cls, model: nn.Module) -> DraftModelHead:
-        """Copy the weights of a transformers Qwen3ForCausalLM / LlamaForCausalLM (Qwen3: q/k norms)."""
-        c = model.config
-        is_qwen3 = hasattr(model.model.layers[0].self_attn, "q_norm")
-        lc = LayerConfig(c.hidden_size, c.intermediate_size, c.num_attention_heads, c.num_key_value_heads,
-                         getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads,
-                         c.rms_norm_eps, float(getattr(c, "rope_theta", 10000.0)), qk_norm=is_qwen3)
-        head = cls(c.vocab_size, c.num_hidden_layers, lc).to(model.dtype)
-        src = model.state_dict()
-        dst = {}
-        for name in head.state_dict():
-            if name == "d2t":
-                dst[name] = head.d2t
-            elif name == "lm_head.weight":
-                dst[name] = model.get_output_embeddings().weight
-            else:
-                dst[name] = src["model." + name]
-        head.load_state_dict(dst)
-        head.eval()
-        return head
+    @property
+    def lm_head(self) -> nn.Linear:
+        return self.lm.lm_head
+
+    @property
+    def norm(self) -> nn.Module:
+        return self.lm.model.norm
 
     def project_features(self, features: torch.Tensor, backend: str = "torch") -> torch.Tensor:
         raise TypeError("a draft model takes no target features")
 
-    def step(self, token_ids: torch.Tensor, hidden_in: torch.Tensor | None, positions: torch.Tensor,
-             slots: torch.Tensor, mask: torch.Tensor, kv: KVCache, backend: str = "torch"
-             ) -> tuple[None, torch.Tensor]:
-        """One cached step over rows [B, M]: (None, final-normed hidden [B, M, H])."""
-        h = self.embed_tokens(token_ids)
-        for i, layer in enumerate(self.layers):
-            h = layer(layer.input_layernorm(h), h, positions, slots, mask, kv, i)
-        return None, self.norm(h)
+    def decode(self, token_ids: torch.Tensor, hidden_in: None, cache: KVCache, rows: torch.Tensor | None,
+               start: torch.Tensor, kv_len: int, depth: torch.Tensor | None = None,
+               attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Cached step over tokens [R, n]: the last layer's output before the final norm [R, n, H]."""
+        r, n = token_ids.shape
+        if depth is None:
+            depth = torch.arange(n, device=start.device).expand(r, n)
+        lm = self.lm
+        rope = lm.rotary.tables(start[:, None] + depth, lm.inference)
+        attend = CachedAttention(cache, rows, start, n, kv_len, lm.config.num_attention_heads, attn_mask)
+        x = lm.model.embed_tokens(token_ids)
+        for i, layer in enumerate(lm.model.layers):
+            x = layer(x, rope, attend.at(i))
+        return x
+
+    def pack_inference(self) -> None:
+        self.lm.sync_inference_weights()
+
+    def native_step(self) -> NativeHeadStep | None:
+        """One native call per cached causal step for a one-layer float32 Qwen3 (else None)."""
+        c = self.lm.config
+        if not (native_step_available() and c.num_hidden_layers == 1 and c.qk_norm
+                and self.lm.lm_head.weight.dtype == torch.float32):
+            return None
+        weights, rope = self.lm.native_step_args(0)
+        embed = self.lm.model.embed_tokens.weight.detach()
+        return NativeHeadStep(weights, rope, c.num_attention_heads, c.rms_norm_eps,
+                              inputs=lambda tok, hid: (embed[tok], None))
 
 
 class DraftModelDrafter(CachedDrafter):
-    """A :class:`DraftModelHead` driven through the batched drafter protocol (``base.Drafter``)."""
+    """A draft LM driven through the batched drafter protocol (``base.Drafter``): a :class:`Qwen3`, a
+    :class:`DraftModelHead`, or a transformers Qwen3 / Llama causal LM (its weights are copied)."""
 
-    def __init__(self, head: DraftModelHead | nn.Module, backend: str = "torch") -> None:
-        if not isinstance(head, DraftModelHead):
-            head = DraftModelHead.from_transformers(head)
-        super().__init__(head, backend)
+    def __init__(self, model: nn.Module, backend: str = "torch", native: bool | None = None) -> None:
+        if isinstance(model, DraftModelHead):
+            head = model
+        elif isinstance(model, Qwen3):
+            head = DraftModelHead(model)
+        else:
+            head = DraftModelHead(Qwen3.from_transformers(model))
+        super().__init__(head, backend, native)
+
+    @property
+    def model(self) -> Qwen3:
+        return self.head.lm

@@ -1,4 +1,5 @@
-"""Run a transformers causal-LM target (e.g. Qwen3ForCausalLM) and capture what the drafters consume.
+"""Run a causal-LM target and capture what the drafters consume: ``specdec_kernels.models.Qwen3`` or a
+transformers model (e.g. ``Qwen3ForCausalLM``), with the same indexing (``hidden_states``).
 
 - EAGLE-3 features: the residual stream at the *inputs* of ``feature_layers`` (``hidden_states[i]`` of
   ``output_hidden_states``; index 0 is the embedding output), concatenated -> [B, L, 3 Ht]. vLLM captures
@@ -37,30 +38,21 @@ def capture_target_features(model: torch.nn.Module, input_ids: torch.Tensor,
     keyword arguments (``attention_mask``, ``past_key_values``, ``position_ids``, ``use_cache`` ...) go to
     the model unchanged, so the capture works for prefill and for incremental verification steps.
     """
+    from ..models.qwen3 import Qwen3
+
     n = num_layers(model)
     if feature_layers is not None:
         for i in feature_layers:
             if not 0 <= int(i) < n:
                 raise ValueError(f"feature_layers must be in [0, {n}), got {tuple(feature_layers)}")
+    if isinstance(model, Qwen3):  # keyword arguments are transformers-only (right padding is harmless)
+        layers = tuple(int(i) for i in feature_layers or ())
+        logits, hidden = model(input_ids, capture=layers + (n,))
+        feats = torch.cat(hidden[:-1], dim=-1) if feature_layers is not None else None
+        return TargetForward(logits, feats, hidden[-1], None)
     out = model(input_ids=input_ids, output_hidden_states=True, **model_kwargs)
     hs = out.hidden_states
     feats = None
     if feature_layers is not None:
         feats = torch.cat([hs[int(i)] for i in feature_layers], dim=-1)
     return TargetForward(out.logits, feats, hs[-1], out)
-
-
-def tiny_qwen3(vocab_size: int = 256, hidden_size: int = 64, num_layers: int = 4, num_heads: int = 2,
-               num_kv_heads: int = 1, head_dim: int = 64, intermediate_size: int = 128,
-               seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
-    """A randomly initialised, small transformers ``Qwen3ForCausalLM`` (tests, benchmarks, examples)."""
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    cfg = Qwen3Config(vocab_size=vocab_size, hidden_size=hidden_size, num_hidden_layers=num_layers,
-                      num_attention_heads=num_heads, num_key_value_heads=num_kv_heads, head_dim=head_dim,
-                      intermediate_size=intermediate_size, max_position_embeddings=2048,
-                      tie_word_embeddings=True, rms_norm_eps=1e-6, rope_theta=10000.0)
-    torch.manual_seed(seed)
-    model = Qwen3ForCausalLM(cfg).to(dtype)
-    model.eval()
-    return model

@@ -1,10 +1,13 @@
-"""The three hot operations of a drafter head, as readable torch (the spec) with Triton dispatch.
+"""The hot operations of a drafter head, as readable torch (the spec) with Triton dispatch.
 
 - :func:`fuse_features`: per-chunk RMSNorm of the captured target features, then ``fc`` (EAGLE-3).
 - :func:`head_topk`: ``lm_head`` over the draft vocabulary, top-k (k = 1: argmax) and the log-softmax of
   the chosen entries, ids mapped to target ids through ``d2t``.
 - :func:`head_sample`: ``lm_head``, temperature, softmax over the draft vocabulary, the q row scattered
   to the target vocabulary, and Gumbel-top-k draws on Philox stream 3 (base.STREAM_DRAFT).
+
+:func:`logits_topk` and :func:`logits_sample` are the same selections from draft logits already computed
+(a native head step returns logits); ``head_topk`` / ``head_sample`` are ``lm_head`` followed by them.
 
 ``backend="triton"`` runs the fused kernels of ``specdec_kernels/triton/drafter.py`` (GPU, or
 ``TRITON_INTERPRET=1`` on CPU); ``"torch"`` the eager code below.
@@ -17,7 +20,6 @@ from typing import NamedTuple
 import torch
 
 from .base import draft_uniforms, scatter_to_target
-from .layers import rms_norm
 
 BACKENDS = ("torch", "triton")
 
@@ -31,6 +33,13 @@ class Sample(NamedTuple):
     target_ids: torch.Tensor  # [R, k] int64 draws without replacement, in draw order
     log_probs: torch.Tensor  # [R, k] float32 log q of the drawn ids
     q: torch.Tensor  # [R, V] float32 draft distribution over the target vocabulary
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm computed in float32, returned in ``x``'s dtype (Llama/Qwen3 convention)."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (weight.float() * xf).to(x.dtype)
 
 
 def _check_backend(backend: str) -> None:
@@ -69,7 +78,14 @@ def head_topk(hidden: torch.Tensor, lm_head: torch.Tensor, d2t: torch.Tensor, k:
 
         ids, logp = lm_head_topk(hidden, lm_head, d2t, k)
         return TopK(ids, logp)
-    logits = (hidden @ lm_head.t()).float()
+    return logits_topk((hidden @ lm_head.t()).float(), d2t, k)
+
+
+def logits_topk(logits: torch.Tensor, d2t: torch.Tensor, k: int) -> TopK:
+    """Top-``k`` of draft ``logits`` [R, Vd] (as :func:`head_topk`, from logits already computed)."""
+    if not 1 <= k <= logits.shape[-1]:
+        raise ValueError(f"k must be in [1, draft_vocab_size={logits.shape[-1]}], got {k}")
+    logits = logits.float()
     lse = torch.logsumexp(logits, dim=-1, keepdim=True)
     vals, idx = _stable_topk(logits, k)
     return TopK(idx + d2t[idx], vals - lse)
@@ -100,15 +116,30 @@ def head_sample(hidden: torch.Tensor, lm_head: torch.Tensor, d2t: torch.Tensor, 
 
         ids, logq, q = lm_head_sample(hidden, lm_head, d2t, vocab_size, temperature, seed, position, k)
         return Sample(ids, logq, q)
-    logits = (hidden @ lm_head.t()).float()
+    return logits_sample((hidden @ lm_head.t()).float(), d2t, vocab_size, temperature, seed, position, k)
+
+
+def logits_sample(logits: torch.Tensor, d2t: torch.Tensor, vocab_size: int, temperature: torch.Tensor,
+                  seed: torch.Tensor, position: torch.Tensor, k: int, uniforms: torch.Tensor | None = None
+                  ) -> Sample:
+    """:func:`head_sample` from draft ``logits`` [R, Vd] already computed. ``uniforms`` [R, V]: the rows'
+    stream-3 Philox uniforms when drawn ahead (``base.draft_uniforms(seed, position, V)``; a chain drafts
+    all its positions' noise in one call), else drawn here."""
+    if not 1 <= k <= logits.shape[-1]:
+        raise ValueError(f"k must be in [1, draft_vocab_size={logits.shape[-1]}], got {k}")
     t = temperature.float()
     greedy = t <= 0
-    z = logits / torch.where(greedy, torch.ones_like(t), t)[:, None]
+    z = logits.float() / torch.where(greedy, torch.ones_like(t), t)[:, None]
     logq = torch.log_softmax(z, dim=-1)
-    target_ids = torch.arange(lm_head.shape[0], device=d2t.device) + d2t
-    u = draft_uniforms(seed, position, vocab_size)[:, target_ids]
+    full = logits.shape[-1] == vocab_size  # the draft vocabulary is the target's: d2t = 0
+    u = draft_uniforms(seed, position, vocab_size) if uniforms is None else uniforms
+    if not full:
+        u = u[:, torch.arange(logits.shape[-1], device=d2t.device) + d2t]
     noise = -torch.log(-torch.log(u))
     scores = torch.where(greedy[:, None], logq, logq + noise)
-    _, idx = _stable_topk(scores, k)
-    q = scatter_to_target(torch.exp(logq), d2t, vocab_size, 0.0)
+    if k == 1:
+        idx = scores.argmax(-1, keepdim=True)  # first maximum: ties to the lowest draft id, as the sort
+    else:
+        _, idx = _stable_topk(scores, k)
+    q = torch.exp(logq) if full else scatter_to_target(torch.exp(logq), d2t, vocab_size, 0.0)
     return Sample(idx + d2t[idx], logq.gather(1, idx), q)

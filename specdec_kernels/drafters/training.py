@@ -1,4 +1,5 @@
-"""Training drafter heads (EAGLE-3, MTP) against a target: offline initialisation and online adaptation.
+"""Training drafters (EAGLE-3 and MTP heads, draft models) against a target: offline initialisation and
+online adaptation inside RL.
 
 Data a step consumes (all from one target forward, see ``features.py``): ``token_ids`` [B, T], the
 drafter features ``features`` [B, T, F] and the target's ``logits`` [B, T, V], plus ``lengths`` [B].
@@ -13,7 +14,8 @@ speculative node of depth s sees at inference. The loss is
     sum_s decay**s * mean_{valid rows} KL(p_restricted || q)
 
 with p the target distribution restricted (renormalised) to the draft vocabulary and q the head's draft
-distribution; rows whose target argmax lies outside the draft vocabulary are masked out.
+distribution; rows whose target argmax lies outside the draft vocabulary are masked out. A draft model
+is one step: row t against the target's distribution at t (same KL, no features).
 """
 
 from __future__ import annotations
@@ -22,8 +24,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
+from ..models.qwen3 import Qwen3
 from .features import capture_target_features
 
 
@@ -56,10 +60,24 @@ def _unroll_mask(t: int, step: int, device: torch.device) -> torch.Tensor:
     return first | later
 
 
+class _UnrollAttention:
+    """``attend`` of one unroll step: the new rows attend to every earlier step's keys/values and their
+    own under ``mask`` [T, S] (differentiable; the keys/values are kept for the later steps)."""
+
+    def __init__(self, past: list[tuple[torch.Tensor, torch.Tensor]], mask: torch.Tensor) -> None:
+        self.past, self.mask = past, mask
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        self.past.append((k, v))
+        keys = torch.cat([p[0] for p in self.past], dim=2)
+        vals = torch.cat([p[1] for p in self.past], dim=2)
+        return F.scaled_dot_product_attention(q, keys, vals, attn_mask=self.mask, enable_gqa=True)
+
+
 def unroll_logits(head: nn.Module, token_ids: torch.Tensor, features: torch.Tensor, ttt_steps: int
                   ) -> list[torch.Tensor]:
     """Draft logits of every unroll step: entry s is [B, T, Vd], row t predicting token_{t+2+s}."""
-    b, t = token_ids.shape
+    _, t = token_ids.shape
     dev = token_ids.device
     rows = torch.arange(t, device=dev)
     hidden = head.project_features(features)
@@ -67,37 +85,49 @@ def unroll_logits(head: nn.Module, token_ids: torch.Tensor, features: torch.Tens
     out = []
     for s in range(ttt_steps):
         tok = token_ids[:, (rows + 1 + s).clamp(max=t - 1)]
-        positions = (rows + s)[None, :].expand(b, t)
-        mask = _unroll_mask(t, s, dev)[None].expand(b, t, (s + 1) * t)
-        hidden, logits, kv = head.forward_train(tok, hidden, positions, mask, past)
-        past.append(kv)
+        attend = _UnrollAttention(past, _unroll_mask(t, s, dev))
+        hidden, logits = head.forward_train(tok, hidden, (rows + s)[None, :], attend)
         out.append(logits)
     return out
 
 
-def distill_loss(head: nn.Module, token_ids: torch.Tensor, features: torch.Tensor, logits: torch.Tensor,
-                 lengths: torch.Tensor, ttt_steps: int = 3, decay: float = 0.8) -> torch.Tensor:
-    """Decay-weighted forward-KL loss of ``head`` (EAGLE-3 or MTP) over a ``ttt_steps`` unroll (see module doc)."""
+def distill_loss(head: nn.Module, token_ids: torch.Tensor, features: torch.Tensor | None, logits: torch.Tensor,
+                 lengths: torch.Tensor, ttt_steps: int = 3, decay: float = 0.8,
+                 target_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Decay-weighted forward-KL loss of ``head`` over a ``ttt_steps`` unroll (see module doc).
+
+    EAGLE-3 / MTP heads take ``features`` [B, T, F]; a draft model (``DraftModelHead``, ``features=None``)
+    is scored once, row t against the target's distribution at t. ``target_mask`` [B, T] bool (optional)
+    keeps only the target distributions at the marked positions (e.g. the response tokens of rollouts).
+    """
     if ttt_steps < 1:
         raise ValueError(f"ttt_steps must be >= 1, got {ttt_steps}")
     token_ids = token_ids.detach().to(torch.int64)
     logits = logits.detach()
-    b, t = token_ids.shape
+    _, t = token_ids.shape
     dev = token_ids.device
     draft_ids = _draft_ids(head, logits.shape[-1], dev)
     in_draft = torch.zeros(logits.shape[-1], dtype=torch.bool, device=dev)
     in_draft[draft_ids] = True
     rows = torch.arange(t, device=dev)
+    lengths = lengths.to(dev)
+    if head.uses_features:
+        steps = enumerate(unroll_logits(head, token_ids, features.detach(), ttt_steps))
+    else:  # a draft model: one step, row t predicts token t + 1 from the target's distribution at t
+        steps = [(-1, head.lm(token_ids)[0])]
     total = torch.zeros((), dtype=torch.float32, device=dev)
-    for s, draft_logits in enumerate(unroll_logits(head, token_ids, features.detach(), ttt_steps)):
+    for s, draft_logits in steps:
         # Row r is scored against the target's distribution at position r + 1 + s.
-        tgt = logits[:, (rows + 1 + s).clamp(max=t - 1)].float()
-        valid = (rows[None, :] + 1 + s) < lengths.to(dev)[:, None]
+        at = (rows + 1 + s).clamp(max=t - 1)
+        tgt = logits[:, at].float()
+        valid = (rows[None, :] + 1 + s) < lengths[:, None]
+        if target_mask is not None:
+            valid &= target_mask.to(dev)[:, at]
         valid &= in_draft[tgt.argmax(-1)]
         p = torch.softmax(tgt[..., draft_ids], dim=-1)
-        logq = torch.log_softmax(draft_logits, dim=-1)
+        logq = torch.log_softmax(draft_logits.float(), dim=-1)
         kl = (p * (torch.log(p.clamp_min(1e-30)) - logq)).sum(-1)
-        total = total + (decay ** s) * (kl * valid).sum() / valid.sum().clamp_min(1)
+        total = total + (decay ** max(s, 0)) * (kl * valid).sum() / valid.sum().clamp_min(1)
     return total
 
 
@@ -106,8 +136,10 @@ def _draft_ids(head: nn.Module, vocab_size: int, device: torch.device) -> torch.
     return torch.arange(head.d2t.numel(), device=device) + head.d2t.to(device)
 
 
-def head_features(head: nn.Module, captured) -> torch.Tensor:
-    """The slice of a :class:`features.TargetForward` that ``head`` consumes."""
+def head_features(head: nn.Module, captured) -> torch.Tensor | None:
+    """The slice of a :class:`features.TargetForward` that ``head`` consumes (None for a draft model)."""
+    if not head.uses_features:
+        return None
     if hasattr(head, "fc"):
         return captured.eagle3_features
     return captured.last_hidden
@@ -122,6 +154,7 @@ class TrainConfig:
     decay: float = 0.8
     weight_decay: float = 0.0
     grad_clip: float = 1.0
+    betas: tuple[float, float] = (0.9, 0.999)
 
 
 class DrafterTrainer:
@@ -138,16 +171,17 @@ class DrafterTrainer:
         self.head = head
         self.cfg = cfg or TrainConfig()
         params = [p for p in head.parameters() if p.requires_grad]
-        self.opt = torch.optim.AdamW(params, lr=self.cfg.lr, weight_decay=self.cfg.weight_decay)
+        self.opt = torch.optim.AdamW(params, lr=self.cfg.lr, weight_decay=self.cfg.weight_decay, betas=self.cfg.betas)
         self.version = 0
         self.policy_version = -1
 
-    def step(self, token_ids: torch.Tensor, features: torch.Tensor, logits: torch.Tensor,
-             lengths: torch.Tensor) -> float:
-        """One optimiser step on detached target tensors; returns the loss before the step."""
+    def step(self, token_ids: torch.Tensor, features: torch.Tensor | None, logits: torch.Tensor,
+             lengths: torch.Tensor, target_mask: torch.Tensor | None = None) -> float:
+        """One optimiser step on detached target tensors (see :func:`distill_loss`); returns the loss
+        before the step."""
         self.head.train()
-        loss = distill_loss(self.head, token_ids.detach(), features.detach(), logits.detach(),
-                            lengths.detach(), self.cfg.ttt_steps, self.cfg.decay)
+        loss = distill_loss(self.head, token_ids.detach(), None if features is None else features.detach(),
+                            logits.detach(), lengths.detach(), self.cfg.ttt_steps, self.cfg.decay, target_mask)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         params = [p for p in self.head.parameters() if p.requires_grad]
@@ -158,22 +192,22 @@ class DrafterTrainer:
         return float(loss.detach())
 
     @torch.no_grad()
-    def evaluate(self, token_ids: torch.Tensor, features: torch.Tensor, logits: torch.Tensor,
-                 lengths: torch.Tensor) -> float:
+    def evaluate(self, token_ids: torch.Tensor, features: torch.Tensor | None, logits: torch.Tensor,
+                 lengths: torch.Tensor, target_mask: torch.Tensor | None = None) -> float:
         """The loss on a batch without updating."""
         return float(distill_loss(self.head, token_ids, features, logits, lengths, self.cfg.ttt_steps,
-                                  self.cfg.decay))
+                                  self.cfg.decay, target_mask))
 
     def fit_offline(self, target: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
                     feature_layers: tuple[int, ...] | None = None) -> list[float]:
         """Train on ``(token_ids [B, T], lengths [B])`` batches run through ``target``; returns the losses."""
-        layers = feature_layers if feature_layers is not None else getattr(self.head.cfg, "feature_layers", None)
+        layers = feature_layers if feature_layers is not None else self.head.feature_layers
         losses = []
         for ids, lengths in batches:
             mask = (torch.arange(ids.shape[1])[None, :] < lengths[:, None]).long()
             with torch.no_grad():
                 cap = capture_target_features(target, ids, layers if hasattr(self.head, "fc") else None,
-                                              attention_mask=mask)
+                                              **({} if isinstance(target, Qwen3) else {"attention_mask": mask}))
             losses.append(self.step(ids, head_features(self.head, cap), cap.logits, lengths))
         return losses
 
@@ -186,7 +220,10 @@ class DrafterTrainer:
 
 @torch.no_grad()
 def sync_shared_weights(head: nn.Module, policy: nn.Module) -> None:
-    """Copy the policy's token embedding into ``head`` (and its lm_head where the head shares it: MTP)."""
+    """Copy the policy's token embedding into ``head`` (and its lm_head where the head shares it: MTP);
+    a draft model shares nothing."""
+    if not head.uses_features:
+        return
     head.embed_tokens.weight.copy_(policy.get_input_embeddings().weight)
     if not hasattr(head, "fc"):  # MTP: the shared head is the policy's lm_head
         head.lm_head.weight.copy_(policy.get_output_embeddings().weight)

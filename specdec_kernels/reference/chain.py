@@ -41,23 +41,48 @@ class RowLayout(NamedTuple):
     local: torch.Tensor  # [R] int64 index of the row within its request (k_b for the bonus row)
     is_bonus: torch.Tensor  # [R] bool
     draft_index: torch.Tensor  # [R] int64 index into draft_token_ids (clamped; meaningless for bonus rows)
+    in_span: torch.Tensor  # [R] bool: the row is one of its request's k_b + 1 rows (all True for a valid cu)
 
 
-def row_layout(cu_num_draft_tokens: torch.Tensor, num_rows: int) -> RowLayout:
-    """Map each of the T + B target rows to (request, local index, is_bonus) without host syncs."""
+def chain_spans(
+    cu_num_draft_tokens: torch.Tensor, num_drafts: int, max_draft_len: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each request's (first draft index, draft count k) [B] int64, clamped to stay in bounds.
+
+    The identity on a valid ``cu``. With validation off, every backend clamps the same way: ``cu`` entries
+    into [0, T], counts at 0 from below and at ``max_draft_len`` from above (drafts past it are ignored and
+    the row after the last kept draft is sampled as the bonus row).
+    """
+    cu = cu_num_draft_tokens.to(torch.int64)
+    start = cu[:-1].clamp(0, num_drafts)
+    end = torch.maximum(cu[1:].clamp(0, num_drafts), start)
+    count = end - start
+    if max_draft_len is not None:
+        count = count.clamp(max=max_draft_len)
+    return start, count
+
+
+def row_layout(cu_num_draft_tokens: torch.Tensor, num_rows: int, max_draft_len: int | None = None) -> RowLayout:
+    """Map each of the T + B target rows to (request, local index, is_bonus) without host syncs.
+
+    Request b owns rows ``start_b + b ... start_b + b + k_b`` (:func:`chain_spans`). Any ``cu`` stays in
+    bounds: a row maps to the last request whose first row is at or before it, and rows outside that
+    request's span (only with an inconsistent ``cu``) are marked ``in_span = False``.
+    """
     cu = cu_num_draft_tokens.to(torch.int64)
     num_reqs = cu.numel() - 1
     device = cu.device
-    rows_per_req = cu[1:] - cu[:-1] + 1
-    request = torch.repeat_interleave(
-        torch.arange(num_reqs, device=device), rows_per_req, output_size=num_rows
-    )
+    num_drafts = num_rows - num_reqs
+    start, count = chain_spans(cu, num_drafts, max_draft_len)
+    first_row = start + torch.arange(num_reqs, device=device)
     row = torch.arange(num_rows, device=device)
-    first_row = cu[:-1] + torch.arange(num_reqs, device=device)
+    request = (torch.searchsorted(first_row.cummax(0).values, row, right=True) - 1).clamp(min=0)
     local = row - first_row[request]
-    is_bonus = local == rows_per_req[request] - 1
-    draft_index = torch.minimum(cu[:-1][request] + local, (cu[-1] - 1).clamp(min=0))
-    return RowLayout(request, local, is_bonus, draft_index)
+    k = count[request]
+    in_span = (local >= 0) & (local <= k)
+    is_bonus = local == k
+    draft_index = (start[request] + local).clamp(0, max(num_drafts - 1, 0))
+    return RowLayout(request, local, is_bonus, draft_index, in_span)
 
 
 def verify_chain(
@@ -81,7 +106,11 @@ def verify_chain(
     num_rows, vocab_size = target_logits_.shape
     num_reqs = cu_num_draft_tokens.numel() - 1
     device = target_logits_.device
-    layout = row_layout(cu_num_draft_tokens, num_rows)
+    width = max_draft_len + 1
+    if num_reqs == 0:
+        empty = torch.empty((0, width), dtype=torch.int32, device=device)
+        return ChainResult(empty, torch.empty(0, dtype=torch.int32, device=device))
+    layout = row_layout(cu_num_draft_tokens, num_rows, max_draft_len)
     req = layout.request
 
     is_greedy = (temperature[req] == 0)[:, None]
@@ -129,16 +158,18 @@ def verify_chain(
     token = torch.where(is_greedy[:, 0], greedy_tokens, recovered)
 
     # Accepted prefix length per request: first rejected row (bonus rows count as rejected).
-    rejected_local = torch.where(accept, torch.full_like(layout.local, num_rows + 1), layout.local)
-    first_reject = torch.full((num_reqs,), num_rows + 1, dtype=torch.int64, device=device)
+    never = num_rows + 1
+    rejected_local = torch.where(accept | ~layout.in_span, torch.full_like(layout.local, never), layout.local)
+    first_reject = torch.full((num_reqs,), never, dtype=torch.int64, device=device)
     first_reject = first_reject.scatter_reduce(0, req, rejected_local, reduce="amin")
-    num_accepted = first_reject  # bonus row always "rejects", so this is <= k_b
+    # The bonus row always "rejects", so this is <= k_b; a request left without rows (only with an
+    # inconsistent cu) accepts nothing and emits nothing.
+    num_accepted = torch.where(first_reject == never, 0, first_reject)
 
-    width = max_draft_len + 1
     out = torch.full((num_reqs, width), -1, dtype=torch.int64, device=device)
-    emit = layout.local <= num_accepted[req]
+    emit = layout.in_span & (layout.local <= num_accepted[req])
     value = torch.where(layout.local < num_accepted[req], draft, token)
-    col = layout.local.clamp(max=width - 1)
+    col = layout.local.clamp(0, width - 1)
     flat = torch.where(emit, req * width + col, num_reqs * width)
     out_flat = torch.cat([out.view(-1), out.new_full((1,), -1)])
     out_flat = out_flat.scatter(0, flat, torch.where(emit, value, -1))

@@ -62,24 +62,48 @@ class TreeLayout(NamedTuple):
     num_children: torch.Tensor  # [N] int64
 
 
+def tree_spans(cu_num_nodes: torch.Tensor, num_nodes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each request's (first node, node count) [B] int64: ``cu`` clamped into [0, N], counts at 0 from below.
+
+    The identity on a valid ``cu``; with validation off every backend clamps the same way, and a request
+    left with no node verifies nothing (no tokens, no path, 0 accepted).
+    """
+    cu = cu_num_nodes.to(torch.int64)
+    start = cu[:-1].clamp(0, num_nodes)
+    end = torch.maximum(cu[1:].clamp(0, num_nodes), start)
+    return start, end - start
+
+
+def node_requests(cu_num_nodes: torch.Tensor, num_nodes: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """[N] int64 (request, local index, request's node count) of every node, in bounds on any ``cu``.
+
+    A node maps to the last request whose span (:func:`tree_spans`) starts at or before it; with an
+    inconsistent ``cu`` its local index may fall outside [0, count), which callers treat as detached.
+    """
+    device = cu_num_nodes.device
+    start, count = tree_spans(cu_num_nodes, num_nodes)
+    if start.numel() == 0:  # no request: every node is detached
+        start = count = torch.zeros(1, dtype=torch.int64, device=device)
+    index = torch.arange(num_nodes, device=device)
+    request = (torch.searchsorted(start.cummax(0).values, index, right=True) - 1).clamp(min=0)
+    return request, index - start[request], count[request]
+
+
 def tree_layout(cu_num_nodes: torch.Tensor, parent: torch.Tensor) -> TreeLayout:
     """Sibling structure of a ragged batch of trees, without host syncs.
 
-    ``cu_num_nodes`` [B + 1] must be valid; ``parent`` [N] holds local indices, -1 at roots. Nodes whose
-    parent is not in [0, local index) are treated as detached roots, so any input stays in bounds.
+    ``parent`` [N] holds local indices, -1 at roots. Any input stays in bounds: requests own the nodes of
+    their :func:`tree_spans`, a node maps to the last request starting at or before it, and nodes whose
+    parent is not in [0, local index), or that lie outside their request's span (only with an
+    inconsistent ``cu``), are treated as detached roots.
     """
-    cu = cu_num_nodes.to(torch.int64)
     num_nodes = parent.numel()
-    num_reqs = cu.numel() - 1
     device = parent.device
     index = torch.arange(num_nodes, device=device)
-    request = torch.repeat_interleave(
-        torch.arange(num_reqs, device=device), cu[1:] - cu[:-1], output_size=num_nodes
-    )
-    local = index - cu[:-1][request]
+    request, local, count = node_requests(cu_num_nodes, num_nodes)
     # A parent outside [0, local) (only possible with validation off) detaches the node: it is unreachable.
-    is_root = (parent < 0) | (parent >= local)
-    parent_global = torch.where(is_root, -1, cu[:-1][request] + parent.to(torch.int64))
+    is_root = (parent < 0) | (parent >= local) | (local >= count)
+    parent_global = torch.where(is_root, -1, index - local + parent.to(torch.int64))
     # Group nodes by parent (roots in a trailing group N), keeping local order inside each group.
     key = torch.where(is_root, num_nodes, parent_global)
     order = torch.sort(key, stable=True).indices
@@ -205,7 +229,8 @@ def verify_tree(
     num_accepted = torch.zeros(num_reqs, dtype=torch.int64, device=device)
     if num_reqs == 0:
         return TreeResult(out.to(torch.int32), path.to(torch.int32), num_accepted.to(torch.int32))
-    path[:, 0] = 0
+    start, count = tree_spans(cu_num_nodes, num_nodes)
+    path[:, 0] = torch.where(count > 0, 0, -1)
 
     layout = tree_layout(cu_num_nodes, parent)
     table = children_table(layout)
@@ -217,9 +242,11 @@ def verify_tree(
     slots = torch.arange(table.shape[1], device=device)
 
     # ``live`` holds the requests still walking and ``cur`` their current node (global index).
-    live = torch.arange(num_reqs, device=device)
-    cur = cu_num_nodes[:-1].to(torch.int64).clone()
+    live = torch.nonzero(count > 0).flatten()  # a request without nodes (only with an inconsistent cu) is done
+    cur = start[live]
     for d in range(width):
+        if live.numel() == 0:
+            break
         logits = target_logits_[cur]
         greedy = is_greedy[live]
         z = target_logits(

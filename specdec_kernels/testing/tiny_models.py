@@ -1,4 +1,6 @@
-"""Tiny random Qwen3 checkpoints (target and a close draft) that vLLM can serve, built locally.
+"""Tiny random Qwen3 models, built locally: :func:`tiny_qwen3` (the one builder for tests, benchmarks and
+examples: a ``specdec_kernels.models.Qwen3``, or the same weights as a transformers ``Qwen3ForCausalLM``),
+and checkpoints (target and a close draft) that vLLM can serve.
 
 No model hub is reachable, so end-to-end tests build their own: a word-level tokenizer (``tokenizers``)
 over tokens ``t0 .. t{V-1}`` saved as ``tokenizer.json``, and a randomly initialised
@@ -32,6 +34,35 @@ class TinyQwen3Spec:
     logit_scale: float = 30.0  # multiplies the output head: larger = more peaked next-token laws
     draft_noise: float = 0.1  # relative std of the noise added to every draft weight
     seed: int = 0
+
+
+def tiny_qwen3(vocab_size: int = 256, hidden_size: int = 64, num_layers: int = 4, num_heads: int = 2,
+               num_kv_heads: int = 1, head_dim: int = 64, intermediate_size: int = 128, seed: int = 0,
+               dtype: torch.dtype = torch.float32, max_position: int = 2048, tie_word_embeddings: bool = True,
+               transformers: bool = False) -> torch.nn.Module:
+    """A randomly initialised small Qwen3 in eval mode, deterministic in ``seed``: our
+    :class:`~specdec_kernels.models.Qwen3`, or (``transformers=True``) a ``Qwen3ForCausalLM`` holding the
+    same weights (both load each other's checkpoints; :func:`to_transformers`)."""
+    from ..models import ModelConfig, Qwen3
+
+    cfg = ModelConfig(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size,
+                      num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
+                      head_dim=head_dim, max_position_embeddings=max_position,
+                      tie_word_embeddings=tie_word_embeddings)
+    torch.manual_seed(seed)
+    model = Qwen3(cfg).to(dtype).eval()
+    return to_transformers(model) if transformers else model
+
+
+def to_transformers(model: torch.nn.Module) -> torch.nn.Module:
+    """A transformers ``Qwen3ForCausalLM`` (``LlamaForCausalLM`` without q/k norms) with ``model``'s weights."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    raw = model.config.to_hf_dict()
+    hf_config = AutoConfig.for_model(raw.pop("model_type"), **raw)
+    hf = AutoModelForCausalLM.from_config(hf_config).to(next(model.parameters()).dtype)
+    hf.load_state_dict(model.state_dict(), strict=not model.config.tie_word_embeddings)
+    return hf.eval()
 
 
 def token_text(index: int) -> str:

@@ -282,13 +282,16 @@ def _verify_chain_kernel(
     logits_ptr, draft_ids_ptr, cu_ptr, draft_probs_ptr,
     temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr, position_ptr,
     out_ptr, num_accepted_ptr,
-    vocab_size, out_width,
+    vocab_size, out_width, total_drafts,
     HAS_DRAFT_PROBS: tl.constexpr, HAS_TOP_K: tl.constexpr, HAS_TOP_P: tl.constexpr,
     BLOCK_V: tl.constexpr, SEARCH_BLOCK_V: tl.constexpr, NUM_PIVOTS: tl.constexpr,
 ):
     b = tl.program_id(0)
-    draft_start = tl.load(cu_ptr + b)
-    num_drafts = tl.load(cu_ptr + b + 1) - draft_start
+    # cu is unchecked under validate=False: clamp the chain into the drafts and the output row, as
+    # reference.chain.chain_spans does (the identity on a valid cu).
+    draft_start = tl.minimum(tl.maximum(tl.load(cu_ptr + b), 0), total_drafts)
+    draft_end = tl.minimum(tl.maximum(tl.load(cu_ptr + b + 1), draft_start), total_drafts)
+    num_drafts = tl.minimum(draft_end - draft_start, out_width - 1)
     first_row = draft_start + b
     temperature = tl.load(temperature_ptr + b)
     greedy = temperature == 0.0
@@ -392,7 +395,7 @@ def verify_chain(
         target_logits if draft_probs is None else draft_probs,
         temperature, temperature if top_k is None else top_k, temperature if top_p is None else top_p,
         seed, position, out, num_accepted,
-        vocab_size, max_draft_len + 1,
+        vocab_size, max_draft_len + 1, draft_token_ids.numel(),
         HAS_DRAFT_PROBS=draft_probs is not None, HAS_TOP_K=top_k is not None, HAS_TOP_P=top_p is not None,
         BLOCK_V=config.block_v, SEARCH_BLOCK_V=config.search_block_v, NUM_PIVOTS=config.num_pivots,
         num_warps=config.num_warps,

@@ -243,13 +243,16 @@ def _log_p_sample(p_ptr, V, seed, pos, BLOCK: tl.constexpr):
 def _tree_kernel(
     logits_ptr, stride_logits, tokens_ptr, first_child_ptr, next_sibling_ptr, slot_ptr, cu_ptr,
     q_ptr, stride_q, temp_ptr, top_k_ptr, top_p_ptr, seed_ptr, pos_ptr, p_ws_ptr, q_ws_ptr,
-    out_ptr, path_ptr, num_acc_ptr, V, max_depth,
+    out_ptr, path_ptr, num_acc_ptr, V, max_depth, num_nodes,
     STOCHASTIC: tl.constexpr, WITHOUT_REPLACEMENT: tl.constexpr, HAS_TOP_K: tl.constexpr,
     HAS_TOP_P: tl.constexpr, BLOCK: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     width = max_depth + 1
-    root = tl.load(cu_ptr + b)
+    # cu is unchecked under validate=False: clamp the request's nodes into [0, N) as reference.tree.tree_spans
+    # does; a request left without nodes verifies nothing.
+    root = tl.minimum(tl.maximum(tl.load(cu_ptr + b), 0), num_nodes)
+    end = tl.minimum(tl.maximum(tl.load(cu_ptr + b + 1), root), num_nodes)
     temp = tl.load(temp_ptr + b)
     seed = tl.load(seed_ptr + b)
     pos0 = tl.load(pos_ptr + b)
@@ -265,10 +268,11 @@ def _tree_kernel(
     q_row = q_ws_ptr + b * V
     no_cut = _order_key(tl.full((), float("-inf"), tl.float32))
 
-    tl.store(path_ptr + b * width, 0)
     cur = root
     d = tl.zeros((), tl.int64)
-    active = tl.full((), 1, tl.int32)
+    active = (end > root).to(tl.int32)
+    if active != 0:
+        tl.store(path_ptr + b * width, 0)
     while (d <= max_depth) & (active != 0):
         row = logits_ptr + cur * stride_logits
         first = tl.load(first_child_ptr + cur)
@@ -369,7 +373,7 @@ def verify_tree(
         target_logits_, target_logits_.stride(0), node_token_ids, layout.first_child, layout.next_sibling,
         layout.sibling_slot, cu_num_nodes, q, q.stride(0), temperature,
         top_k if top_k is not None else temperature, top_p if top_p is not None else temperature,
-        seed, position, p_ws, q_ws, out, path, num_accepted, vocab_size, max_depth,
+        seed, position, p_ws, q_ws, out, path, num_accepted, vocab_size, max_depth, num_nodes,
         STOCHASTIC=stochastic, WITHOUT_REPLACEMENT=without_replacement,
         HAS_TOP_K=top_k is not None, HAS_TOP_P=top_p is not None, BLOCK=_block_size(vocab_size),
     )

@@ -31,22 +31,44 @@ namespace dev {
 struct RowInfo {
   int64_t req, local, k;
   bool bonus;
-  int64_t draft;  // -1 for bonus rows and placeholders
+  int64_t draft;      // -1 for bonus rows and placeholders
+  int64_t draft_row;  // index into draft_token_ids / draft_probs (meaningful when !bonus)
 };
 
+// Request b's chain with its cu entries clamped into the draft array and the output, since cu is
+// unchecked under validate=False: drafts start ... start + k - 1, target rows start + b ... start + b + k.
+// The identity on a valid cu.
+struct ChainSpan {
+  int64_t start, k;
+};
+
+__device__ __forceinline__ int64_t clamp_index(int64_t x, int64_t lo, int64_t hi) {
+  return x < lo ? lo : (x > hi ? hi : x);
+}
+
+__device__ __forceinline__ ChainSpan chain_span(const CudaChainArgs& a, int64_t b) {
+  const int64_t num_drafts = a.num_rows - a.num_reqs;
+  const int64_t start = clamp_index(a.cu[b], 0, num_drafts);
+  const int64_t end = clamp_index(a.cu[b + 1], start, num_drafts);
+  return {start, end - start < a.out_width - 1 ? end - start : a.out_width - 1};
+}
+
 __device__ __forceinline__ RowInfo row_info(const CudaChainArgs& a, int64_t r) {
-  // Request b owns rows cu[b] + b ... cu[b + 1] + b: binary search on cu[b] + b <= r.
+  // Request b owns rows start_b + b ... start_b + b + k_b: binary search on start_b + b <= r. Rows outside
+  // every span (only with an inconsistent cu) are sampled as bonus rows and never assembled.
   int64_t lo = 0, hi = a.num_reqs - 1;
   while (lo < hi) {
     const int64_t mid = (lo + hi + 1) >> 1;
-    if (a.cu[mid] + mid <= r) lo = mid; else hi = mid - 1;
+    if (chain_span(a, mid).start + mid <= r) lo = mid; else hi = mid - 1;
   }
+  const ChainSpan span = chain_span(a, lo);
   RowInfo info;
   info.req = lo;
-  info.local = r - (a.cu[lo] + lo);
-  info.k = a.cu[lo + 1] - a.cu[lo];
-  info.bonus = info.local >= info.k;
-  const int64_t d = info.bonus ? -1 : a.draft_ids[a.cu[lo] + info.local];
+  info.local = r - (span.start + lo);
+  info.k = span.k;
+  info.bonus = info.local < 0 || info.local >= info.k;
+  info.draft_row = span.start + (info.bonus ? 0 : info.local);
+  const int64_t d = info.bonus ? -1 : a.draft_ids[info.draft_row];
   info.draft = (d >= 0 && d < a.vocab) ? d : -1;
   return info;
 }
@@ -272,7 +294,7 @@ __global__ void decide_kernel(CudaChainArgs a, int64_t slices, const ChainRowPar
     const T* row = static_cast<const T*>(a.logits) + r * a.vocab;
     const float z_x = truncated(Elem<D>::load(row, x), temp, st.lo_key);
     const float p_x = m == -kInf ? (x == 0 ? 1.0f : 0.0f) : exp_fma_f32(z_x - m) / st.total;
-    const int64_t t = a.cu[info.req] + info.local;
+    const int64_t t = info.draft_row;
     const float q_x = load_prob(static_cast<const char*>(a.draft_probs) +
                                     t * a.vocab * (a.probs_dtype == DType::kFloat32 ? 4 : 2),
                                 a.probs_dtype, x);
@@ -295,7 +317,7 @@ __global__ void residual_kernel(CudaChainArgs a, int64_t slice, const ChainRowSt
   if (temp == 0.0f || info.bonus || st.accept) return;  // uniform per block: safe early exit
   const int64_t v0 = static_cast<int64_t>(blockIdx.x) * slice;
   const int64_t v1 = v0 + slice < a.vocab ? v0 + slice : a.vocab;
-  const int64_t t = a.cu[info.req] + info.local;
+  const int64_t t = info.draft_row;
   const void* q = static_cast<const char*>(a.draft_probs) + t * a.vocab * (a.probs_dtype == DType::kFloat32 ? 4 : 2);
   const void* row = static_cast<const char*>(a.logits) + r * a.vocab * (a.logits_dtype == DType::kFloat32 ? 4 : 2);
   const PhiloxKey key = philox_key(a.seed[info.req]);
@@ -335,7 +357,7 @@ __global__ void residual_combine_kernel(CudaChainArgs a, int64_t slices, const C
   // Level 2 in the winning block. Empty residual: the reference samples from p itself, i.e. the row's
   // stream-1 Gumbel sample (the row's token).
   const ChainRowState& st = state[r];
-  const int64_t t = a.cu[info.req] + info.local;
+  const int64_t t = info.draft_row;
   const void* q = static_cast<const char*>(a.draft_probs) + t * a.vocab * (a.probs_dtype == DType::kFloat32 ? 4 : 2);
   const void* row = static_cast<const char*>(a.logits) + r * a.vocab * sizeof(typename Elem<D>::type);
   const TruncatedResidual<D> src{TruncatedZ<D>{row, temp, st.lo_key, a.vocab}, st.max, st.total, q, a.probs_dtype};
@@ -351,15 +373,16 @@ __global__ void residual_combine_kernel(CudaChainArgs a, int64_t slices, const C
 __global__ void assemble_kernel(CudaChainArgs a, const ChainRowState* state) {
   const int64_t b = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (b >= a.num_reqs) return;
-  const int64_t k = a.cu[b + 1] - a.cu[b];
-  const int64_t row0 = a.cu[b] + b;
+  const ChainSpan span = chain_span(a, b);
+  const int64_t k = span.k;
+  const int64_t row0 = span.start + b;
   const bool greedy = a.temperature[b] == 0.0f;
   const bool stochastic = !greedy && a.draft_probs != nullptr;
   int32_t* out = a.out_tokens + b * a.out_width;
   int64_t j = 0;
   for (; j < k; ++j) {
     const ChainRowState& st = state[row0 + j];
-    const int64_t d = a.draft_ids[a.cu[b] + j];
+    const int64_t d = a.draft_ids[span.start + j];
     const bool valid = d >= 0 && d < a.vocab;
     const bool accept = stochastic ? st.accept != 0 : (valid && st.token == d);
     if (!accept) break;

@@ -54,6 +54,7 @@ struct CudaTreeArgs {
   const void* logits;
   DType logits_dtype;
   int64_t vocab;
+  int64_t num_nodes;               // N
   const int64_t* node_token_ids;  // [N]
   const int64_t* parent;          // [N]
   const int64_t* cu;              // [B + 1]

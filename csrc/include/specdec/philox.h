@@ -71,6 +71,13 @@ SPECDEC_HD void philox_words(const PhiloxKey& key, uint32_t c0, uint32_t c1, uin
   out[3] = c3;
 }
 
+// First word of counter (c0, c1, 0, 0) (Triton's randint).
+SPECDEC_HD uint32_t philox_word(const PhiloxKey& key, uint32_t c0, uint32_t c1) {
+  uint32_t w[4];
+  philox_words(key, c0, c1, w);
+  return w[0];
+}
+
 // Triton's uint_to_uniform_float for 32-bit words.
 SPECDEC_HD float philox_uniform(uint32_t word) {
   const uint32_t folded = word >= 0x80000000u ? ~word : word;
@@ -80,6 +87,10 @@ SPECDEC_HD float philox_uniform(uint32_t word) {
 // Low and high counter words of draw index i: offset = (position << 32) | (stream << 30) | (i >> 2).
 SPECDEC_HD uint32_t philox_offset_lo(int stream, uint32_t i) { return (static_cast<uint32_t>(stream) << 30) | (i >> 2); }
 SPECDEC_HD uint32_t philox_offset_hi(int64_t position) { return static_cast<uint32_t>(position); }
+
+// Low counter word of the drafters' one-word draws (reference/philox.py make_offset, stream 3): the
+// first word of offset (position << 32) | (stream << 30) | v.
+SPECDEC_HD uint32_t philox_make_offset_lo(int stream, uint32_t v) { return (static_cast<uint32_t>(stream) << 30) | v; }
 
 // Uniform of draw index i, given the key and the position word hi = philox_offset_hi(position).
 SPECDEC_HD float philox_draw(const PhiloxKey& key, uint32_t hi, int stream, uint32_t i) {

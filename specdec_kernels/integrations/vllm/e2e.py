@@ -6,6 +6,9 @@ run as a subprocess). It writes a JSON report with:
 - ``greedy``: token ids of greedy (temperature 0) completions of fixed prompts;
 - ``sampled``: token ids of temperature-1 completions of one prompt, one per-request seed each
   (``seed_offset + i``), ``ignore_eos`` so every completion has ``--max-tokens`` tokens;
+- ``truncated``: for each group of :data:`TRUNCATIONS` (min-p; top-k with top-p), seeded completions of
+  the same prompt under those sampling parameters, and for min-p the number of emitted tokens that min-p
+  bans (read from vLLM's logprobs of the sampled and the top token: a banned token has p < min_p * p_max);
 - ``repeat_equal``: whether re-running the first seeded requests reproduced them exactly;
 - ``metrics``: vLLM's spec-decode counters (drafts, draft tokens, accepted tokens, per position);
 - ``wall_s``: engine start-up and generation times.
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import time
@@ -36,6 +40,21 @@ def prompts(num: int, length: int, vocab_size: int, seed: int) -> list[list[int]
         half = [rng.randrange(2, vocab_size) for _ in range(length // 2)]
         out.append(half + half)
     return out
+
+
+# Sampling parameters of the truncated groups: vLLM's sampler truncates with min-p, top-k and top-p, and
+# speculative output must keep that law (temperature 1, so min-p's scaled probabilities are the logprobs').
+TRUNCATIONS = {"min_p": {"min_p": 0.5}, "top_k_top_p": {"top_k": 5, "top_p": 0.8}}
+
+
+def min_p_violations(token_ids: list[int], logprobs: list[dict], min_p: float, margin: float = 1e-4) -> int:
+    """Emitted tokens whose probability is below ``min_p`` times the top token's, from vLLM's logprobs
+    (``logprobs=1``: each position holds the top token and the sampled one)."""
+    count = 0
+    for token, position in zip(token_ids, logprobs, strict=True):
+        top = max(entry.logprob for entry in position.values())
+        count += position[token].logprob < top + math.log(min_p) - margin
+    return count
 
 
 def speculative_config(spec: str, draft_dir: Path, num_speculative_tokens: int) -> dict | None:
@@ -117,6 +136,12 @@ def compare(baseline: dict, candidate: dict) -> dict:
     return {
         "greedy_identical": baseline["greedy"] == candidate["greedy"],
         "law": law_test(baseline["sampled"], candidate["sampled"]),
+        "truncated": {
+            name: {**law_test(group["sampled"], candidate["truncated"][name]["sampled"]),
+                   "min_p_violations": (group.get("min_p_violations"),
+                                        candidate["truncated"][name].get("min_p_violations"))}
+            for name, group in baseline.get("truncated", {}).items()
+        },
         "repeat_equal": candidate["repeat_equal"],
         "metrics": {k: v for k, v in candidate["metrics"].items() if k != "raw"},
         "wall_s": candidate["wall_s"],
@@ -134,6 +159,8 @@ def main(argv: list[str] | None = None) -> None:
         args = parser.parse_args(argv[1:])
         result = compare(json.loads(args.baseline.read_text()), json.loads(args.candidate.read_text()))
         result["law"].pop("tests")
+        for group in result["truncated"].values():
+            group.pop("tests")
         print(json.dumps(result, indent=1))
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] + " (or: compare BASE.json RUN.json)")
@@ -144,6 +171,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--greedy-tokens", type=int, default=32)
     parser.add_argument("--num-sampled", type=int, default=2000)
     parser.add_argument("--max-tokens", type=int, default=10)
+    parser.add_argument("--num-truncated", type=int, default=1500, help="completions per truncated group")
+    parser.add_argument("--truncated-tokens", type=int, default=5)
     parser.add_argument("--seed-offset", type=int, default=0)
     parser.add_argument("--num-repeat", type=int, default=32, help="seeded requests re-run to check reproducibility")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
@@ -186,12 +215,23 @@ def main(argv: list[str] | None = None) -> None:
 
     sampled = sampled_run(args.num_sampled)
     repeat = sampled_run(args.num_repeat)
+    truncated = {}
+    for name, options in TRUNCATIONS.items():
+        params = [SamplingParams(temperature=1.0, max_tokens=args.truncated_tokens, ignore_eos=True,
+                                 seed=args.seed_offset + 500_000 + i, logprobs=1 if "min_p" in options else None,
+                                 **options) for i in range(args.num_truncated)]
+        outs = [o.outputs[0] for o in llm.generate([sample_prompt] * args.num_truncated, params, use_tqdm=False)]
+        truncated[name] = {"sampled": [list(o.token_ids) for o in outs]}
+        if "min_p" in options:
+            truncated[name]["min_p_violations"] = sum(
+                min_p_violations(list(o.token_ids), o.logprobs, options["min_p"]) for o in outs)
     generate_s = time.perf_counter() - start
     report = {
         "spec": args.spec,
         "plugin_env": os.environ.get("SPECDEC_VLLM", "0"),
         "greedy": [list(o.outputs[0].token_ids) for o in greedy],
         "sampled": sampled,
+        "truncated": truncated,
         "repeat_equal": repeat == sampled[: args.num_repeat],
         "metrics": spec_metrics(llm),
         "wall_s": {"startup": startup_s, "generate": generate_s},

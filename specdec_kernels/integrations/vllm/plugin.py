@@ -33,15 +33,21 @@ def _install(target: compat.Target, replacement, original_slot: list) -> None:
 def apply(v2_required: bool = False) -> list[str]:
     """Patch vLLM's samplers; returns the patched names. Idempotent.
 
-    The V1 sampler is always patched. The V2 sampler is patched when its module imports (it needs vLLM's
+    The V1 sampler (and the V1 model runner's logits-processor builder) is always patched. The V2 sampler is patched when its module imports (it needs vLLM's
     GPU model runner code); ``v2_required=True`` makes a failure there an error instead of a skip.
     """
     compat.check_version(compat.installed_version())
     names = []
     if compat.V1_FORWARD not in _active:
-        compat.check_targets(compat.V1_CALLED)
+        compat.check_targets(compat.V1_CALLED + compat.V1_BUILD_CALLED)
         _install(compat.V1_FORWARD, v1.forward, v1.ORIGINAL)
-    names.append(f"{compat.V1_FORWARD.module}.{compat.V1_FORWARD.owner}.{compat.V1_FORWARD.name}")
+        try:
+            _install(compat.V1_BUILD_LOGITSPROCS, v1.build_logitsprocs, v1.ORIGINAL_BUILD)
+            _install(compat.SPEC_DECODE_PARAMS_GATE, v1.validate_spec_decode, v1.ORIGINAL_VALIDATE)
+        except compat.UnsupportedVLLMError:
+            revert()
+            raise
+    names += [t.qualname for t in (compat.V1_FORWARD, compat.V1_BUILD_LOGITSPROCS, compat.SPEC_DECODE_PARAMS_GATE)]
     if compat.V2_VERIFY not in _active:
         try:
             compat.check_targets(compat.V2_CALLED)
@@ -51,7 +57,7 @@ def apply(v2_required: bool = False) -> list[str]:
                 revert()
                 raise
     if compat.V2_VERIFY in _active:
-        names.append(f"{compat.V2_VERIFY.module}.{compat.V2_VERIFY.owner}.{compat.V2_VERIFY.name}")
+        names.append(compat.V2_VERIFY.qualname)
     return names
 
 
@@ -61,6 +67,8 @@ def revert() -> None:
         setattr(owner, target.name, original)
         del _active[target]
     v1.ORIGINAL.clear()
+    v1.ORIGINAL_BUILD.clear()
+    v1.ORIGINAL_VALIDATE.clear()
     v2.ORIGINAL.clear()
 
 

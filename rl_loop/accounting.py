@@ -1,0 +1,63 @@
+"""Per-step metrics rows, the speculative-vs-autoregressive totals and the run's ``summary.json`` figures."""
+
+from __future__ import annotations
+
+from .config import RunConfig
+from .rollouts import Rollouts, RolloutStats
+from .state import RunState
+
+
+def compare_step(cfg: RunConfig, step: int) -> bool:
+    """Whether ``step`` also generates its requests autoregressively for the side-by-side timing."""
+    return cfg.spec != "none" and cfg.compare_every > 0 and step % cfg.compare_every == 0
+
+
+def rollout_row(cfg: RunConfig, state: RunState, step: int, rollouts: Rollouts, ar: RolloutStats | None) -> dict:
+    """The generation part of a step's metrics row (``ar``: stats of the side-by-side AR rollouts); books
+    the speculative counters into ``state.spec_stats``."""
+    row: dict = {"step": step, "gen_s": rollouts.stats.time_s, "gen_tokens": rollouts.stats.tokens}
+    if cfg.spec != "none":
+        state.spec_stats.merge(rollouts.stats)
+        row.update(mean_accepted_length=rollouts.stats.mean_accepted_length,
+                   acceptance_by_position=rollouts.stats.acceptance_by_position)
+    if ar is not None:
+        row.update(ar_gen_s=ar.time_s, ar_gen_tokens=ar.tokens)
+    return row
+
+
+def account_step(state: RunState, row: dict, rollouts: Rollouts, ar: RolloutStats | None) -> None:
+    """Per-step time (``row["step_s"]``) and the running spec-vs-AR totals in ``state.comparison``."""
+    drafter_s = row["sync_adapt_s"]
+    row["step_s"] = row["gen_s"] + row["logprob_s"] + row["train_s"] + drafter_s
+    c = state.comparison
+    c.adapt_s += drafter_s  # sync + adaptation, amortised over every step
+    c.steps += 1
+    if ar is not None:
+        c.spec_tokens += rollouts.stats.tokens
+        c.spec_s += rollouts.stats.time_s
+        c.ar_tokens += ar.tokens
+        c.ar_s += ar.time_s
+        c.compared += 1
+        # same training work on both sides; the speculative step also pays weight sync + adaptation
+        c.spec_step_s += row["gen_s"] + row["logprob_s"] + row["train_s"]
+        c.ar_step_s += ar.time_s + row["logprob_s"] + row["train_s"]
+        row["rollout_speedup"] = rollouts.stats.tokens_per_s / max(ar.tokens_per_s, 1e-9)
+
+
+def summary_figures(cfg: RunConfig, state: RunState) -> dict:
+    """The speed and acceptance figures of ``summary.json`` from the run state."""
+    stats, c = state.spec_stats, state.comparison
+    return {
+        "rollout_speedup": c.rollout_speedup,
+        "step_speedup": c.step_speedup,
+        "mean_accepted_length": stats.mean_accepted_length if stats.rounds else None,
+        "acceptance_by_position": stats.acceptance_by_position if stats.rounds else None,
+        "spec_tokens_per_s": c.spec_tokens_per_s,
+        "ar_tokens_per_s": c.ar_tokens_per_s,
+        "time_breakdown_s": {
+            "generation": stats.time_s, "draft": stats.draft_s, "target_forward": stats.target_s,
+            "verify": stats.verify_s, "prefill": stats.prefill_s,
+        },
+        "warm_start_s": state.times.warm_start_s,
+        "drafter_warm_s": state.times.drafter_warm_s,
+    }

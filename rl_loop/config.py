@@ -1,0 +1,130 @@
+"""Every knob of a run in one frozen dataclass (:class:`RunConfig`); the CLI maps its flags onto it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from specdec_kernels.models import ModelConfig
+
+from .rollouts import GenerationConfig, TreeShape, resolve_verify_backend
+from .task import TaskConfig
+
+REQUIRED_SUMMARY_KEYS = (
+    "rollout_speedup", "step_speedup", "mean_accepted_length", "acceptance_by_position", "equivalence_pass",
+    "equivalence_min_pvalue", "val_accuracy_start", "val_accuracy_end", "k",
+)
+PIPELINES = ("sync", "async")
+SPECS = ("none", "chain", "tree")
+DRAFTERS = ("eagle3", "mtp", "draft_model")
+BACKENDS = ("own", "vllm")
+
+
+def default_policy() -> ModelConfig:
+    """The default policy: deep and narrow (1.1M parameters). On the 2-core target machine the default
+    run's verification forward of (k + 1) x 32 rows costs ~1.4x a one-token decode (per-op overhead, not
+    matmul FLOPs, dominates; a 4-layer hidden-128 policy paid ~1.9x), and one step of the one-layer
+    drafter head costs ~1/6 of a policy forward instead of ~1/3."""
+    return ModelConfig(vocab_size=32, hidden_size=96, intermediate_size=192, num_hidden_layers=12,
+                       num_attention_heads=2, num_key_value_heads=1, head_dim=64, max_position_embeddings=256)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Every knob of a run (the CLI maps its flags onto these fields)."""
+
+    out: str = "runs/latest"
+    seed: int = 0
+    # ~1 s a step on the 2-core target (rollouts, training, every 4th step's AR comparison): the default run
+    # takes ~420 s of the 10-minute budget, ~230 s of it warm starts, evaluation and the equivalence check.
+    steps: int = 192
+    pipeline: str = "sync"  # sync | async
+    spec: str = "chain"  # none | chain | tree
+    drafter: str = "eagle3"  # eagle3 | mtp | draft_model
+    k: int = 3
+    backend: str = "own"  # own | vllm
+    verify_backend: str = "default"  # specdec_kernels backend; "default": native if built, else reference
+    model: ModelConfig = field(default_factory=default_policy)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    # rollouts
+    prompts_per_step: int = 16
+    group_size: int = 8
+    temperature: float = 0.7  # rollout temperature; the trainer's log-probs use the same tempered policy
+    max_new_tokens: int = 48
+    max_batch: int = 32
+    # optimisation
+    # Adam moves every coordinate by ~lr per step whatever the gradient's signal-to-noise ratio, and one
+    # 128-rollout step's policy gradient is almost all noise (cosine ~0.004 between the gradients of two
+    # independent batches): at lr >= 3e-5 the random walk in the weight matrices (entries ~0.02) costs
+    # more accuracy than the signal brings. 1e-5 keeps that walk small over the whole run.
+    lr: float = 1e-5
+    # The final RMSNorm gain scales the features fed to the tied LM head: it is the policy's inverse
+    # temperature, and the one parameter whose GRPO gradient agrees across batches (cosine ~0.2: make the
+    # policy surer where its mode is right). It is O(1) (matrix entries ~0.02) and its signal-to-noise
+    # ratio is ~8x the matrices', so it takes lr x ~50 (scale) x ~8 (SNR); at ``lr`` it would not move.
+    output_gain_lr: float = 4e-3
+    lr_warmup_steps: int = 10  # linear warm-up of both learning rates (Adam's first steps are sign-like)
+    minibatches: int = 2
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    kl_coef: float = 0.0
+    dynamic_sampling: bool = True
+    # Divide advantages by the group's reward std (GRPO) or only centre them (Dr. GRPO). With a small
+    # format reward, std scaling blows up all-wrong groups (0.1 vs 0) to the size of correct-vs-wrong
+    # groups and reinforces wrong answers; centring keeps the format term a nudge.
+    scale_advantages: bool = False
+    # warm starts and drafter adaptation
+    warm_start_steps: int = 600
+    warm_start_batch: int = 32
+    warm_start_lr: float = 1e-3
+    # The head's acceptance keeps rising with distillation (at k = 3 on the default policy, 300 / 600 / 900
+    # steps gave 3.36 / 3.47 / 3.57 tokens per round with the previous head).
+    drafter_warm_steps: int = 900
+    drafter_warm_lr: float = 3e-3  # cosine-decayed over the warm start
+    drafter_adapt_steps: int = 1  # online adaptation: gradient steps on the fresh rollouts (0 disables)
+    drafter_adapt_every: int = 4  # ... every n RL steps (the policy drifts slowly; adaptation is not free)
+    drafter_adapt_lr: float = 1e-3
+    # measurement
+    compare_every: int = 4  # AR rollouts of the same requests side by side every n steps (0: never)
+    num_val: int = 512
+    # val_accuracy: pass@1 of the policy as it samples rollouts (rollout temperature), averaged over this many
+    # responses per problem with fixed Philox keys; 0: greedy. val_greedy_accuracy is always reported too.
+    eval_samples: int = 4
+    eval_every: int = 0  # 0: only at start and end
+    equivalence: bool = True
+    equivalence_prompts: int = 16
+    equivalence_samples: int = 24
+    checkpoint_every: int = 8
+    resume: bool = False
+    num_threads: int = 2  # torch intra-op threads (both cores of the 2-core target machine)
+    plots: bool = True
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        choices = {"pipeline": PIPELINES, "spec": SPECS, "drafter": DRAFTERS, "backend": BACKENDS}
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        if not self.temperature > 0:
+            raise ValueError(f"temperature must be > 0 for RL rollouts, got {self.temperature}")
+        if self.steps < 0 or self.k < 1 or self.group_size < 2 or self.prompts_per_step < 1:
+            raise ValueError("steps >= 0, k >= 1, group_size >= 2 and prompts_per_step >= 1 are required")
+        if self.eval_samples < 0:
+            raise ValueError(f"eval_samples must be >= 0, got {self.eval_samples}")
+
+    def generation(self, spec: str | None = None, temperature: float | None = None) -> GenerationConfig:
+        return GenerationConfig(
+            max_new_tokens=self.max_new_tokens, spec=self.spec if spec is None else spec, k=self.k,
+            temperature=self.temperature if temperature is None else temperature, max_batch=self.max_batch,
+            backend=resolve_verify_backend(self.verify_backend), tree=TreeShape.for_k(self.k),
+        )
+
+
+def tiny_config(**overrides) -> RunConfig:
+    """A seconds-long configuration for tests and smoke runs (3 layers: EAGLE-3 needs three feature layers)."""
+    base = RunConfig(
+        steps=1, model=replace(default_policy(), num_hidden_layers=3, intermediate_size=128),
+        task=TaskConfig(num_train=256, num_val=16, difficulties=(1,)), prompts_per_step=2, group_size=4,
+        max_new_tokens=24, warm_start_steps=20, drafter_warm_steps=5, num_val=8, compare_every=1,
+        equivalence_prompts=2, equivalence_samples=8, checkpoint_every=1, plots=False, progress=False,
+    )
+    return replace(base, **overrides)

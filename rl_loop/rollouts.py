@@ -1,0 +1,137 @@
+"""What a rollout engine takes and returns: :class:`GenerationConfig` in, :class:`Rollouts` (with
+:class:`RolloutStats`) out. Every engine (ours, vLLM's) speaks these types."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import specdec_kernels as sk
+
+SPEC_MODES = ("none", "chain", "tree")
+
+
+@dataclass(frozen=True)
+class TreeShape:
+    """A draft tree of ``depth`` levels: the root's ``top_k`` best (greedy) or drawn (sampled: without
+    replacement, Gumbel-top-k on the draft stream) children, then at each further level the ``beam`` best
+    nodes by cumulative draft log-probability expanded the same way (``Drafter.propose_tree``)."""
+
+    depth: int
+    top_k: int = 2
+    beam: int = 1
+
+    def __post_init__(self) -> None:
+        if min(self.depth, self.top_k, self.beam) < 1:
+            raise ValueError(f"depth, top_k and beam must be >= 1, got {self}")
+
+    @staticmethod
+    def for_k(k: int) -> TreeShape:
+        """The default tree for ``--k k``: depth k, two children at the root and under the best node of
+        each level (2k draft nodes)."""
+        return TreeShape(depth=k)
+
+    @property
+    def num_nodes(self) -> int:
+        """Nodes per request, the root included (the same for every request)."""
+        sizes = [self.top_k]
+        for _ in range(1, self.depth):
+            sizes.append(min(self.beam, sizes[-1]) * self.top_k)
+        return 1 + sum(sizes)
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """How to generate: sampling, speculation and batching knobs."""
+
+    max_new_tokens: int = 48
+    temperature: float = 1.0
+    spec: str = "chain"
+    k: int = 3
+    max_batch: int = 32
+    backend: str = "default"  # verify_chain / verify_tree backend; "default": see resolve_verify_backend
+    tree: TreeShape | None = None  # spec="tree": the draft tree (None: TreeShape.for_k(k))
+
+    def __post_init__(self) -> None:
+        if self.spec not in SPEC_MODES:
+            raise ValueError(f"spec must be one of {SPEC_MODES}, got {self.spec!r}")
+        if self.k < 1:
+            raise ValueError(f"k must be >= 1, got {self.k}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if not self.temperature >= 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {self.max_batch}")
+
+    @property
+    def tree_shape(self) -> TreeShape:
+        return self.tree or TreeShape.for_k(self.k)
+
+
+def resolve_verify_backend(name: str) -> str:
+    """The verification backend: "default" = the fastest CPU backend (native when built, else the
+    reference; ``available_backends`` never ranks the Triton interpreter first); any explicit
+    specdec_kernels backend name is passed through."""
+    if name != "default":
+        return name
+    return sk.available_backends("cpu")[0]
+
+
+@dataclass
+class RolloutStats:
+    """Counters of one ``generate`` call (speculative counters are zero for ``spec="none"``)."""
+
+    k: int = 0  # draft positions counted in accepted_at (chain: k; tree: its depth)
+    rounds: int = 0  # verification rounds summed over requests (one per request per target forward)
+    forwards: int = 0  # batched target forwards
+    tokens: int = 0  # response tokens kept
+    accepted_at: list[int] = field(default_factory=list)  # [k] rounds whose draft j (0-based) was accepted
+    emitted_per_round: int = 0  # tokens emitted by verification (before EOS/length truncation)
+    time_s: float = 0.0
+    draft_s: float = 0.0
+    target_s: float = 0.0
+    verify_s: float = 0.0
+    prefill_s: float = 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens emitted per verification round (accepted drafts + 1); 1.0 for autoregressive."""
+        return self.emitted_per_round / max(self.rounds, 1)
+
+    @property
+    def acceptance_by_position(self) -> list[float]:
+        """P(draft j is accepted) for j = 1..k (accepted implies every earlier draft was accepted)."""
+        return [a / max(self.rounds, 1) for a in self.accepted_at]
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / max(self.time_s, 1e-9)
+
+    def merge(self, other: RolloutStats) -> None:
+        """Accumulate ``other`` into self (same k)."""
+        if not self.accepted_at:
+            self.accepted_at = [0] * len(other.accepted_at)
+            self.k = other.k
+        for name in ("rounds", "forwards", "tokens", "emitted_per_round", "time_s", "draft_s", "target_s",
+                     "verify_s", "prefill_s"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for j, a in enumerate(other.accepted_at):
+            self.accepted_at[j] += a
+
+    def as_dict(self) -> dict:
+        return {
+            "k": self.k, "rounds": self.rounds, "forwards": self.forwards, "tokens": self.tokens,
+            "mean_accepted_length": self.mean_accepted_length,
+            "acceptance_by_position": self.acceptance_by_position, "tokens_per_s": self.tokens_per_s,
+            "time_s": self.time_s, "draft_s": self.draft_s, "target_s": self.target_s,
+            "verify_s": self.verify_s, "prefill_s": self.prefill_s,
+        }
+
+
+@dataclass
+class Rollouts:
+    """Responses of one ``generate`` call, in request order."""
+
+    response_ids: list[list[int]]  # without EOS
+    finished: list[bool]  # True when the response ended with EOS (False: hit max_new_tokens)
+    stats: RolloutStats

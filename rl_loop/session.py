@@ -1,0 +1,156 @@
+"""Opening, setting up and finishing a run (shared by the sync and async pipelines)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import asdict, replace
+
+import torch
+
+from specdec_kernels.drafters import CachedDrafter
+from specdec_kernels.models import Qwen3, save_pretrained
+
+from .accounting import summary_figures
+from .config import RunConfig
+from .drafting import adapter, build_drafter, problem_batches, warm_start
+from .engine import RolloutEngine
+from .evaluation import validate
+from .learn import policy_optimizer
+from .model import supervised_warm_start
+from .state import Engine, RunState, Session, load_checkpoint, save_checkpoint
+from .task import CharTokenizer, make_splits
+
+
+def open_run(cfg: RunConfig) -> Callable[[dict], None]:
+    """Threads, OUT and ``metrics.jsonl`` (truncated unless resuming); returns the ``log(row)`` function."""
+    torch.set_num_threads(cfg.num_threads)
+    os.makedirs(cfg.out, exist_ok=True)
+    metrics_path = os.path.join(cfg.out, "metrics.jsonl")
+    if not cfg.resume and os.path.exists(metrics_path):
+        os.remove(metrics_path)
+
+    def log(row: dict) -> None:
+        with open(metrics_path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+    return log
+
+
+@contextmanager
+def _frozen(policy: Qwen3):
+    """The policy's parameters need no gradient while a drafter is distilled from it."""
+    for p in policy.parameters():
+        p.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for p in policy.parameters():
+            p.requires_grad_(True)
+
+
+def make_engine(cfg: RunConfig, policy: Qwen3, drafter: CachedDrafter | None, tok: CharTokenizer) -> Engine:
+    """The rollout engine of ``cfg.backend``: ours, or vLLM serving the policy and drafter."""
+    if cfg.backend == "vllm":
+        from .vllm_backend import make_vllm_engine
+
+        return make_vllm_engine(cfg, policy, drafter, tok)
+    return RolloutEngine(policy, drafter, tok.eos_id)
+
+
+def setup(cfg: RunConfig, log: Callable[[dict], None]) -> Session:
+    """Tokenizer, splits, warm-started policy and drafter, engine and optimizers (or restored from OUT)."""
+    torch.manual_seed(cfg.seed)
+    tok = CharTokenizer()
+    train_set, val_set = make_splits(replace(cfg.task, seed=cfg.seed))
+    policy = Qwen3(cfg.model)
+    ckpt = load_checkpoint(cfg)
+    state = RunState() if ckpt is None else RunState.from_dict(ckpt["state"])
+    if ckpt is None:
+        t0 = time.perf_counter()
+        losses = supervised_warm_start(policy, train_set, tok, cfg.warm_start_steps, cfg.warm_start_batch,
+                                       cfg.warm_start_lr, cfg.seed)
+        state.times.warm_start_s = time.perf_counter() - t0
+        log({"event": "warm_start", "loss_first": losses[0] if losses else None,
+             "loss_last": losses[-1] if losses else None, "seconds": state.times.warm_start_s})
+    else:
+        policy.load_state_dict(ckpt["policy"])
+    policy.eval()
+    drafter, trainer = None, None
+    if cfg.spec != "none":
+        drafter = build_drafter(cfg.drafter, policy, cfg.seed)
+        if ckpt is None:
+            t0 = time.perf_counter()
+            with _frozen(policy):
+                losses = warm_start(drafter, policy, problem_batches(train_set, tok, cfg.warm_start_batch, cfg.seed + 1),
+                                    cfg.drafter_warm_steps, cfg.drafter_warm_lr, unroll=cfg.k - 1)
+            state.times.drafter_warm_s = time.perf_counter() - t0
+            log({"event": "drafter_warm_start", "loss_first": losses[0] if losses else None,
+                 "loss_last": losses[-1] if losses else None, "seconds": state.times.drafter_warm_s})
+        else:
+            drafter.trainable().load_state_dict(ckpt["drafter"])
+        trainer = adapter(drafter, cfg.drafter_adapt_lr, unroll=cfg.k - 1)
+        if ckpt is not None and ckpt.get("drafter_opt") is not None:
+            trainer.opt.load_state_dict(ckpt["drafter_opt"])
+    engine = make_engine(cfg, policy, drafter, tok)
+    opt = policy_optimizer(policy, cfg)
+    if ckpt is not None:
+        opt.load_state_dict(ckpt["opt"])
+    ref = None
+    if cfg.kl_coef > 0:
+        ref = Qwen3(cfg.model)
+        ref.load_state_dict(policy.state_dict() if ckpt is None else ckpt["ref"])
+        ref.eval()
+    return Session(cfg=cfg, tok=tok, train=train_set, val=val_set[: cfg.num_val], policy=policy, drafter=drafter,
+                   engine=engine, opt=opt, drafter_trainer=trainer, ref=ref, state=state, log=log)
+
+
+def finish_run(s: Session, t_run: float, extra: dict | None = None) -> dict:
+    """Final evaluation, checkpoint, exported policy, equivalence check, ``summary.json`` (+ ``extra``), plots."""
+    cfg, st = s.cfg, s.state
+    gen = cfg.generation()
+    val_end = validate(s)
+    s.log({"event": "eval", "step": cfg.steps, **val_end})
+    save_checkpoint(s)
+    save_pretrained(s.policy, os.path.join(cfg.out, "policy"), s.tok)
+
+    eq = {"equivalence_pass": None, "equivalence_min_pvalue": None}
+    if cfg.equivalence and s.drafter is not None:
+        from .equivalence import EquivalenceConfig, check_equivalence
+
+        eq_cfg = EquivalenceConfig(num_prompts=cfg.equivalence_prompts, samples_per_prompt=cfg.equivalence_samples,
+                                   seed=cfg.seed, generation=gen)
+        result = check_equivalence(s.engine, s.val, s.tok, eq_cfg)
+        with open(os.path.join(cfg.out, "equivalence.json"), "w") as f:
+            json.dump(result, f, indent=1)
+        eq = {"equivalence_pass": result["pass"], "equivalence_min_pvalue": result["min_pvalue"]}
+
+    figures = summary_figures(cfg, st)
+    summary = {
+        **{k: figures.pop(k) for k in ("rollout_speedup", "step_speedup", "mean_accepted_length",
+                                       "acceptance_by_position")},
+        **eq,
+        "val_accuracy_start": st.val_accuracy_start,
+        "val_accuracy_end": val_end["val_accuracy"],
+        "val_greedy_accuracy_start": st.val_greedy_accuracy_start,
+        "val_greedy_accuracy_end": val_end["val_greedy_accuracy"],
+        "eval_samples": cfg.eval_samples,
+        "k": cfg.k,
+        "spec": cfg.spec, "drafter": cfg.drafter, "pipeline": cfg.pipeline, "backend": cfg.backend,
+        "verify_backend": gen.backend, "steps": cfg.steps, "seed": cfg.seed,
+        **figures,
+        **s.engine.summary(),
+        **(extra or {}),
+        "config": asdict(cfg),
+        "wall_s": time.perf_counter() - t_run,
+    }
+    with open(os.path.join(cfg.out, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+    if cfg.plots:
+        from .plots import make_plots
+
+        make_plots(cfg.out)
+    return summary

@@ -1,0 +1,58 @@
+"""The sync GRPO pipeline: for each step generate -> (AR side by side) -> learn -> account, one after the other.
+
+Reads top to bottom; every piece lives in its own module (``batch``, ``learn``, ``accounting``,
+``evaluation``, ``session``), shared with the async pipeline.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+from .accounting import account_step, compare_step, rollout_row
+from .batch import step_requests
+from .config import RunConfig
+from .evaluation import evaluate_start, validate
+from .learn import learn
+from .session import finish_run, open_run, setup
+from .state import Session, save_checkpoint
+
+
+def progress(iterable: Iterable, enabled: bool, **kw) -> Iterable:
+    """``iterable``, with a tqdm progress bar when ``enabled``."""
+    if not enabled:
+        return iterable
+    from tqdm import tqdm
+
+    return tqdm(iterable, **kw)
+
+
+def rl_step(s: Session, step: int) -> dict:
+    """One sync GRPO step; returns its metrics row."""
+    cfg = s.cfg
+    problems, prompts, seeds = step_requests(cfg, s.train, s.tok, step)
+    rollouts = s.engine.generate(prompts, seeds, cfg.generation())
+    ar = None
+    if compare_step(cfg, step):  # the same requests, same policy snapshot, autoregressive: timing side by side
+        ar = s.engine.generate(prompts, seeds, cfg.generation(spec="none")).stats
+    row = rollout_row(cfg, s.state, step, rollouts, ar)
+    learn(s, step, problems, prompts, rollouts, row)
+    account_step(s.state, row, rollouts, ar)
+    return row
+
+
+def run_sync(cfg: RunConfig) -> dict:
+    """Sync pipeline run; returns the summary (also written to ``OUT/summary.json``)."""
+    t_run = time.perf_counter()
+    s = setup(cfg, open_run(cfg))
+    st = s.state
+    evaluate_start(s)
+    for step in progress(range(st.step, cfg.steps), cfg.progress, desc="grpo", initial=st.step, total=cfg.steps):
+        row = rl_step(s, step)
+        if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:
+            row.update(validate(s))
+        s.log(row)
+        st.step = step + 1
+        if cfg.checkpoint_every and st.step % cfg.checkpoint_every == 0:
+            save_checkpoint(s)
+    return finish_run(s, t_run)
