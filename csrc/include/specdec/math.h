@@ -83,11 +83,8 @@ SPECDEC_HD float exp_f32(float x) {
   return out;
 }
 
-#if defined(__CUDA_ARCH__)
-SPECDEC_HD float fma_f32(float a, float b, float c) { return __fmaf_rn(a, b, c); }
-#else
-SPECDEC_HD float fma_f32(float a, float b, float c) { return std::fma(a, b, c); }
-#endif
+// One rounding (fma.rn.f32 on CUDA, the C library's fmaf on the host and in the CUDA host emulation).
+SPECDEC_HD float fma_f32(float a, float b, float c) { return fmaf(a, b, c); }
 
 // exp(x) in float32 arithmetic with fused multiply-adds (within ~2 ulp): the softmax normalizer and the
 // block log-masses of two-level Gumbel-max, where it runs once per vocabulary entry. exp(-inf) = 0,
