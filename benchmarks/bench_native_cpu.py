@@ -49,7 +49,7 @@ import specdec_kernels as sk
 
 from .common import CsvWriter, provenance
 
-FAMILIES = ("flat", "peaked", "zipf", "qwen3")
+FAMILIES = ("flat", "zipf", "peaked", "qwen3")
 MODES = ("greedy", "random_det", "random_stoch")
 PROVIDERS = ("ours", "vllm", "torch", "torch_compile")
 CASE_COLUMNS = ("batch", "k", "vocab", "dtype", "family", "mode", "drafts")
@@ -355,7 +355,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--vocab", type=int, default=151936)
     ap.add_argument("--threads", type=int, default=2, help="torch and OpenMP threads (default 2)")
     ap.add_argument("--rounds", type=int, default=3, help="repetitions of the whole interleaved sweep")
-    ap.add_argument("--reps", type=int, default=3, help="timed calls per provider and round (median)")
+    ap.add_argument("--reps", type=int, default=2, help="timed calls per provider and round (median)")
     ap.add_argument("--families", type=_csv_list(FAMILIES), default=list(FAMILIES))
     ap.add_argument("--dtypes", type=_csv_list(tuple(DTYPES)), default=list(DTYPES))
     ap.add_argument("--modes", type=_csv_list(MODES), default=list(MODES))
