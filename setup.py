@@ -25,8 +25,9 @@ ROOT = Path(__file__).resolve().parent
 
 
 class CMakeExtension(Extension):
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, target: str) -> None:
         super().__init__(name, sources=[])
+        self.target = target  # the CMake target that produces it
 
 
 NO_NATIVE_MESSAGE = (
@@ -37,7 +38,8 @@ NO_NATIVE_MESSAGE = (
 
 
 class CMakeBuild(build_ext):
-    """Configures and builds CMakeLists.txt, writing _C next to the package (or into build_lib)."""
+    """Configures and builds CMakeLists.txt, writing _C next to the package (or into build_lib), and the
+    test-only CUDA host emulation library into specdec_kernels/testing/."""
 
     def run(self) -> None:
         try:
@@ -51,6 +53,11 @@ class CMakeBuild(build_ext):
         super().run()
 
     def build_extension(self, ext: Extension) -> None:
+        if ext.target != "_C":
+            return  # built by the same CMake build as _C (below), under its extension file name
+        self._build_cmake(ext)
+
+    def _build_cmake(self, ext: Extension) -> None:
         import pybind11
         import torch
 
@@ -70,6 +77,7 @@ class CMakeBuild(build_ext):
             f"-DPython_EXECUTABLE={sys.executable}",
             f"-DSPECDEC_OUTPUT_DIR={out_dir}",
             f"-DSPECDEC_WITH_CUDA={'ON' if with_cuda else 'OFF'}",
+            f"-DSPECDEC_EXT_SUFFIX={sysconfig.get_config_var('EXT_SUFFIX') or '.so'}",
             "-DCMAKE_BUILD_TYPE=Release",
         ]
         if shutil.which("ninja"):
@@ -86,6 +94,8 @@ class CMakeBuild(build_ext):
             shutil.copy2(built, out_file)
 
 
-ext_modules = [] if os.environ.get("SPECDEC_SKIP_NATIVE") == "1" else [CMakeExtension("specdec_kernels._C")]
+ext_modules = [] if os.environ.get("SPECDEC_SKIP_NATIVE") == "1" else [CMakeExtension("specdec_kernels._C", "_C")]
+if ext_modules and sys.platform.startswith("linux"):  # the CUDA host emulation (tests only), see CMakeLists.txt
+    ext_modules.append(CMakeExtension("specdec_kernels.testing._cuda_host", "specdec_cuda_host"))
 
 setup(ext_modules=ext_modules, cmdclass={"build_ext": CMakeBuild})

@@ -19,7 +19,10 @@ from .reference.chain import ChainResult
 from .reference.philox import MAX_POSITION, MAX_VOCAB
 from .reference.tree import SIBLING_SAMPLING, TreeResult
 
-__all__ = ["ChainResult", "TreeResult", "verify_chain", "verify_tree", "available_backends", "LOGIT_DTYPES"]
+__all__ = [
+    "ChainResult", "TreeResult", "verify_chain", "verify_tree", "available_backends", "LOGIT_DTYPES",
+    "checked_chain_args", "checked_tree_args",
+]
 
 LOGIT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -280,6 +283,33 @@ def verify_chain(
         ``ChainResult(output_token_ids [B, max_draft_len + 1] int32 -1 padded, num_accepted [B] int32)``:
         each request's accepted drafts followed by one recovered or bonus token.
     """
+    args = checked_chain_args(
+        target_logits, draft_token_ids, cu_num_draft_tokens, draft_probs, temperature, top_k, top_p, seed, position,
+        max_draft_len=max_draft_len, validate=validate,
+    )
+    return _resolve(backend, target_logits.device, "chain")(*args)
+
+
+def checked_chain_args(
+    target_logits: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    cu_num_draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor | None = None,
+    temperature: torch.Tensor | None = None,
+    top_k: torch.Tensor | None = None,
+    top_p: torch.Tensor | None = None,
+    seed: torch.Tensor | None = None,
+    position: torch.Tensor | None = None,
+    *,
+    max_draft_len: int | None = None,
+    validate: bool = True,
+) -> tuple:
+    """``verify_chain``'s argument checks and normalisation (same arguments, same errors, same one host sync).
+
+    Returns the positional arguments every backend's ``verify_chain`` takes: (logits, draft ids, cu,
+    draft_probs, temperature, top_k, top_p, seed, position, max_draft_len), normalised as the module
+    docstring says. Test harnesses that launch kernels themselves (``testing.cuda_host``) start here.
+    """
     _check_logits("target_logits", target_logits)
     device = target_logits.device
     _check_tensor("cu_num_draft_tokens", cu_num_draft_tokens, 1, INDEX_DTYPES, device)
@@ -321,8 +351,7 @@ def verify_chain(
     values = checks.run()
     if max_draft_len is None:
         max_draft_len = values[longest] if longest is not None else 0
-    fn = _resolve(backend, device, "chain")
-    return fn(
+    return (
         target_logits.contiguous(), draft_token_ids.to(torch.int64).contiguous(), cu, draft_probs,
         temperature, top_k, top_p, seed, position, max_draft_len,
     )
@@ -427,6 +456,34 @@ def verify_tree(
         num_accepted [B] int32)`` with D = max_depth: the accepted path's tokens then one emitted token;
         the accepted path's local node indices starting with the root 0; both -1 padded.
     """
+    args = checked_tree_args(
+        target_logits, node_token_ids, parent, cu_num_nodes, draft_probs, temperature, top_k, top_p, seed, position,
+        sibling_sampling, max_depth=max_depth, validate=validate,
+    )
+    return _resolve(backend, target_logits.device, "tree")(*args)
+
+
+def checked_tree_args(
+    target_logits: torch.Tensor,
+    node_token_ids: torch.Tensor,
+    parent: torch.Tensor,
+    cu_num_nodes: torch.Tensor,
+    draft_probs: torch.Tensor | None = None,
+    temperature: torch.Tensor | None = None,
+    top_k: torch.Tensor | None = None,
+    top_p: torch.Tensor | None = None,
+    seed: torch.Tensor | None = None,
+    position: torch.Tensor | None = None,
+    sibling_sampling: str = "iid",
+    *,
+    max_depth: int | None = None,
+    validate: bool = True,
+) -> tuple:
+    """``verify_tree``'s argument checks and normalisation (same arguments, same errors, same one host sync).
+
+    Returns the positional arguments every backend's ``verify_tree`` takes: (logits, node ids, parent, cu,
+    draft_probs, temperature, top_k, top_p, seed, position, sibling_sampling, max_depth), normalised.
+    """
     _check_logits("target_logits", target_logits)
     device = target_logits.device
     _check_tensor("cu_num_nodes", cu_num_nodes, 1, INDEX_DTYPES, device)
@@ -472,8 +529,7 @@ def verify_tree(
     values = checks.run()
     if max_depth is None:
         max_depth = values[deepest]
-    fn = _resolve(backend, device, "tree")
-    return fn(
+    return (
         target_logits.contiguous(), node_token_ids.to(torch.int64).contiguous(), parent.to(torch.int64).contiguous(),
         cu, draft_probs, temperature, top_k, top_p, seed, position, sibling_sampling, max_depth,
     )

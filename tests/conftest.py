@@ -24,7 +24,8 @@ requires_triton = pytest.mark.skipif(
 # wherever available_backends(DEVICE) offers it (inputs move to DEVICE). Under the Triton interpreter
 # only the cases marked cheap run.
 # ----------------------------------------------------------------------------------------------------
-STAT_READY_BACKENDS = ("reference", "cpu")
+# On a CUDA machine the CUDA kernels and Triton join: available_backends("cuda") = triton, cuda, reference.
+STAT_READY_BACKENDS = ("reference", "cpu") + (("cuda", "triton") if torch.cuda.is_available() else ())
 STAT_BACKENDS = [b for b in available_backends(DEVICE) if b in STAT_READY_BACKENDS]
 INTERPRETED_TRITON = HAS_TRITON and not torch.cuda.is_available()
 

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 import specdec_kernels as sk
 from specdec_kernels.reference.sampling import greedy_logits
+from specdec_kernels.testing.bad_inputs import BAD_ARGUMENTS, valid_call
 from specdec_kernels.testing.chain_law import backend_verifier
 from specdec_kernels.testing.strategies import ChainInputs, chain_inputs
 from specdec_kernels.testing.toy_models import Drafter, SamplingConfig, random_markov, run_speculative
@@ -212,62 +213,10 @@ def test_draft_outside_truncated_support_is_rejected(backend):
 # Validation: every argument's error names it
 # ----------------------------------------------------------------------------------------------------
 
-def _valid_call():
-    b, k, v = 3, 2, 6
-    kwargs = dict(
-        target_logits=torch.randn(b * (k + 1), v), draft_token_ids=torch.randint(0, v, (b * k,)),
-        cu_num_draft_tokens=torch.arange(b + 1) * k, draft_probs=torch.softmax(torch.randn(b * k, v), -1),
-        temperature=torch.ones(b), top_k=torch.full((b,), 3, dtype=torch.int32), top_p=torch.full((b,), 0.9),
-        seed=torch.arange(b), position=torch.zeros(b, dtype=torch.int64),
-    )
-    return {name: x.to(DEVICE) for name, x in kwargs.items()}
-
-
-def _set(name, value):
-    return lambda kw: kw.__setitem__(name, value)
-
-
-def _edit(name, fn):
-    return lambda kw: kw.__setitem__(name, fn(kw[name]))
-
-
-BAD_ARGUMENTS = [
-    ("target_logits", _edit("target_logits", lambda x: x[0])),
-    ("target_logits", _edit("target_logits", lambda x: x.double())),
-    ("target_logits", _edit("target_logits", lambda x: x[:-1])),
-    ("target_logits", _set("target_logits", [[0.0]])),
-    ("draft_token_ids", _edit("draft_token_ids", lambda x: x.float())),
-    ("draft_token_ids", _edit("draft_token_ids", lambda x: x + 6)),
-    ("draft_token_ids", _edit("draft_token_ids", lambda x: x - 10)),
-    ("cu_num_draft_tokens", _edit("cu_num_draft_tokens", lambda x: x.flip(0))),
-    ("cu_num_draft_tokens", _edit("cu_num_draft_tokens", lambda x: x + 1)),
-    ("cu_num_draft_tokens", _edit("cu_num_draft_tokens", lambda x: x.float())),
-    ("cu_num_draft_tokens", _edit("cu_num_draft_tokens", lambda x: torch.tensor([0, 3, 2, 6]))),
-    ("draft_probs", _edit("draft_probs", lambda x: x[:, :-1])),
-    ("draft_probs", _edit("draft_probs", lambda x: x.long())),
-    ("temperature", _edit("temperature", lambda x: -x)),
-    ("temperature", _edit("temperature", lambda x: x[:-1])),
-    ("temperature", _edit("temperature", lambda x: x * float("inf"))),
-    ("temperature", _edit("temperature", lambda x: x.long())),
-    ("top_k", _edit("top_k", lambda x: -x)),
-    ("top_k", _edit("top_k", lambda x: x.float())),
-    ("top_p", _edit("top_p", lambda x: x * 0)),
-    ("top_p", _edit("top_p", lambda x: x + 1)),
-    ("top_p", _edit("top_p", lambda x: x[:1])),
-    ("seed", _edit("seed", lambda x: x.float())),
-    ("seed", _edit("seed", lambda x: x[:-1])),
-    ("position", _edit("position", lambda x: x - 1)),
-    ("position", _edit("position", lambda x: x + 2**31)),
-    ("position", _edit("position", lambda x: x.float())),
-    ("backend", _set("backend", "gpu")),
-    ("max_draft_len", _set("max_draft_len", -1)),
-    ("max_draft_len", _set("max_draft_len", 1)),
-]
-
-
-@pytest.mark.parametrize("name,mutate", BAD_ARGUMENTS, ids=[f"{n}-{i}" for i, (n, _) in enumerate(BAD_ARGUMENTS)])
+@pytest.mark.parametrize("name,mutate", [(row.argument, row.mutate) for row in BAD_ARGUMENTS],
+                         ids=[f"{row.argument}-{i}" for i, row in enumerate(BAD_ARGUMENTS)])
 def test_validation_names_the_argument(backend, name, mutate):
-    kwargs = _valid_call()
+    kwargs = valid_call(DEVICE)
     kwargs["backend"] = backend
     sk.verify_chain(**kwargs)  # the unmodified call is valid
     mutate(kwargs)

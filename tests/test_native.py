@@ -1,13 +1,15 @@
 """Native CPU kernels (specdec_kernels._C): same tokens as the reference for the same seeds.
 
 Randomised chains and trees (ragged batches, fp32/bf16/fp16 logits, greedy/random mixes, deterministic
-and stochastic drafts, top-k/top-p, placeholders, NaN/inf logits, V = 151936), the torch.library ops
+and stochastic drafts, top-k/top-p, placeholders, NaN/inf logits, V = 151936) — on a CUDA machine through
+every backend available there (cuda, triton, reference on CUDA tensors) too —, the torch.library ops
 (eager and torch.compile), identical tokens from every instruction-set build, and the clear message
 when the extension is missing.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -23,6 +25,19 @@ pytestmark = [
     pytest.mark.native,
     pytest.mark.skipif(not native.has_device("cpu"), reason="specdec_kernels._C not built (pip install -e .)"),
 ]
+
+# The backends the randomised cases compare with the reference (on CPU tensors): the native CPU backend
+# here; on a CUDA machine every backend available_backends("cuda") lists (cuda, triton, reference) on
+# CUDA tensors.
+BACKENDS = sk.available_backends("cuda") if torch.cuda.is_available() else ["cpu"]
+
+
+def _run_on(backend: str, verify, inputs: dict):
+    """``verify(**inputs, backend=backend)`` on the backend's device; the result back on the CPU."""
+    device = "cpu" if backend == "cpu" else "cuda"
+    moved = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+    res = verify(**moved, backend=backend)
+    return type(res)(*(t.cpu() for t in res))
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -137,44 +152,48 @@ CHAIN_CASES = [
 ]
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("case", CHAIN_CASES, ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
 @pytest.mark.parametrize("B", [1, 3, 17])
-def test_chain_matches_reference(case, B):
+def test_chain_matches_reference(case, B, backend):
     case = dict(case)
     V, dtype = case.pop("V"), case.pop("dtype")
     gen = torch.Generator().manual_seed(hash((V, B, str(dtype))) % 2**31)
     inputs = _chain_case(B, 5, V, dtype, gen, **case)
     ref = sk.verify_chain(**inputs, backend="reference")
-    got = sk.verify_chain(**inputs, backend="cpu")
+    got = _run_on(backend, sk.verify_chain, inputs)
     _assert_same(ref, got, case)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize(("B", "probs", "dtype"), [(1, True, torch.float32), (4, False, torch.bfloat16)])
-def test_chain_full_vocab(B, probs, dtype):
+def test_chain_full_vocab(B, probs, dtype, backend):
     """V = 151936 (Qwen-size); B = 1 splits each row across the threads, B = 4 runs requests in parallel."""
     gen = torch.Generator().manual_seed(7 + B + probs)
     inputs = _chain_case(B, 2, 151936, dtype, gen, probs=probs, top_k=B > 1, greedy_frac=0.25)
-    _assert_same(sk.verify_chain(**inputs, backend="reference"), sk.verify_chain(**inputs, backend="cpu"), B)
+    _assert_same(sk.verify_chain(**inputs, backend="reference"), _run_on(backend, sk.verify_chain, inputs), B)
 
 
-def test_chain_edge_shapes():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_chain_edge_shapes(backend):
     gen = torch.Generator().manual_seed(3)
     # k = 0 for every request (bonus only), and an empty batch.
     inputs = _chain_case(4, 0, 50, torch.float32, gen)
-    _assert_same(sk.verify_chain(**inputs, backend="reference"), sk.verify_chain(**inputs, backend="cpu"), "k=0")
-    empty = sk.verify_chain(torch.zeros(0, 10), torch.zeros(0, dtype=torch.int64), torch.zeros(1, dtype=torch.int64),
-                            backend="cpu")
+    _assert_same(sk.verify_chain(**inputs, backend="reference"), _run_on(backend, sk.verify_chain, inputs), "k=0")
+    empty = _run_on(backend, sk.verify_chain, dict(target_logits=torch.zeros(0, 10),
+                                                   draft_token_ids=torch.zeros(0, dtype=torch.int64),
+                                                   cu_num_draft_tokens=torch.zeros(1, dtype=torch.int64)))
     assert empty.output_token_ids.shape == (0, 1) and empty.num_accepted.shape == (0,)
 
 
-def test_chain_never_out_of_vocab_without_validation():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_chain_never_out_of_vocab_without_validation(backend):
     """validate=False with garbage draft ids: tokens stay in [0, V), ids outside are rejected."""
     V = 33
-    logits = torch.randn(6, V)
-    drafts = torch.tensor([-7, V, 5, 10**9])
-    cu = torch.tensor([0, 2, 4])
-    res = sk.verify_chain(logits, drafts, cu, temperature=torch.tensor([0.0, 1.0]), seed=torch.tensor([1, 2]),
-                          backend="cpu", validate=False, max_draft_len=2)
+    inputs = dict(target_logits=torch.randn(6, V), draft_token_ids=torch.tensor([-7, V, 5, 10**9]),
+                  cu_num_draft_tokens=torch.tensor([0, 2, 4]), temperature=torch.tensor([0.0, 1.0]),
+                  seed=torch.tensor([1, 2]))
+    res = _run_on(backend, functools.partial(sk.verify_chain, validate=False, max_draft_len=2), inputs)
     assert int(res.num_accepted[0]) == 0
     emitted = res.output_token_ids[res.output_token_ids >= 0]
     assert bool(((emitted >= 0) & (emitted < V)).all())
@@ -194,31 +213,33 @@ TREE_CASES = [
 ]
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("case", TREE_CASES, ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
 @pytest.mark.parametrize("B", [1, 7])
-def test_tree_matches_reference(case, B):
+def test_tree_matches_reference(case, B, backend):
     case = dict(case)
     V, dtype = case.pop("V"), case.pop("dtype")
     gen = torch.Generator().manual_seed(hash((V, B, str(dtype), case.get("sibling"))) % 2**31)
     inputs = _tree_case(B, V, dtype, gen, **case)
     ref = sk.verify_tree(**inputs, backend="reference")
-    got = sk.verify_tree(**inputs, backend="cpu")
+    got = _run_on(backend, sk.verify_tree, inputs)
     _assert_same(ref, got, case)
 
 
-def test_tree_full_vocab():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_tree_full_vocab(backend):
     gen = torch.Generator().manual_seed(11)
     inputs = _tree_case(2, 151936, torch.float32, gen, probs=True, sibling="without_replacement", max_nodes=4)
-    _assert_same(sk.verify_tree(**inputs, backend="reference"), sk.verify_tree(**inputs, backend="cpu"), "full V")
+    _assert_same(sk.verify_tree(**inputs, backend="reference"), _run_on(backend, sk.verify_tree, inputs), "full V")
 
 
-def test_tree_max_depth_cuts_the_tree():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_tree_max_depth_cuts_the_tree(backend):
     """Nodes deeper than max_depth are ignored (validate=False), exactly as the reference does."""
     gen = torch.Generator().manual_seed(5)
     inputs = _tree_case(5, 30, torch.float32, gen, greedy_frac=1.0, max_nodes=8)
-    kw = dict(backend="reference", max_depth=1, validate=False)
-    ref = sk.verify_tree(**inputs, **kw)
-    got = sk.verify_tree(**inputs, **{**kw, "backend": "cpu"})
+    ref = sk.verify_tree(**inputs, backend="reference", max_depth=1, validate=False)
+    got = _run_on(backend, functools.partial(sk.verify_tree, max_depth=1, validate=False), inputs)
     _assert_same(ref, got, "max_depth=1")
 
 

@@ -17,20 +17,21 @@ static void launch_typed(const CudaChainArgs& a, int arch, void* workspace, cuda
   auto* partial = static_cast<ChainRowPartial*>(workspace);
   auto* state = reinterpret_cast<ChainRowState*>(partial + a.num_rows * slices);
   cudaMemsetAsync(state, 0, static_cast<size_t>(a.num_rows) * sizeof(ChainRowState), stream);
-  const dim3 grid(static_cast<unsigned>(slices), static_cast<unsigned>(a.num_rows));
+  const int64_t grid_rows = a.num_rows < kMaxGridY ? a.num_rows : kMaxGridY;
+  const dim3 grid(static_cast<unsigned>(slices), static_cast<unsigned>(grid_rows));
   if (a.top_k != nullptr || a.top_p != nullptr) {
-    dev::threshold_kernel<D><<<static_cast<unsigned>(a.num_rows), 256, 0, stream>>>(a, state);
+    SPECDEC_LAUNCH(dev::threshold_kernel<D>, static_cast<unsigned>(a.num_rows), kThresholdThreads, 0, stream)(a, state);
   }
-  dev::row_pass_kernel<D><<<grid, cfg.threads, 0, stream>>>(a, cfg.slice, state, partial);
-  const int per = 128;
+  SPECDEC_LAUNCH(dev::row_pass_kernel<D>, grid, cfg.threads, 0, stream)(a, cfg.slice, state, partial);
+  const int per = kRowThreads;
   const unsigned row_blocks = static_cast<unsigned>((a.num_rows + per - 1) / per);
-  dev::decide_kernel<D><<<row_blocks, per, 0, stream>>>(a, slices, partial, state);
+  SPECDEC_LAUNCH(dev::decide_kernel<D>, row_blocks, per, 0, stream)(a, slices, partial, state);
   if (a.draft_probs != nullptr) {
-    dev::residual_kernel<D><<<grid, cfg.threads, 0, stream>>>(a, cfg.slice, state, partial);
-    dev::residual_combine_kernel<D><<<row_blocks, per, 0, stream>>>(a, slices, partial, state);
+    SPECDEC_LAUNCH(dev::residual_kernel<D>, grid, cfg.threads, 0, stream)(a, cfg.slice, state, partial);
+    SPECDEC_LAUNCH(dev::residual_combine_kernel<D>, row_blocks, per, 0, stream)(a, slices, partial, state);
   }
   const unsigned req_blocks = static_cast<unsigned>((a.num_reqs + per - 1) / per);
-  dev::assemble_kernel<<<req_blocks, per, 0, stream>>>(a, state);
+  SPECDEC_LAUNCH(dev::assemble_kernel, req_blocks, per, 0, stream)(a, state);
 }
 
 void launch_verify_chain(const CudaChainArgs& a, int arch, void* workspace, void* stream_ptr) {

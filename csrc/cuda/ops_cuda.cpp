@@ -2,8 +2,10 @@
 // allocator, so the ops are CUDA-graph safe: no host syncs, no host-side RNG state), launch on the
 // current stream. Registered as the CUDA implementation of the specdec:: ops.
 #include <ATen/ATen.h>
-#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime.h>
 #include <torch/library.h>
 
 #include "checks.h"
@@ -14,9 +16,13 @@ namespace specdec {
 
 namespace {
 
+// Compute capability x 10 (device attributes, not ATen/cuda/CUDAContext.h: that header needs the cuBLAS /
+// cuSPARSE headers, which a plain CUDA toolkit does not ship).
 int device_arch(const at::Device& device) {
-  const cudaDeviceProp* prop = at::cuda::getDeviceProperties(device.index());
-  return prop->major * 10 + prop->minor;
+  int major = 0, minor = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device.index()));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device.index()));
+  return major * 10 + minor;
 }
 
 }  // namespace
@@ -57,7 +63,7 @@ std::tuple<at::Tensor, at::Tensor> verify_chain_cuda(
   const int64_t slices = cuda::chain_slices(arch, a.vocab, a.logits_dtype);
   at::Tensor workspace = at::empty({static_cast<int64_t>(cuda::chain_workspace_bytes(a.num_rows, slices))},
                                    target_logits.options().dtype(at::kByte));
-  cuda::launch_verify_chain(a, arch, workspace.data_ptr(), static_cast<void*>(at::cuda::getCurrentCUDAStream().stream()));
+  cuda::launch_verify_chain(a, arch, workspace.data_ptr(), static_cast<void*>(c10::cuda::getCurrentCUDAStream().stream()));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return {out, accepted};
 }
@@ -107,7 +113,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_tree_cuda(
   const size_t ws_bytes = cuda::tree_workspace_bytes(num_reqs, a.vocab, a.draft_probs != nullptr);
   at::Tensor workspace = at::empty({static_cast<int64_t>(ws_bytes > 0 ? ws_bytes : 4)},
                                    target_logits.options().dtype(at::kByte));
-  cuda::launch_verify_tree(a, device_arch(device), workspace.data_ptr(), static_cast<void*>(at::cuda::getCurrentCUDAStream().stream()));
+  cuda::launch_verify_tree(a, device_arch(device), workspace.data_ptr(), static_cast<void*>(c10::cuda::getCurrentCUDAStream().stream()));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return {out, nodes, accepted};
 }

@@ -12,9 +12,9 @@ void launch_verify_tree(const CudaTreeArgs& a, int arch, void* workspace, void* 
   const unsigned blocks = static_cast<unsigned>(a.num_reqs);
   auto* ws = static_cast<float*>(workspace);
   switch (a.logits_dtype) {
-    case DType::kBFloat16: dev::tree_walk_kernel<DType::kBFloat16><<<blocks, threads, 0, stream>>>(a, ws); break;
-    case DType::kFloat16: dev::tree_walk_kernel<DType::kFloat16><<<blocks, threads, 0, stream>>>(a, ws); break;
-    default: dev::tree_walk_kernel<DType::kFloat32><<<blocks, threads, 0, stream>>>(a, ws); break;
+    case DType::kBFloat16: SPECDEC_LAUNCH(dev::tree_walk_kernel<DType::kBFloat16>, blocks, threads, 0, stream)(a, ws); break;
+    case DType::kFloat16: SPECDEC_LAUNCH(dev::tree_walk_kernel<DType::kFloat16>, blocks, threads, 0, stream)(a, ws); break;
+    default: SPECDEC_LAUNCH(dev::tree_walk_kernel<DType::kFloat32>, blocks, threads, 0, stream)(a, ws); break;
   }
 }
 

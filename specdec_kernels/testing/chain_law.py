@@ -153,14 +153,18 @@ def sample_first_tokens(verify: Verifier, case: FirstTokenCase, num_requests: in
     top_p = torch.full((b,), case.cfg.top_p) if case.cfg.top_p < 1 else None
     seed = case.seed * (1 << 32) + torch.arange(b, dtype=torch.int64)
     position = torch.randint(0, 1 << 20, (b,), generator=g)
-    res = verify(target, drafts, cu, draft_probs, temperature, top_k, top_p, seed, position)
+    res = verify(target, drafts, cu, draft_probs, temperature, top_k, top_p, seed, position,
+                 **case.cfg.extra_kwargs(b))
     return res.output_token_ids[:, 0]
 
 
-def check_first_token_law(verify: Verifier, case: FirstTokenCase, alpha: float) -> LawCheck:
-    """Goodness of fit of the first emitted tokens to :func:`first_token_law` at sample size from power."""
+def check_first_token_law(
+    verify: Verifier, case: FirstTokenCase, alpha: float, tv: float = TV, power: float = POWER
+) -> LawCheck:
+    """Goodness of fit of the first emitted tokens to :func:`first_token_law`; the sample size detects any
+    total-variation error ``tv`` with probability ``power`` at ``alpha``."""
     law = first_token_law(case)
-    n = stats.sample_size(law, alpha, TV, POWER)
+    n = stats.sample_size(law, alpha, tv, power)
     observed = _histogram_with_invalid(sample_first_tokens(verify, case, n), case.vocab_size)
     expected = torch.cat([law, law.new_zeros(1)])
     return LawCheck(stats.gof_test(observed, expected / expected.sum()), n, expected, observed)
@@ -249,11 +253,14 @@ def sequence_case_models(case: SequenceCase) -> tuple[MarkovModel, Drafter]:
     raise ValueError(f"unknown drafter {case.drafter!r}")
 
 
-def check_sequence_law(verify: Verifier, case: SequenceCase, alpha: float) -> LawCheck:
-    """Goodness of fit of speculatively generated sequences to the enumerated autoregressive law."""
+def check_sequence_law(
+    verify: Verifier, case: SequenceCase, alpha: float, tv: float = TV, power: float = POWER
+) -> LawCheck:
+    """Goodness of fit of speculatively generated sequences to the enumerated autoregressive law (sample
+    size as in :func:`check_first_token_law`)."""
     target, drafter = sequence_case_models(case)
     law = sequence_law(target, case.length, case.cfg)
-    n = stats.sample_size(law, alpha, TV, POWER)
+    n = stats.sample_size(law, alpha, tv, power)
     run = run_speculative(target, drafter, case.cfg, n, case.length, case.k, seed=case.seed, verify=verify,
                           cap_drafts=case.cap_drafts)
     tokens = run.tokens

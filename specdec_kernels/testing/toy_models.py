@@ -43,11 +43,18 @@ Verifier = Callable[..., object]  # verify_chain's signature (positional tensors
 
 @dataclass(frozen=True)
 class SamplingConfig:
-    """Per-request sampling parameters: temperature (0 = greedy), top_k (0 = off), top_p (1 = off)."""
+    """Per-request sampling parameters: temperature (0 = greedy), top_k (0 = off), top_p (1 = off).
+
+    ``min_p`` (0 = off) keeps the tokens whose tempered probability is at least ``min_p`` times the
+    largest one, applied after temperature and before top-k / top-p (vLLM's order). ``verify_chain`` has
+    no min-p; the cases that set it are for verifiers that take a ``min_p=`` keyword (the audit's vLLM
+    adapters), and verifiers are passed ``min_p`` only when it is set.
+    """
 
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
+    min_p: float = 0.0
 
     @property
     def greedy(self) -> bool:
@@ -59,7 +66,13 @@ class SamplingConfig:
             parts.append(f"k{self.top_k}")
         if self.top_p < 1:
             parts.append(f"p{self.top_p:g}")
+        if self.min_p > 0:
+            parts.append(f"minp{self.min_p:g}")
         return "-".join(parts)
+
+    def extra_kwargs(self, num_reqs: int) -> dict:
+        """Keyword arguments beyond verify_chain's: ``min_p`` [B] float32 when it is set, else none."""
+        return {"min_p": torch.full((num_reqs,), float(self.min_p))} if self.min_p > 0 else {}
 
 
 @dataclass(frozen=True)
@@ -115,6 +128,10 @@ def step_probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
     if cfg.greedy:
         idx = torch.argmax(sampling.greedy_logits(logits), dim=-1)
         return torch.nn.functional.one_hot(idx, logits.shape[-1]).float()
+    if cfg.min_p > 0:
+        tempered = sampling.softmax(sampling.scale_logits(logits, torch.full((n,), cfg.temperature)))
+        below = tempered < cfg.min_p * tempered.max(dim=-1, keepdim=True).values
+        logits = logits.float().masked_fill(below, float("-inf"))
     return sampling.target_probs(
         logits,
         torch.full((n,), cfg.temperature),
@@ -313,6 +330,7 @@ def run_speculative(
             torch.full((n,), cfg.top_p) if cfg.top_p < 1 else None,
             keys[active],
             end,
+            **cfg.extra_kwargs(n),
         )
         out = result.output_token_ids.to(torch.int64)
         num_acc = result.num_accepted.to(torch.int64)

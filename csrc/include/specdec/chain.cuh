@@ -4,13 +4,13 @@
 // parallel and a final per-request pass keeps the prefix up to the first rejection:
 //   1. threshold_kernel  (rows with top-k/top-p only): exact truncation thresholds by bisection on
 //                         order keys, one block per row;
-//   2. row_pass_kernel   grid (slices, rows): ONE pass over each logits row: greedy argmax (16-byte
+//   2. row_pass_kernel   grid (slices, rows <= 65535): ONE pass over each logits row: greedy argmax (16-byte
 //                         loads), or level 1 of the two-level Gumbel-max sample of the truncated target
 //                         (gumbel.h: one thread per 16-entry block; deterministic drafts need nothing
 //                         else), plus the online-softmax (max, sum) of stochastic rows;
 //   3. decide_kernel     per row: combine slices, level 2 in the winning block; stochastic rows draw the
 //                         acceptance coin;
-//   4. residual_kernel   grid (slices, rows), stochastic rows that rejected only: recovery sample from
+//   4. residual_kernel   grid (slices, rows <= 65535), stochastic rows that rejected only: recovery sample from
 //                         norm(max(0, p - q)) (level 1; level 2 in residual_combine_kernel);
 //   5. assemble_kernel   per request: accepted prefix, then the recovery or bonus token.
 // Splitting the vocabulary across blocks keeps the whole GPU busy at small batch sizes.
@@ -21,7 +21,7 @@
 #include "common.h"
 #include "cuda_api.h"
 #include "cuda_common.cuh"
-#include "gumbel.h"
+#include "gumbel.cuh"
 #include "math.h"
 #include "philox.h"
 
@@ -73,84 +73,7 @@ __device__ __forceinline__ RowInfo row_info(const CudaChainArgs& a, int64_t r) {
   return info;
 }
 
-__device__ __forceinline__ float truncated(float x, float temperature, uint32_t lo_key) {
-  const float z = sanitize(x / temperature);
-  return order_key(z) >= lo_key ? z : -kInf;
-}
-
-// Two-level Gumbel-max sources (gumbel.h) of a row truncated by order key: the scaled, truncated logits,
-// and the residual max(0, p - q) of their softmax p.
-template <DType D>
-struct TruncatedZ {
-  const void* row;
-  float temperature;
-  uint32_t lo_key;
-  int64_t vocab;
-
-  __device__ float z(int64_t v) const {
-    return truncated(Elem<D>::load(static_cast<const typename Elem<D>::type*>(row), v), temperature, lo_key);
-  }
-  __device__ void block(int64_t b, float* out) const {
-    for (int i = 0; i < kBlock; ++i) out[i] = b * kBlock + i < vocab ? z(b * kBlock + i) : -kInf;
-  }
-  __device__ float log_mass(int64_t b) const {
-    float zb[kBlock];
-    block(b, zb);
-    return block_log_mass(zb);
-  }
-};
-
-template <DType D>
-struct TruncatedResidual {
-  TruncatedZ<D> target;
-  float max, total;
-  const void* q;
-  DType q_dtype;
-
-  __device__ float residual(int64_t v) const {
-    const float p = max == -kInf ? (v == 0 ? 1.0f : 0.0f) : exp_fma_f32(target.z(v) - max) / total;
-    const float d = p - load_prob(q, q_dtype, v);
-    return d > 0.0f ? d : 0.0f;
-  }
-  __device__ void block(int64_t b, float* out) const {
-    for (int i = 0; i < kBlock; ++i) out[i] = b * kBlock + i < target.vocab ? log_f32(residual(b * kBlock + i)) : -kInf;
-  }
-  __device__ float log_mass(int64_t b) const {
-    float w[kBlock];
-    for (int i = 0; i < kBlock; ++i) w[i] = b * kBlock + i < target.vocab ? residual(b * kBlock + i) : 0.0f;
-    return log_f32(block_sum16(w));
-  }
-};
-
-// Level 1 over the blocks of [v0, v1) (v0 a multiple of 16), one thread per block: this thread's best
-// {score, block}; the caller reduces over the thread block.
-template <class Source>
-__device__ __forceinline__ DevArgMax block_pick(const Source& src, const PhiloxKey& key, uint32_t hi, int stream,
-                                                int64_t v0, int64_t v1) {
-  DevArgMax pick{-kInf, 0x7fffffff};
-  for (int64_t b = v0 / kBlock + threadIdx.x; b < (v1 + kBlock - 1) / kBlock; b += blockDim.x) {
-    const float u = philox_draw(key, hi, stream, kBlockDraws + static_cast<uint32_t>(b));
-    pick = better(pick, DevArgMax{src.log_mass(b) - gumbel_log_term(u), static_cast<int32_t>(b)});
-  }
-  return pick;
-}
-
 // --- 1. thresholds ------------------------------------------------------------------------------------
-
-// Number of z with order key >= t, and the mass of z with key > t (exp(z - zmax)), over one row.
-template <DType D>
-__device__ void key_stats(const void* row, int64_t V, float temperature, uint32_t lo_key, uint32_t t, float zmax,
-                          bool want_mass, int64_t& count, double& mass, double* smem) {
-  double c = 0.0, m = 0.0;
-  for_each_elem<D>(row, 0, V, [&](int64_t, float x) {
-    const float z = truncated(x, temperature, lo_key);
-    const uint32_t key = order_key(z);
-    c += key >= t ? 1.0 : 0.0;
-    if (want_mass && key > t) m += static_cast<double>(exp_f32(z - zmax));
-  });
-  count = static_cast<int64_t>(block_sum(c, smem));
-  mass = want_mass ? block_sum(m, smem) : 0.0;
-}
 
 template <DType D>
 __global__ void threshold_kernel(CudaChainArgs a, ChainRowState* state) {
@@ -159,55 +82,19 @@ __global__ void threshold_kernel(CudaChainArgs a, ChainRowState* state) {
   const int64_t r = blockIdx.x;
   const RowInfo info = row_info(a, r);
   const float temp = a.temperature[info.req];
-  uint32_t lo_key = 0;
   const int32_t k = a.top_k != nullptr ? a.top_k[info.req] : 0;
   const float top_p = a.top_p != nullptr ? a.top_p[info.req] : 1.0f;
-  const bool use_k = temp != 0.0f && k > 0 && k < a.vocab;
-  const bool use_p = temp != 0.0f && top_p < 1.0f;
   const void* row = static_cast<const char*>(a.logits) + r * a.vocab * (a.logits_dtype == DType::kFloat32 ? 4 : 2);
-  int64_t count;
-  double mass;
-  if (use_k) {
-    // Largest t with count(key >= t) >= k: the key of the k-th largest value.
-    uint32_t lo = 0, hi = 0xffffffffu;
-    while (lo < hi) {
-      const uint32_t mid = lo + (hi - lo + 1) / 2;
-      key_stats<D>(row, a.vocab, temp, 0, mid, 0.0f, false, count, mass, smem);
-      if (count >= k) lo = mid; else hi = mid - 1;
-    }
-    lo_key = lo;
-  }
-  if (use_p) {
-    DevArgMax best{-kInf, 0x7fffffff};
-    for_each_elem<D>(row, 0, a.vocab, [&](int64_t v, float x) {
-      best = better(best, DevArgMax{truncated(x, temp, lo_key), static_cast<int32_t>(v)});
-    });
-    const float zmax = block_argmax(best, amax).value;
-    if (zmax != -kInf) {
-      key_stats<D>(row, a.vocab, temp, lo_key, 0, zmax, true, count, mass, smem);
-      const double total_d = mass + 0.0;  // mass of key > 0: every finite or -inf value (weights of -inf are 0)
-      const float limit = top_p * static_cast<float>(total_d);
-      // Smallest t with mass(key > t) < limit: keep iff key >= t.
-      uint32_t lo = lo_key, hi = 0xffffffffu;
-      while (lo < hi) {
-        const uint32_t mid = lo + (hi - lo) / 2;
-        key_stats<D>(row, a.vocab, temp, lo_key, mid, zmax, true, count, mass, smem);
-        if (static_cast<float>(mass) < limit) hi = mid; else lo = mid + 1;
-      }
-      lo_key = lo;
-    }
-  }
+  const uint32_t lo_key = temp == 0.0f ? 0u : row_lo_key<D>(row, a.vocab, temp, k, top_p, smem, amax);
   if (threadIdx.x == 0) state[r].lo_key = lo_key;
 }
 
 // --- 2. one pass over each row -------------------------------------------------------------------------
 
+// Slice blockIdx.x of row r.
 template <DType D>
-__global__ void row_pass_kernel(CudaChainArgs a, int64_t slice, const ChainRowState* state,
-                                ChainRowPartial* partial) {
-  __shared__ DevArgMax amax[32];
-  __shared__ double smem[32];
-  const int64_t r = blockIdx.y;
+__device__ void row_pass(const CudaChainArgs& a, int64_t slice, int64_t r, const ChainRowState* state,
+                         ChainRowPartial* partial, DevArgMax* amax, double* smem) {
   const int64_t v0 = static_cast<int64_t>(blockIdx.x) * slice;
   const int64_t v1 = v0 + slice < a.vocab ? v0 + slice : a.vocab;
   const RowInfo info = row_info(a, r);
@@ -252,6 +139,15 @@ __global__ void row_pass_kernel(CudaChainArgs a, int64_t slice, const ChainRowSt
   if (threadIdx.x == 0) {
     partial[r * gridDim.x + blockIdx.x] = ChainRowPartial{pick.value, pick.index, m, s};
   }
+}
+
+// Grid (slices, min(rows, 65535)): rows beyond the grid's y limit loop (T + B exceeds it in large batches).
+template <DType D>
+__global__ void row_pass_kernel(CudaChainArgs a, int64_t slice, const ChainRowState* state,
+                                ChainRowPartial* partial) {
+  __shared__ DevArgMax amax[32];
+  __shared__ double smem[32];
+  for (int64_t r = blockIdx.y; r < a.num_rows; r += gridDim.y) row_pass<D>(a, slice, r, state, partial, amax, smem);
 }
 
 // --- 3. per-row decisions ------------------------------------------------------------------------------
@@ -306,15 +202,14 @@ __global__ void decide_kernel(CudaChainArgs a, int64_t slices, const ChainRowPar
 
 // --- 4. residual samples -------------------------------------------------------------------------------
 
+// Slice blockIdx.x of row r.
 template <DType D>
-__global__ void residual_kernel(CudaChainArgs a, int64_t slice, const ChainRowState* state,
-                                ChainRowPartial* partial) {
-  __shared__ DevArgMax amax[32];
-  const int64_t r = blockIdx.y;
+__device__ void residual(const CudaChainArgs& a, int64_t slice, int64_t r, const ChainRowState* state,
+                         ChainRowPartial* partial, DevArgMax* amax) {
   const RowInfo info = row_info(a, r);
   const float temp = a.temperature[info.req];
   const ChainRowState st = state[r];
-  if (temp == 0.0f || info.bonus || st.accept) return;  // uniform per block: safe early exit
+  if (temp == 0.0f || info.bonus || st.accept) return;  // uniform per block: safe to skip the row
   const int64_t v0 = static_cast<int64_t>(blockIdx.x) * slice;
   const int64_t v1 = v0 + slice < a.vocab ? v0 + slice : a.vocab;
   const int64_t t = info.draft_row;
@@ -337,6 +232,14 @@ __global__ void residual_kernel(CudaChainArgs a, int64_t slice, const ChainRowSt
   if (threadIdx.x == 0) {
     partial[r * gridDim.x + blockIdx.x] = ChainRowPartial{pick.value, pick.index, anyv.value, 0.0};
   }
+}
+
+// Grid (slices, min(rows, 65535)), rows looping as in row_pass_kernel.
+template <DType D>
+__global__ void residual_kernel(CudaChainArgs a, int64_t slice, const ChainRowState* state,
+                                ChainRowPartial* partial) {
+  __shared__ DevArgMax amax[32];
+  for (int64_t r = blockIdx.y; r < a.num_rows; r += gridDim.y) residual<D>(a, slice, r, state, partial, amax);
 }
 
 template <DType D>
@@ -380,7 +283,7 @@ __global__ void assemble_kernel(CudaChainArgs a, const ChainRowState* state) {
   const bool stochastic = !greedy && a.draft_probs != nullptr;
   int32_t* out = a.out_tokens + b * a.out_width;
   int64_t j = 0;
-  for (; j < k; ++j) {
+  for (; j < k; ++j) {  // k <= out_width - 1 (chain_span): the row stays inside its output row
     const ChainRowState& st = state[row0 + j];
     const int64_t d = a.draft_ids[span.start + j];
     const bool valid = d >= 0 && d < a.vocab;

@@ -100,6 +100,13 @@ inline constexpr ConfigEntry kConfigTable[] = {
     {0, 0, 2, {128, 2048}},        {0, 0, 4, {128, 2048}},
 };
 
+// Fixed launch shapes beside the table: threads of the per-row threshold search (threshold_kernel) and
+// of the one-thread-per-row / per-request kernels (decide, residual_combine, assemble), and the grid's
+// y limit (rows beyond it loop inside row_pass_kernel / residual_kernel).
+inline constexpr int kThresholdThreads = 256;
+inline constexpr int kRowThreads = 128;
+inline constexpr int64_t kMaxGridY = 65535;
+
 inline LaunchConfig pick_config(int arch, int64_t vocab, DType dtype) {
   const int bytes = dtype == DType::kFloat32 ? 4 : 2;
   for (const ConfigEntry& e : kConfigTable) {

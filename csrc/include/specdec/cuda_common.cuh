@@ -1,5 +1,6 @@
 // CUDA building blocks shared by the chain and tree kernels: (value, index) argmax with ties to the
-// lowest index, block reductions, 16-byte vectorised row loads, and the launch-config table.
+// lowest index, block reductions, 16-byte vectorised row loads, truncated logits and their order-key
+// statistics (top-k / top-p thresholds), and the launch macro.
 // Framework-free (no torch headers), so CI compiles it with nvcc alone.
 #pragma once
 
@@ -9,8 +10,29 @@
 #include "math.h"
 #include "philox.h"
 
+// Launches are written SPECDEC_LAUNCH(kernel, grid, block, smem, stream)(args...) rather than
+// kernel<<<grid, block, smem, stream>>>(args...), so that the CUDA host emulation (csrc/cuda_host, tests
+// only) builds these very launchers with a host compiler.
+#if defined(SPECDEC_CUDA_HOST)
+#define SPECDEC_LAUNCH(kernel, grid, block, smem, stream) \
+  ::specdec_emu::launch(#kernel, kernel, grid, block, smem, stream)
+#else
+#define SPECDEC_LAUNCH(kernel, grid, block, smem, stream) kernel<<<grid, block, smem, stream>>>
+#endif
+
 SPECDEC_NS_BEGIN
 namespace dev {
+
+// The block's dynamic shared memory (the launch's smem bytes), 16-byte aligned.
+template <class T>
+__device__ __forceinline__ T* dynamic_shared() {
+#if defined(SPECDEC_CUDA_HOST)
+  return static_cast<T*>(::specdec_emu::dynamic_shared());
+#else
+  extern __shared__ __align__(16) unsigned char specdec_dynamic_smem[];
+  return reinterpret_cast<T*>(specdec_dynamic_smem);
+#endif
+}
 
 struct DevArgMax {
   float value;
@@ -79,6 +101,69 @@ __device__ __forceinline__ void for_each_elem(const void* row, int64_t v0, int64
     v = v0 + nvec * kPerVec;
   }
   for (int64_t i = v + threadIdx.x; i < v1; i += blockDim.x) f(i, Elem<D>::load(p, i));
+}
+
+// Scaled, sanitised logit z = x / temperature, or -inf when top-k / top-p drop it (order key below lo_key).
+__device__ __forceinline__ float truncated(float x, float temperature, uint32_t lo_key) {
+  const float z = sanitize(x / temperature);
+  return order_key(z) >= lo_key ? z : -kInf;
+}
+
+// Number of z with order key >= t, and the mass of z with key > t (exp(z - zmax)), over one row.
+template <DType D>
+__device__ void key_stats(const void* row, int64_t V, float temperature, uint32_t lo_key, uint32_t t, float zmax,
+                          bool want_mass, int64_t& count, double& mass, double* smem) {
+  double c = 0.0, m = 0.0;
+  for_each_elem<D>(row, 0, V, [&](int64_t, float x) {
+    const float z = truncated(x, temperature, lo_key);
+    const uint32_t key = order_key(z);
+    c += key >= t ? 1.0 : 0.0;
+    if (want_mass && key > t) m += static_cast<double>(exp_f32(z - zmax));
+  });
+  count = static_cast<int64_t>(block_sum(c, smem));
+  mass = want_mass ? block_sum(m, smem) : 0.0;
+}
+
+// Truncation threshold of one row for top-k / top-p (temperature > 0): the order key t such that
+// truncated(x, temp, t) keeps exactly the tokens reference/sampling.py keeps (0 keeps everything). Exact
+// bisections over the 32-bit keys, one pass over the row per step, every thread of the block taking part.
+template <DType D>
+__device__ uint32_t row_lo_key(const void* row, int64_t V, float temp, int32_t k, float top_p, double* smem,
+                               DevArgMax* amax) {
+  uint32_t lo_key = 0;
+  int64_t count;
+  double mass;
+  if (k > 0 && k < V) {
+    // Largest t with count(key >= t) >= k: the key of the k-th largest value. Upper midpoint without
+    // overflow (lo + (hi - lo + 1) / 2 wraps to lo at the first step and never ends).
+    uint32_t lo = 0, hi = 0xffffffffu;
+    while (lo < hi) {
+      const uint32_t mid = hi - (hi - lo) / 2;
+      key_stats<D>(row, V, temp, 0, mid, 0.0f, false, count, mass, smem);
+      if (count >= k) lo = mid; else hi = mid - 1;
+    }
+    lo_key = lo;
+  }
+  if (top_p < 1.0f) {
+    DevArgMax best{-kInf, 0x7fffffff};
+    for_each_elem<D>(row, 0, V, [&](int64_t v, float x) {
+      best = better(best, DevArgMax{truncated(x, temp, lo_key), static_cast<int32_t>(v)});
+    });
+    const float zmax = block_argmax(best, amax).value;
+    if (zmax != -kInf) {
+      key_stats<D>(row, V, temp, lo_key, 0, zmax, true, count, mass, smem);
+      const float limit = top_p * static_cast<float>(mass);  // mass of key > 0: the whole row
+      // Smallest t with mass(key > t) < limit: keep iff key >= t.
+      uint32_t lo = lo_key, hi = 0xffffffffu;
+      while (lo < hi) {
+        const uint32_t mid = lo + (hi - lo) / 2;
+        key_stats<D>(row, V, temp, lo_key, mid, zmax, true, count, mass, smem);
+        if (static_cast<float>(mass) < limit) hi = mid; else lo = mid + 1;
+      }
+      lo_key = lo;
+    }
+  }
+  return lo_key;
 }
 
 __device__ __forceinline__ float load_prob(const void* q, DType d, int64_t v) {

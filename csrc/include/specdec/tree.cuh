@@ -6,52 +6,15 @@
 
 #include <cstdint>
 
-#include "chain.cuh"
 #include "common.h"
 #include "cuda_api.h"
 #include "cuda_common.cuh"
+#include "gumbel.cuh"
 #include "math.h"
 #include "philox.h"
 
 SPECDEC_NS_BEGIN
 namespace dev {
-
-// Truncation threshold of one row (order key; 0 keeps everything), by bisection like threshold_kernel.
-template <DType D>
-__device__ uint32_t row_lo_key(const void* row, int64_t V, float temp, int32_t k, float top_p, double* smem,
-                               DevArgMax* amax) {
-  uint32_t lo_key = 0;
-  int64_t count;
-  double mass;
-  if (k > 0 && k < V) {
-    uint32_t lo = 0, hi = 0xffffffffu;
-    while (lo < hi) {
-      const uint32_t mid = lo + (hi - lo + 1) / 2;
-      key_stats<D>(row, V, temp, 0, mid, 0.0f, false, count, mass, smem);
-      if (count >= k) lo = mid; else hi = mid - 1;
-    }
-    lo_key = lo;
-  }
-  if (top_p < 1.0f) {
-    DevArgMax best{-kInf, 0x7fffffff};
-    for_each_elem<D>(row, 0, V, [&](int64_t v, float x) {
-      best = better(best, DevArgMax{truncated(x, temp, lo_key), static_cast<int32_t>(v)});
-    });
-    const float zmax = block_argmax(best, amax).value;
-    if (zmax != -kInf) {
-      key_stats<D>(row, V, temp, lo_key, 0, zmax, true, count, mass, smem);
-      const float limit = top_p * static_cast<float>(mass);
-      uint32_t lo = lo_key, hi = 0xffffffffu;
-      while (lo < hi) {
-        const uint32_t mid = lo + (hi - lo) / 2;
-        key_stats<D>(row, V, temp, lo_key, mid, zmax, true, count, mass, smem);
-        if (static_cast<float>(mass) < limit) hi = mid; else lo = mid + 1;
-      }
-      lo_key = lo;
-    }
-  }
-  return lo_key;
-}
 
 template <DType D>
 __global__ void tree_walk_kernel(CudaTreeArgs a, float* workspace) {
@@ -106,7 +69,9 @@ __global__ void tree_walk_kernel(CudaTreeArgs a, float* workspace) {
         const DevArgMax best = block_argmax(block_pick(src, key, hi, stream, 0, V), amax);
         y = sample_in_block(src, key, hi, stream, best.value == -kInf ? 0 : best.index);
       } else {
-        // p = softmax(z), q = draft row of this node.
+        // p = softmax(z), q = draft row of this node. The barrier first: every thread must have read the
+        // previous node's p[x] and q[x] (its acceptance coin) before any thread overwrites them.
+        __syncthreads();
         DevArgMax mx{-kInf, 0x7fffffff};
         for_each_elem<D>(row, 0, V, [&](int64_t v, float x) {
           const float z = truncated(x, temp, lo_key);
