@@ -39,7 +39,7 @@ def table(rows: list[dict[str, str]], families: list[str] | None = None) -> str:
         frac = (f"{100 * float(ours['read_fraction']):.0f} [{100 * float(ours['read_fraction_min']):.0f}, "
                 f"{100 * float(ours['read_fraction_max']):.0f}]")
 
-        def ratio(names: tuple[str, ...]) -> str:
+        def ratio(names: tuple[str, ...], by: dict = by, t: float = t) -> str:
             times = [float(by[n]["median_ms"]) for n in names if n in by and by[n]["status"] == "ok"]
             return f"{min(times) / t:.1f}x" if times else "—"
 

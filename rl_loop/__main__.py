@@ -34,6 +34,11 @@ def parse_args(argv: list[str] | None = None) -> RunConfig:
     p.add_argument("--verify-backend", default=d.verify_backend,
                    help="specdec_kernels backend for verification: default (native CPU if built, else reference), "
                         "reference, cpu, triton, cuda")
+    p.add_argument("--rollout-workers", type=int, default=d.rollout_workers,
+                   help="rollout workers as Ray actors, groups split across them (sync: 1 = in-process); "
+                        "RAY_ADDRESS attaches to an existing cluster")
+    p.add_argument("--dump-rollouts", action="store_true",
+                   help="write OUT/rollouts.jsonl: every step's request seeds and response token ids")
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
     p.add_argument("--no-equivalence", action="store_true", help="skip the AR-vs-speculative equivalence check")
     p.add_argument("--no-plots", action="store_true")
@@ -44,7 +49,7 @@ def parse_args(argv: list[str] | None = None) -> RunConfig:
     return replace(
         base, pipeline=a.pipeline, spec=a.spec, drafter=a.drafter, k=a.k, backend=a.backend, steps=steps,
         seed=a.seed, out=a.out, temperature=a.temperature, verify_backend=a.verify_backend, resume=a.resume,
-        equivalence=not a.no_equivalence, plots=base.plots and not a.no_plots,
+        rollout_workers=a.rollout_workers, dump_rollouts=a.dump_rollouts, equivalence=not a.no_equivalence, plots=base.plots and not a.no_plots,
     )
 
 

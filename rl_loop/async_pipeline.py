@@ -20,15 +20,18 @@ with a snapshot of version g (see :func:`rl_loop.learn.train_on_batch`), so the 
 the lag. Each metrics row records ``policy_version``, ``rollout_version`` and ``policy_lag``. After a resume
 the pipeline refills from the checkpoint's weights (the first resumed step has lag 0).
 
-``ray.init()`` starts a local Ray (2 CPUs) unless ``RAY_ADDRESS`` is set, in which case the same code
-attaches to that cluster (the ``rl_loop`` package must be importable on its nodes).
+With ``--rollout-workers N`` the generator is a :class:`~rl_loop.ray_rollout.RolloutPool` of N actors:
+each step's groups are split across them, every push is one ``ray.put`` of the weights that every worker
+loads behind its pending ``generate``, so all N generate step t + 1 under the same version and the lag
+bound holds unchanged (the pool checks that a step's shares agree on the version).
+
+``ray.init()`` starts a local Ray (max(2, N) CPUs) unless ``RAY_ADDRESS`` is set, in which case the same
+code attaches to that cluster (the ``rl_loop`` package must be importable on its nodes).
 """
 
 from __future__ import annotations
 
-import os
 import time
-from dataclasses import replace
 
 import torch
 
@@ -37,12 +40,12 @@ from specdec_kernels.models import Qwen3
 from .accounting import account_step, compare_step, rollout_row
 from .batch import step_requests
 from .config import RunConfig
-from .engine import RolloutEngine
 from .evaluation import evaluate_start, validate
 from .learn import learn
-from .rollouts import GenerationConfig, Rollouts, RolloutStats
+from .ray_rollout import GeneratorActor, RolloutPool, init_ray, weights
+from .rollout_dump import dump_rollouts, reset_dump
 from .session import finish_run, open_run, setup
-from .state import Session, save_checkpoint
+from .state import save_checkpoint
 from .sync_pipeline import progress
 
 
@@ -52,58 +55,6 @@ def check_async_config(cfg: RunConfig) -> None:
         raise ValueError(f"run_async needs --pipeline async, got {cfg.pipeline!r}")
     if cfg.backend == "vllm":
         raise ValueError("--backend vllm runs with --pipeline sync only")
-
-
-class GeneratorActor:
-    """Rollout generation in its own process: a policy copy, a drafter copy and a RolloutEngine.
-
-    Wrapped with ``ray.remote`` by :func:`run_async`; plain methods so it is also usable in-process.
-    """
-
-    def __init__(self, models: tuple[Qwen3, object | None], eos_id: int, num_threads: int = 1) -> None:
-        torch.set_num_threads(num_threads)
-        policy, drafter = models  # one argument: shared submodules stay shared after pickling
-        self.policy, self.drafter = policy, drafter
-        self.engine = RolloutEngine(policy, drafter, eos_id)
-        self.version = 0
-
-    def load_weights(self, version: int, policy_state: dict, drafter_state: dict | None) -> int:
-        """Weight sync: load policy (and drafter) weights of ``version``; returns the version now held."""
-        self.policy.load_state_dict(policy_state)
-        if drafter_state is not None and self.drafter is not None:
-            self.drafter.trainable().load_state_dict(drafter_state)
-        self.engine.sync(version)
-        self.version = version
-        return version
-
-    def generate(self, prompts: list[list[int]], seeds: list[int], gen: GenerationConfig,
-                 compare: bool) -> tuple[int, Rollouts, RolloutStats | None]:
-        """(policy version used, rollouts, stats of the same requests generated autoregressively or None)."""
-        rollouts = self.engine.generate(prompts, seeds, gen)
-        ar = self.engine.generate(prompts, seeds, replace(gen, spec="none")).stats if compare else None
-        return self.version, rollouts, ar
-
-
-def _weights(s: Session) -> tuple[dict, dict | None]:
-    """CPU copies of the trainer's policy and drafter weights (what a weight push sends)."""
-    policy = {k: v.detach().clone() for k, v in s.policy.state_dict().items()}
-    drafter = None
-    if s.drafter is not None:
-        drafter = {k: v.detach().clone() for k, v in s.drafter.trainable().state_dict().items()}
-    return policy, drafter
-
-
-def _init_ray():
-    """Attach to ``RAY_ADDRESS`` or start a local 2-CPU Ray; returns (ray, whether this call started it)."""
-    import ray
-
-    if ray.is_initialized():  # the caller's own Ray session: use it, leave it running
-        return ray, False
-    if os.environ.get("RAY_ADDRESS"):
-        ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False)
-    else:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    return ray, True
 
 
 def run_async(cfg: RunConfig) -> dict:
@@ -124,35 +75,37 @@ def run_async(cfg: RunConfig) -> dict:
     s = setup(cfg, log)
     st = s.state
     evaluate_start(s)
-    ray, owns_ray = _init_ray()
-    actor = None
+    reset_dump(cfg)
+    ray, owns_ray = init_ray(num_cpus=max(2, cfg.rollout_workers))
+    pool, pool_summary = None, {}
     try:
-        actor_cls = ray.remote(num_cpus=1)(GeneratorActor)
         version = st.step  # one update per step: after a resume the trainer holds version `step`
         s.policy.eval()
-        actor = actor_cls.remote((s.policy, s.drafter), s.tok.eos_id, threads)
-        ray.get(actor.load_weights.remote(version, *_weights(s)))
-        snapshots = {version: _weights(s)[0]}  # policy versions the actor may still generate with
+        worker_threads = max(1, (cfg.num_threads - threads) // cfg.rollout_workers)
+        pool = RolloutPool(ray, s.policy, s.drafter, s.tok.eos_id, cfg.rollout_workers, cfg.group_size,
+                           worker_threads, version=version)
+        snapshots = {version: weights(s.policy, None)[0]}  # policy versions the workers may still generate with
         behaviour = Qwen3(cfg.model)
         behaviour.eval()
         gen = cfg.generation()
 
         def submit(step: int):
             problems, prompts, seeds = step_requests(cfg, s.train, s.tok, step)
-            return problems, prompts, actor.generate.remote(prompts, seeds, gen, compare_step(cfg, step))
+            return problems, prompts, seeds, pool.submit(prompts, seeds, gen, compare_step(cfg, step))
 
         pending = submit(st.step) if st.step < cfg.steps else None
         lags, step_walls = [], []
         for step in progress(range(st.step, cfg.steps), cfg.progress, desc="grpo async", initial=st.step,
                              total=cfg.steps):
             t0 = time.perf_counter()
-            problems, prompts, ref = pending
-            rollout_version, rollouts, ar = ray.get(ref)
+            problems, prompts, seeds, call = pending
+            rollout_version, rollouts, ar = pool.collect(call)
             wait_s = time.perf_counter() - t0
             pending = submit(step + 1) if step + 1 < cfg.steps else None  # overlaps with the training below
             lag = version - rollout_version
             if not 0 <= lag <= 1:
                 raise RuntimeError(f"policy lag {lag} at step {step}: the pipeline must keep it in [0, 1]")
+            dump_rollouts(cfg, step, seeds, rollouts)
             old = None
             if lag:
                 behaviour.load_state_dict(snapshots[rollout_version])
@@ -162,8 +115,7 @@ def run_async(cfg: RunConfig) -> dict:
             account_step(st, row, rollouts, ar)
             version += 1
             t_push = time.perf_counter()
-            policy_state, drafter_state = _weights(s)
-            actor.load_weights.remote(version, policy_state, drafter_state)  # queued behind generate(step + 1)
+            policy_state = pool.sync(version)  # one put; every worker loads it behind generate(step + 1)
             snapshots = {v: w for v, w in snapshots.items() if v >= version - 1}
             snapshots[version] = policy_state
             row.update(policy_version=version - 1, rollout_version=rollout_version, policy_lag=lag,
@@ -177,11 +129,12 @@ def run_async(cfg: RunConfig) -> dict:
             st.step = step + 1
             if cfg.checkpoint_every and st.step % cfg.checkpoint_every == 0:
                 save_checkpoint(s)
+        pool_summary = pool.summary()
     finally:
+        if pool is not None:
+            pool.shutdown()
         if owns_ray:
             ray.shutdown()
-        elif actor is not None:
-            ray.kill(actor)
     # Steps that also ran the side-by-side AR rollouts make the trainer wait for them too (a sync step does
     # not count them), so the comparison uses the other steps when there are any.
     plain = [w for w in step_walls if not w[2]] or step_walls
@@ -194,8 +147,9 @@ def run_async(cfg: RunConfig) -> dict:
         "sync_step_s": sync_s / len(plain) if plain else None,
         "async_compared_steps": len(plain),
         "async_step_speedup": sync_s / async_s if async_s > 0 else None,
+        **pool_summary,
     }
     return finish_run(s, t_run, extra)
 
 
-__all__ = ["GeneratorActor", "check_async_config", "run_async"]
+__all__ = ["GeneratorActor", "RolloutPool", "check_async_config", "run_async"]

@@ -96,6 +96,9 @@ class RunConfig:
     checkpoint_every: int = 8
     resume: bool = False
     num_threads: int = 2  # torch intra-op threads (both cores of the 2-core target machine)
+    # Ray rollout workers (ray_rollout.py): sync with 1 generates in-process; async always runs on Ray
+    rollout_workers: int = 1
+    dump_rollouts: bool = False  # OUT/rollouts.jsonl: every step's seeds and response token ids
     plots: bool = True
     progress: bool = True
 
@@ -108,6 +111,8 @@ class RunConfig:
             raise ValueError(f"temperature must be > 0 for RL rollouts, got {self.temperature}")
         if self.steps < 0 or self.k < 1 or self.group_size < 2 or self.prompts_per_step < 1:
             raise ValueError("steps >= 0, k >= 1, group_size >= 2 and prompts_per_step >= 1 are required")
+        if self.rollout_workers < 1:
+            raise ValueError(f"--rollout-workers must be >= 1, got {self.rollout_workers}")
         if self.eval_samples < 0:
             raise ValueError(f"eval_samples must be >= 0, got {self.eval_samples}")
 

@@ -118,15 +118,6 @@ class RolloutStats:
         for j, a in enumerate(other.accepted_at):
             self.accepted_at[j] += a
 
-    def as_dict(self) -> dict:
-        return {
-            "k": self.k, "rounds": self.rounds, "forwards": self.forwards, "tokens": self.tokens,
-            "mean_accepted_length": self.mean_accepted_length,
-            "acceptance_by_position": self.acceptance_by_position, "tokens_per_s": self.tokens_per_s,
-            "time_s": self.time_s, "draft_s": self.draft_s, "target_s": self.target_s,
-            "verify_s": self.verify_s, "prefill_s": self.prefill_s,
-        }
-
 
 @dataclass
 class Rollouts:

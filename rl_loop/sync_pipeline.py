@@ -14,6 +14,7 @@ from .batch import step_requests
 from .config import RunConfig
 from .evaluation import evaluate_start, validate
 from .learn import learn
+from .rollout_dump import dump_rollouts, reset_dump
 from .session import finish_run, open_run, setup
 from .state import Session, save_checkpoint
 
@@ -32,6 +33,7 @@ def rl_step(s: Session, step: int) -> dict:
     cfg = s.cfg
     problems, prompts, seeds = step_requests(cfg, s.train, s.tok, step)
     rollouts = s.engine.generate(prompts, seeds, cfg.generation())
+    dump_rollouts(cfg, step, seeds, rollouts)
     ar = None
     if compare_step(cfg, step):  # the same requests, same policy snapshot, autoregressive: timing side by side
         ar = s.engine.generate(prompts, seeds, cfg.generation(spec="none")).stats
@@ -42,17 +44,39 @@ def rl_step(s: Session, step: int) -> dict:
 
 
 def run_sync(cfg: RunConfig) -> dict:
-    """Sync pipeline run; returns the summary (also written to ``OUT/summary.json``)."""
+    """Sync pipeline run; returns the summary (also written to ``OUT/summary.json``).
+
+    With ``cfg.rollout_workers > 1`` the session's engine is a :class:`~rl_loop.ray_rollout.RolloutPool`
+    (every generation, evaluation included, split by group across Ray workers; weights published once per
+    update); otherwise the engine runs in this process.
+    """
     t_run = time.perf_counter()
     s = setup(cfg, open_run(cfg))
-    st = s.state
-    evaluate_start(s)
-    for step in progress(range(st.step, cfg.steps), cfg.progress, desc="grpo", initial=st.step, total=cfg.steps):
-        row = rl_step(s, step)
-        if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:
-            row.update(validate(s))
-        s.log(row)
-        st.step = step + 1
-        if cfg.checkpoint_every and st.step % cfg.checkpoint_every == 0:
-            save_checkpoint(s)
-    return finish_run(s, t_run)
+    reset_dump(cfg)
+    pool = None
+    if cfg.rollout_workers > 1:
+        from .ray_rollout import start_pool, stop_pool
+
+        ray, pool, owns_ray = start_pool(s, threads_per_worker(cfg))
+        s.engine = pool
+    try:
+        st = s.state
+        evaluate_start(s)
+        for step in progress(range(st.step, cfg.steps), cfg.progress, desc="grpo", initial=st.step,
+                             total=cfg.steps):
+            row = rl_step(s, step)
+            if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:
+                row.update(validate(s))
+            s.log(row)
+            st.step = step + 1
+            if cfg.checkpoint_every and st.step % cfg.checkpoint_every == 0:
+                save_checkpoint(s)
+        return finish_run(s, t_run)
+    finally:
+        if pool is not None:
+            stop_pool(ray, pool, owns_ray)
+
+
+def threads_per_worker(cfg: RunConfig) -> int:
+    """Torch threads of each Ray rollout worker: the run's threads shared by the workers (at least one)."""
+    return max(1, cfg.num_threads // cfg.rollout_workers)

@@ -146,10 +146,6 @@ def make_splits(config: TaskConfig) -> tuple[list[Problem], list[Problem]]:
 _STEP = re.compile(r"^(-?\d+)([+\-*])(\d+)(?:\+(\d+))?=(-?\d+)$")
 
 
-def _check_arithmetic(problem: Problem, body: str) -> bool:
-    return int(body) == problem.answer
-
-
 def _check_countdown(problem: Problem, scratch: str, final: int) -> bool:
     pool = list(problem.numbers)
     for step in scratch.split(","):

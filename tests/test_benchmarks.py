@@ -89,6 +89,11 @@ def test_bench_native_cpu_writes_interleaved_rounds_with_command(tmp_path):
         assert float(row["read_fraction_min"]) <= float(row["read_fraction"]) <= float(row["read_fraction_max"])
     # Drafts equal to the target's own samples (or q = p) are all accepted.
     assert all(r["mean_accepted"] == "2.000" for r in timed if r["drafts"] == "accept")
+    from benchmarks import native_cpu_table
+
+    lines = native_cpu_table.table(rows).splitlines()
+    assert len(lines) == 2 + 2 * 2 * 2  # header, rule, one line per case
+    assert all(line.count("|") == 13 for line in lines)
 
 
 def test_torch_verify_baseline_is_a_chain_verifier():

@@ -20,7 +20,7 @@ by weight sync). With the compiled extension a float32 Qwen3 head runs each cach
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -66,11 +66,6 @@ class Eagle3Config:
     fc_norm: bool = True
     qk_norm: bool = True
     max_position_embeddings: int = 4096
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["feature_layers"] = list(self.feature_layers)
-        return d
 
     def layer_config(self) -> ModelConfig:
         """The midlayer's shape as a one-layer :class:`ModelConfig` (also the head cache's shape)."""

@@ -15,7 +15,7 @@ run as a subprocess). It writes a JSON report with:
 
 Example::
 
-    SPECDEC_VLLM=1 python -m specdec_kernels.integrations.vllm.e2e --model-dir /tmp/tiny --spec ngram \\
+    SPECDEC_VLLM=1 python -m specdec_kernels.testing.vllm_e2e --model-dir /tmp/tiny --spec ngram \\
         --out /tmp/ngram.json
 """
 
@@ -29,7 +29,7 @@ import random
 import time
 from pathlib import Path
 
-from ...testing.tiny_models import build_target_and_draft, token_text
+from .tiny_models import build_target_and_draft, token_text
 
 
 def prompts(num: int, length: int, vocab_size: int, seed: int) -> list[list[int]]:
@@ -103,7 +103,7 @@ def law_test(baseline: list[list[int]], candidate: list[list[int]], family_alpha
     """
     from collections import Counter
 
-    from ...testing.stats import chi2_power, two_sample_chi2
+    from .stats import chi2_power, two_sample_chi2
 
     length = min(min(map(len, baseline)), min(map(len, candidate)))
     columns = [(f"pos{j}", lambda seq, j=j: seq[j]) for j in range(length)]
