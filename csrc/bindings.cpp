@@ -24,19 +24,27 @@ at::Tensor philox_uniform_rows_cpu(const at::Tensor& seed, const at::Tensor& pos
 TORCH_LIBRARY(specdec, m) {
   m.def(specdec::kVerifyChainSchema);
   m.def(specdec::kVerifyTreeSchema);
+  m.def(specdec::kVerifyChainBlockSchema);
+  m.def(specdec::kVerifyTreeTraversalSchema);
 }
 
 namespace {
 
+constexpr char kChainOp[] = "specdec::verify_chain";
+constexpr char kChainBlockOp[] = "specdec::verify_chain_block";
+constexpr char kTreeOp[] = "specdec::verify_tree";
+constexpr char kTreeTraversalOp[] = "specdec::verify_tree_traversal";
+
 // Calls the op through the dispatcher (so every registered device works) and wraps the outputs in the
 // reference's result NamedTuple.
+template <const char* kOp>
 py::object verify_chain(const at::Tensor& target_logits, const at::Tensor& draft_token_ids,
                         const at::Tensor& cu_num_draft_tokens, const std::optional<at::Tensor>& draft_probs,
                         const at::Tensor& temperature, const std::optional<at::Tensor>& top_k,
                         const std::optional<at::Tensor>& top_p, const at::Tensor& seed, const at::Tensor& position,
                         int64_t max_draft_len) {
   static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("specdec::verify_chain", "")
+                       .findSchemaOrThrow(kOp, "")
                        .typed<std::tuple<at::Tensor, at::Tensor>(
                            const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
                            const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
@@ -51,13 +59,14 @@ py::object verify_chain(const at::Tensor& target_logits, const at::Tensor& draft
   return result_type(std::get<0>(res), std::get<1>(res));
 }
 
+template <const char* kOp>
 py::object verify_tree(const at::Tensor& target_logits, const at::Tensor& node_token_ids, const at::Tensor& parent,
                        const at::Tensor& cu_num_nodes, const std::optional<at::Tensor>& draft_probs,
                        const at::Tensor& temperature, const std::optional<at::Tensor>& top_k,
                        const std::optional<at::Tensor>& top_p, const at::Tensor& seed, const at::Tensor& position,
                        const std::string& sibling_sampling, int64_t max_depth) {
   static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("specdec::verify_tree", "")
+                       .findSchemaOrThrow(kOp, "")
                        .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
                            const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                            const std::optional<at::Tensor>&, const at::Tensor&, const std::optional<at::Tensor>&,
@@ -89,13 +98,27 @@ PYBIND11_MODULE(_C, m) {
   const char* tree_doc =
       "Tree verification on validated, normalised inputs (see specdec_kernels.verify_tree); same "
       "signature and result as specdec_kernels.reference.tree.verify_tree.";
-  m.def("verify_tree_cpu", &verify_tree, tree_doc, py::arg("target_logits_"), py::arg("node_token_ids"),
+  m.def("verify_tree_cpu", &verify_tree<kTreeOp>, tree_doc, py::arg("target_logits_"), py::arg("node_token_ids"),
         py::arg("parent"), py::arg("cu_num_nodes"), py::arg("draft_probs"), py::arg("temperature"),
         py::arg("top_k"), py::arg("top_p"), py::arg("seed"), py::arg("position"), py::arg("sibling_sampling"),
         py::arg("max_depth"));
-  m.def("verify_chain_cpu", &verify_chain, doc, py::arg("target_logits_"), py::arg("draft_token_ids"),
+  m.def("verify_chain_cpu", &verify_chain<kChainOp>, doc, py::arg("target_logits_"), py::arg("draft_token_ids"),
         py::arg("cu_num_draft_tokens"), py::arg("draft_probs"), py::arg("temperature"), py::arg("top_k"),
         py::arg("top_p"), py::arg("seed"), py::arg("position"), py::arg("max_draft_len"));
+  const char* block_doc =
+      "Block verification of chains on validated, normalised inputs (see specdec_kernels.verify_chain, "
+      "method='block'); same signature and result as specdec_kernels.reference.block.verify_chain_block.";
+  const char* traversal_doc =
+      "Traversal verification of trees on validated, normalised inputs (see specdec_kernels.verify_tree, "
+      "method='traversal'); same signature and result as "
+      "specdec_kernels.reference.traversal.verify_tree_traversal.";
+  m.def("verify_chain_block_cpu", &verify_chain<kChainBlockOp>, block_doc, py::arg("target_logits_"),
+        py::arg("draft_token_ids"), py::arg("cu_num_draft_tokens"), py::arg("draft_probs"), py::arg("temperature"),
+        py::arg("top_k"), py::arg("top_p"), py::arg("seed"), py::arg("position"), py::arg("max_draft_len"));
+  m.def("verify_tree_traversal_cpu", &verify_tree<kTreeTraversalOp>, traversal_doc, py::arg("target_logits_"),
+        py::arg("node_token_ids"), py::arg("parent"), py::arg("cu_num_nodes"), py::arg("draft_probs"),
+        py::arg("temperature"), py::arg("top_k"), py::arg("top_p"), py::arg("seed"), py::arg("position"),
+        py::arg("sibling_sampling"), py::arg("max_depth"));
   m.def(
       "decoder_step_cpu",
       [](const at::Tensor& x, const std::vector<at::Tensor>& weights, at::Tensor k_cache, at::Tensor v_cache,
@@ -119,12 +142,19 @@ PYBIND11_MODULE(_C, m) {
       "specdec_kernels.reference.philox.uniform_rows).",
       py::arg("seed"), py::arg("position"), py::arg("stream"), py::arg("vocab"));
 #if defined(SPECDEC_WITH_CUDA)
-  m.def("verify_chain_cuda", &verify_chain, doc, py::arg("target_logits_"), py::arg("draft_token_ids"),
+  m.def("verify_chain_cuda", &verify_chain<kChainOp>, doc, py::arg("target_logits_"), py::arg("draft_token_ids"),
         py::arg("cu_num_draft_tokens"), py::arg("draft_probs"), py::arg("temperature"), py::arg("top_k"),
         py::arg("top_p"), py::arg("seed"), py::arg("position"), py::arg("max_draft_len"));
-  m.def("verify_tree_cuda", &verify_tree, tree_doc, py::arg("target_logits_"), py::arg("node_token_ids"),
+  m.def("verify_tree_cuda", &verify_tree<kTreeOp>, tree_doc, py::arg("target_logits_"), py::arg("node_token_ids"),
         py::arg("parent"), py::arg("cu_num_nodes"), py::arg("draft_probs"), py::arg("temperature"),
         py::arg("top_k"), py::arg("top_p"), py::arg("seed"), py::arg("position"), py::arg("sibling_sampling"),
         py::arg("max_depth"));
+  m.def("verify_chain_block_cuda", &verify_chain<kChainBlockOp>, block_doc, py::arg("target_logits_"),
+        py::arg("draft_token_ids"), py::arg("cu_num_draft_tokens"), py::arg("draft_probs"), py::arg("temperature"),
+        py::arg("top_k"), py::arg("top_p"), py::arg("seed"), py::arg("position"), py::arg("max_draft_len"));
+  m.def("verify_tree_traversal_cuda", &verify_tree<kTreeTraversalOp>, traversal_doc, py::arg("target_logits_"),
+        py::arg("node_token_ids"), py::arg("parent"), py::arg("cu_num_nodes"), py::arg("draft_probs"),
+        py::arg("temperature"), py::arg("top_k"), py::arg("top_p"), py::arg("seed"), py::arg("position"),
+        py::arg("sibling_sampling"), py::arg("max_depth"));
 #endif
 }

@@ -13,4 +13,15 @@ inline constexpr const char* kVerifyTreeSchema =
     "Tensor? draft_probs, Tensor temperature, Tensor? top_k, Tensor? top_p, Tensor seed, Tensor position, "
     "str sibling_sampling, int max_depth) -> (Tensor, Tensor, Tensor)";
 
+// Block verification of chains and traversal verification of trees: the same signatures.
+inline constexpr const char* kVerifyChainBlockSchema =
+    "verify_chain_block(Tensor target_logits, Tensor draft_token_ids, Tensor cu_num_draft_tokens, "
+    "Tensor? draft_probs, Tensor temperature, Tensor? top_k, Tensor? top_p, Tensor seed, Tensor position, "
+    "int max_draft_len) -> (Tensor, Tensor)";
+
+inline constexpr const char* kVerifyTreeTraversalSchema =
+    "verify_tree_traversal(Tensor target_logits, Tensor node_token_ids, Tensor parent, Tensor cu_num_nodes, "
+    "Tensor? draft_probs, Tensor temperature, Tensor? top_k, Tensor? top_p, Tensor seed, Tensor position, "
+    "str sibling_sampling, int max_depth) -> (Tensor, Tensor, Tensor)";
+
 }  // namespace specdec

@@ -4,16 +4,29 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from dataclasses import replace
 
-from .config import REQUIRED_SUMMARY_KEYS, RunConfig, tiny_config
+from .checks import check_values
+from .config import POLICY_PRESETS, REQUIRED_SUMMARY_KEYS, RunConfig, tiny_config
+from .decode import DECODE_PATHS
 from .train import run
+from .usage import UsageError
+
+PROG = "python -m rl_loop"
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse that reports a bad flag in one line (no usage block): ``PROG: error: ...``."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
 def parse_args(argv: list[str] | None = None) -> RunConfig:
     d = RunConfig()
-    p = argparse.ArgumentParser(
-        prog="python -m rl_loop",
+    p = OneLineParser(
+        prog=PROG,
         description="Train a small Qwen3 policy with GRPO on math problems; rollouts use lossless speculative "
                     "decoding (specdec_kernels.verify_chain / verify_tree). Writes OUT/summary.json, metrics.jsonl, plots and "
                     "a checkpoint.",
@@ -34,6 +47,12 @@ def parse_args(argv: list[str] | None = None) -> RunConfig:
     p.add_argument("--verify-backend", default=d.verify_backend,
                    help="specdec_kernels backend for verification: default (native CPU if built, else reference), "
                         "reference, cpu, triton, cuda")
+    p.add_argument("--policy", choices=tuple(POLICY_PRESETS), default=None,
+                   help="policy shape preset: default (12 layers x hidden 96), wide (4 x 256), stream (4 x 1024, "
+                        "weights beyond the last-level cache); default: the configuration's own")
+    p.add_argument("--decode", choices=DECODE_PATHS, default=d.decode,
+                   help="the policy's decode path for both arms (auto: native fused layer step when built)")
+    p.add_argument("--threads", type=int, default=d.num_threads, help="torch intra-op threads (both arms)")
     p.add_argument("--rollout-workers", type=int, default=d.rollout_workers,
                    help="rollout workers as Ray actors, groups split across them (sync: 1 = in-process); "
                         "RAY_ADDRESS attaches to an existing cluster")
@@ -44,18 +63,38 @@ def parse_args(argv: list[str] | None = None) -> RunConfig:
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--tiny", action="store_true", help="seconds-long configuration (tests, smoke runs)")
     a = p.parse_args(argv)
+    try:
+        check_values(a.k, a.steps, a.temperature, a.seed)
+    except UsageError as e:
+        p.error(str(e))
+    if a.rollout_workers < 1:
+        p.error(f"--rollout-workers must be >= 1, got {a.rollout_workers}")
     base = tiny_config() if a.tiny else d
     steps = a.steps if a.steps != d.steps or not a.tiny else base.steps
+    if a.policy is not None:
+        base = replace(base, model=POLICY_PRESETS[a.policy]())
     return replace(
         base, pipeline=a.pipeline, spec=a.spec, drafter=a.drafter, k=a.k, backend=a.backend, steps=steps,
         seed=a.seed, out=a.out, temperature=a.temperature, verify_backend=a.verify_backend, resume=a.resume,
-        rollout_workers=a.rollout_workers, dump_rollouts=a.dump_rollouts, equivalence=not a.no_equivalence, plots=base.plots and not a.no_plots,
+        decode=a.decode, num_threads=a.threads, rollout_workers=a.rollout_workers, dump_rollouts=a.dump_rollouts,
+        equivalence=not a.no_equivalence, plots=base.plots and not a.no_plots,
     )
 
 
+def _usage_error(e: ValueError) -> int:
+    print(f"{PROG}: error: {e}", file=sys.stderr)
+    return 2
+
+
 def main(argv: list[str] | None = None) -> int:
-    cfg = parse_args(argv)
-    summary = run(cfg)
+    try:
+        cfg = parse_args(argv)
+    except ValueError as e:  # RunConfig's own checks (--rollout-workers, ...)
+        return _usage_error(e)
+    try:
+        summary = run(cfg)  # raises UsageError before any work for a user mistake
+    except UsageError as e:
+        return _usage_error(e)
     print(json.dumps({k: summary.get(k) for k in REQUIRED_SUMMARY_KEYS}, indent=1))
     print(f"wrote {cfg.out}/summary.json")
     return 0

@@ -12,6 +12,12 @@ def compare_step(cfg: RunConfig, step: int) -> bool:
     return cfg.spec != "none" and cfg.compare_every > 0 and step % cfg.compare_every == 0
 
 
+def ar_first(cfg: RunConfig, step: int) -> bool:
+    """Whether a compared step runs its autoregressive rollouts before the speculative ones: every other
+    compared step, so neither arm always runs on a warm (or cold) cache and allocator."""
+    return cfg.compare_every > 0 and (step // cfg.compare_every) % 2 == 1
+
+
 def rollout_row(cfg: RunConfig, state: RunState, step: int, rollouts: Rollouts, ar: RolloutStats | None) -> dict:
     """The generation part of a step's metrics row (``ar``: stats of the side-by-side AR rollouts); books
     the speculative counters into ``state.spec_stats``."""
@@ -39,8 +45,12 @@ def account_step(state: RunState, row: dict, rollouts: Rollouts, ar: RolloutStat
         c.ar_s += ar.time_s
         c.compared += 1
         # same training work on both sides; the speculative step also pays weight sync + adaptation
-        c.spec_step_s += row["gen_s"] + row["logprob_s"] + row["train_s"]
-        c.ar_step_s += ar.time_s + row["logprob_s"] + row["train_s"]
+        spec_step = row["gen_s"] + row["logprob_s"] + row["train_s"]
+        ar_step = ar.time_s + row["logprob_s"] + row["train_s"]
+        c.spec_step_s += spec_step
+        c.ar_step_s += ar_step
+        c.per_step.append([rollouts.stats.tokens, rollouts.stats.time_s, ar.tokens, ar.time_s, spec_step, ar_step,
+                           float(row.get("ar_first", False))])
         row["rollout_speedup"] = rollouts.stats.tokens_per_s / max(ar.tokens_per_s, 1e-9)
 
 

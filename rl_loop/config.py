@@ -6,12 +6,15 @@ from dataclasses import dataclass, field, replace
 
 from specdec_kernels.models import ModelConfig
 
+from .decode import DECODE_PATHS
 from .rollouts import GenerationConfig, TreeShape, resolve_verify_backend
 from .task import TaskConfig
 
 REQUIRED_SUMMARY_KEYS = (
     "rollout_speedup", "step_speedup", "mean_accepted_length", "acceptance_by_position", "equivalence_pass",
     "equivalence_min_pvalue", "val_accuracy_start", "val_accuracy_end", "k",
+    "rollout_speedup_ci", "step_speedup_ci", "end_to_end_speedup", "break_even_steps", "ar_baseline",
+    "rollout_temperature", "equivalence_control_rejected", "test_accuracy_start", "test_accuracy_end",
 )
 PIPELINES = ("sync", "async")
 SPECS = ("none", "chain", "tree")
@@ -26,6 +29,23 @@ def default_policy() -> ModelConfig:
     drafter head costs ~1/6 of a policy forward instead of ~1/3."""
     return ModelConfig(vocab_size=32, hidden_size=96, intermediate_size=192, num_hidden_layers=12,
                        num_attention_heads=2, num_key_value_heads=1, head_dim=64, max_position_embeddings=256)
+
+
+def wide_policy() -> ModelConfig:
+    """Shallow and wide (4 layers x hidden 256, 3.2M parameters, 13 MB): still cache-resident here (32 MB
+    last-level cache), but fewer, larger matmuls per token than the default."""
+    return ModelConfig(vocab_size=32, hidden_size=256, intermediate_size=768, num_hidden_layers=4,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=256)
+
+
+def stream_policy() -> ModelConfig:
+    """Weights well beyond the last-level cache (4 layers x hidden 1024, 50M parameters, 200 MB float32):
+    at the rollout batch a decode streams every weight from memory, the GPU regime of large policies."""
+    return ModelConfig(vocab_size=32, hidden_size=1024, intermediate_size=3072, num_hidden_layers=4,
+                       num_attention_heads=16, num_key_value_heads=8, head_dim=64, max_position_embeddings=256)
+
+
+POLICY_PRESETS = {"default": default_policy, "wide": wide_policy, "stream": stream_policy}
 
 
 @dataclass(frozen=True)
@@ -43,12 +63,14 @@ class RunConfig:
     k: int = 3
     backend: str = "own"  # own | vllm
     verify_backend: str = "default"  # specdec_kernels backend; "default": native if built, else reference
+    # The policy's decode path for BOTH arms (``decode.py``); "auto": the fastest measured here (native).
+    decode: str = "auto"
     model: ModelConfig = field(default_factory=default_policy)
     task: TaskConfig = field(default_factory=TaskConfig)
     # rollouts
     prompts_per_step: int = 16
     group_size: int = 8
-    temperature: float = 0.7  # rollout temperature; the trainer's log-probs use the same tempered policy
+    temperature: float = 1.0  # rollout temperature; the trainer's log-probs use the same tempered policy
     max_new_tokens: int = 48
     max_batch: int = 32
     # optimisation
@@ -90,9 +112,14 @@ class RunConfig:
     # responses per problem with fixed Philox keys; 0: greedy. val_greedy_accuracy is always reported too.
     eval_samples: int = 4
     eval_every: int = 0  # 0: only at start and end
+    # held-out test split (``heldout.py``), scored at the start and the end only: test_samples responses per
+    # problem at the rollout temperature (pass@test_samples beside) and greedy
+    num_test: int = 512
+    test_samples: int = 4
     equivalence: bool = True
+    # 16 x 160 = 2560 samples per arm: two-sample power >= 0.9 at TV 0.1 per test (``equivalence.py``)
     equivalence_prompts: int = 16
-    equivalence_samples: int = 24
+    equivalence_samples: int = 160
     checkpoint_every: int = 8
     resume: bool = False
     num_threads: int = 2  # torch intra-op threads (both cores of the 2-core target machine)
@@ -103,7 +130,8 @@ class RunConfig:
     progress: bool = True
 
     def __post_init__(self) -> None:
-        choices = {"pipeline": PIPELINES, "spec": SPECS, "drafter": DRAFTERS, "backend": BACKENDS}
+        choices = {"pipeline": PIPELINES, "spec": SPECS, "drafter": DRAFTERS, "backend": BACKENDS,
+                   "decode": DECODE_PATHS}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
@@ -129,7 +157,7 @@ def tiny_config(**overrides) -> RunConfig:
     base = RunConfig(
         steps=1, model=replace(default_policy(), num_hidden_layers=3, intermediate_size=128),
         task=TaskConfig(num_train=256, num_val=16, difficulties=(1,)), prompts_per_step=2, group_size=4,
-        max_new_tokens=24, warm_start_steps=20, drafter_warm_steps=5, num_val=8, compare_every=1,
+        max_new_tokens=24, warm_start_steps=20, drafter_warm_steps=5, num_val=8, num_test=8, compare_every=1,
         equivalence_prompts=2, equivalence_samples=8, checkpoint_every=1, plots=False, progress=False,
     )
     return replace(base, **overrides)

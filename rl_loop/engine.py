@@ -24,8 +24,9 @@ import torch
 
 from specdec_kernels.drafters import CachedDrafter
 from specdec_kernels.drafters.training import sync_shared_weights
-from specdec_kernels.models import KVCache, Qwen3
+from specdec_kernels.models import KVCache, ModelConfig, Qwen3
 
+from .decode import PolicyStep
 from .rollouts import GenerationConfig, Rollouts, RolloutStats, resolve_verify_backend
 from .strategies import strategy_for
 
@@ -63,8 +64,9 @@ class _Requests:
 class RolloutEngine:
     """Generates responses for token prompts with the policy, autoregressively or speculatively."""
 
-    def __init__(self, policy: Qwen3, drafter: CachedDrafter | None, eos_id: int) -> None:
+    def __init__(self, policy: Qwen3, drafter: CachedDrafter | None, eos_id: int, decode: str = "auto") -> None:
         self.policy = policy
+        self.policy_step = PolicyStep(policy, decode)  # both arms' policy forward (``decode.py``)
         self.drafter = drafter
         self.eos_id = eos_id
         self.version = 0
@@ -74,6 +76,7 @@ class RolloutEngine:
         """Weight sync: refresh the policy's fused inference weights and the drafter's shared weights (the
         drafter re-packs its own at every ``generate``); ``version`` tags the weights now served."""
         self.policy.sync_inference_weights()
+        self.policy_step.sync()
         if self.drafter is not None:
             sync_shared_weights(self.drafter.head, self.policy)
         if version is not None:
@@ -81,13 +84,16 @@ class RolloutEngine:
 
     def summary(self) -> dict:
         """What ``summary.json`` records about the engine (the vLLM backend records its method)."""
-        return {}
+        return {"decode_path": self.policy_step.path}
 
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], seeds: list[int], config: GenerationConfig) -> Rollouts:
-        """Sample one response per prompt (prompts include BOS; ``seeds`` are int64 Philox keys per request)."""
+    def generate(self, prompts: list[list[int]], seeds: list[int], config: GenerationConfig,
+                 strategy: object | None = None) -> Rollouts:
+        """Sample one response per prompt (prompts include BOS; ``seeds`` are int64 Philox keys per request).
+        ``strategy`` replaces the one ``config`` names (the equivalence check's planted lossy control)."""
         req = _Requests(prompts, seeds, min(config.max_batch, len(prompts)))
-        strategy = strategy_for(config.spec, self.drafter, config.k, config.tree_shape, config.temperature)
+        if strategy is None:
+            strategy = strategy_for(config.spec, self.drafter, config.k, config.tree_shape, config.temperature)
         self.policy.eval()
         t_start = time.perf_counter()
         num_slots = len(req.slot_req)
@@ -113,7 +119,7 @@ class RolloutEngine:
             t0 = time.perf_counter()
             prop = strategy.propose(rows, last[rows], temp_r, seed_r, position)
             t1 = time.perf_counter()
-            logits, hidden = self.policy.step(prop.tokens, cache, None if every else rows, start,
+            logits, hidden = self.policy_step(prop.tokens, cache, None if every else rows, start,
                                               int(start.max()) + width, depth=prop.depth, tree_mask=prop.tree_mask,
                                               capture=strategy.capture)
             t2 = time.perf_counter()
@@ -170,7 +176,7 @@ class RolloutEngine:
         if queue and free:
             t0 = time.perf_counter()
             if req.store is None:
-                req.store = _PromptStore(self.policy, req.prompts, strategy.capture)
+                req.store = _PromptStore(self.policy.config, self.policy_step, req.prompts, strategy.capture)
             admitted = [(s, queue.popleft()) for s in free[: len(queue)]]
             slots = [s for s, _ in admitted]
             prompts = [req.prompts[r] for _, r in admitted]
@@ -195,7 +201,8 @@ class _PromptStore:
     Every token but the last of each prompt is stored (the last one is the first decode input).
     """
 
-    def __init__(self, policy: Qwen3, prompts: list[list[int]], capture: tuple[int, ...]) -> None:
+    def __init__(self, config: ModelConfig, step: PolicyStep, prompts: list[list[int]], capture: tuple[int, ...]
+                 ) -> None:
         self.index: dict[tuple[int, ...], int] = {}
         for p in prompts:
             self.index.setdefault(tuple(p), len(self.index))
@@ -204,11 +211,11 @@ class _PromptStore:
         self.hidden: list[torch.Tensor] = []
         if self.width == 0:
             return
-        self.cache = KVCache(policy.config, len(distinct), self.width)
+        self.cache = KVCache(config, len(distinct), self.width)
         ids = torch.zeros(len(distinct), self.width, dtype=torch.long)
         for i, p in enumerate(distinct):
             ids[i, : len(p) - 1] = torch.tensor(p[:-1])
-        _, self.hidden = policy.step(ids, self.cache, None, torch.zeros(len(distinct), dtype=torch.long),
+        _, self.hidden = step(ids, self.cache, None, torch.zeros(len(distinct), dtype=torch.long),
                                      self.width, capture=capture)
 
     def copy_into(self, cache: KVCache, slots: list[int], prompts: list[list[int]]) -> list[torch.Tensor]:

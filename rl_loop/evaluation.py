@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .batch import request_seeds, score
+from .heldout import evaluate_test
 from .rollouts import GenerationConfig
 from .state import Engine, Session
 from .task import CharTokenizer, Problem
@@ -44,3 +45,5 @@ def evaluate_start(s: Session) -> None:
         v = validate(s)
         st.val_accuracy_start, st.val_greedy_accuracy_start = v["val_accuracy"], v["val_greedy_accuracy"]
         s.log({"event": "eval", "step": 0, **v})
+    if st.test_start is None and s.test:
+        st.test_start = evaluate_test(s.engine, s.test, s.tok, s.cfg.generation(), s.cfg.test_samples, s.cfg.seed)

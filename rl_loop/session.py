@@ -19,22 +19,29 @@ from .config import RunConfig
 from .drafting import adapter, build_drafter, problem_batches, warm_start
 from .engine import RolloutEngine
 from .evaluation import validate
+from .heldout import evaluate_test, heldout_report, make_test_split
 from .learn import policy_optimizer
 from .model import supervised_warm_start
+from .provenance import provenance
+from .report import ar_baseline, protocol_figures
+from .resume import cut_metrics, metrics_path, read_checkpoint
 from .state import Engine, RunState, Session, load_checkpoint, save_checkpoint
 from .task import CharTokenizer, make_splits
 
 
 def open_run(cfg: RunConfig) -> Callable[[dict], None]:
-    """Threads, OUT and ``metrics.jsonl`` (truncated unless resuming); returns the ``log(row)`` function."""
+    """Threads, OUT and ``metrics.jsonl`` (emptied, or cut back to the checkpoint when resuming); returns the
+    ``log(row)`` function."""
     torch.set_num_threads(cfg.num_threads)
     os.makedirs(cfg.out, exist_ok=True)
-    metrics_path = os.path.join(cfg.out, "metrics.jsonl")
-    if not cfg.resume and os.path.exists(metrics_path):
-        os.remove(metrics_path)
+    path = metrics_path(cfg.out)
+    if cfg.resume:
+        cut_metrics(cfg, read_checkpoint(cfg))  # no step logged twice after a kill
+    elif os.path.exists(path):
+        os.remove(path)
 
     def log(row: dict) -> None:
-        with open(metrics_path, "a") as f:
+        with open(path, "a") as f:
             f.write(json.dumps(row) + "\n")
 
     return log
@@ -58,7 +65,7 @@ def make_engine(cfg: RunConfig, policy: Qwen3, drafter: CachedDrafter | None, to
         from .vllm_backend import make_vllm_engine
 
         return make_vllm_engine(cfg, policy, drafter, tok)
-    return RolloutEngine(policy, drafter, tok.eos_id)
+    return RolloutEngine(policy, drafter, tok.eos_id, cfg.decode)
 
 
 def setup(cfg: RunConfig, log: Callable[[dict], None]) -> Session:
@@ -66,6 +73,7 @@ def setup(cfg: RunConfig, log: Callable[[dict], None]) -> Session:
     torch.manual_seed(cfg.seed)
     tok = CharTokenizer()
     train_set, val_set = make_splits(replace(cfg.task, seed=cfg.seed))
+    test_set = make_test_split(replace(cfg.task, seed=cfg.seed), cfg.num_test, train_set + val_set)
     policy = Qwen3(cfg.model)
     ckpt = load_checkpoint(cfg)
     state = RunState() if ckpt is None else RunState.from_dict(ckpt["state"])
@@ -105,7 +113,7 @@ def setup(cfg: RunConfig, log: Callable[[dict], None]) -> Session:
         ref.load_state_dict(policy.state_dict() if ckpt is None else ckpt["ref"])
         ref.eval()
     return Session(cfg=cfg, tok=tok, train=train_set, val=val_set[: cfg.num_val], policy=policy, drafter=drafter,
-                   engine=engine, opt=opt, drafter_trainer=trainer, ref=ref, state=state, log=log)
+                   engine=engine, opt=opt, drafter_trainer=trainer, ref=ref, state=state, log=log, test=test_set)
 
 
 def finish_run(s: Session, t_run: float, extra: dict | None = None) -> dict:
@@ -114,10 +122,14 @@ def finish_run(s: Session, t_run: float, extra: dict | None = None) -> dict:
     gen = cfg.generation()
     val_end = validate(s)
     s.log({"event": "eval", "step": cfg.steps, **val_end})
-    save_checkpoint(s)
+    save_checkpoint(s, finished=True)
     save_pretrained(s.policy, os.path.join(cfg.out, "policy"), s.tok)
 
-    eq = {"equivalence_pass": None, "equivalence_min_pvalue": None}
+    test = {}
+    if s.test and st.test_start is not None:
+        test = heldout_report(st.test_start, evaluate_test(s.engine, s.test, s.tok, gen, cfg.test_samples, cfg.seed))
+    eq = {"equivalence_pass": None, "equivalence_min_pvalue": None, "equivalence_control_rejected": None}
+    t_eq = time.perf_counter()
     if cfg.equivalence and s.drafter is not None:
         from .equivalence import EquivalenceConfig, check_equivalence
 
@@ -126,13 +138,24 @@ def finish_run(s: Session, t_run: float, extra: dict | None = None) -> dict:
         result = check_equivalence(s.engine, s.val, s.tok, eq_cfg)
         with open(os.path.join(cfg.out, "equivalence.json"), "w") as f:
             json.dump(result, f, indent=1)
-        eq = {"equivalence_pass": result["pass"], "equivalence_min_pvalue": result["min_pvalue"]}
+        eq = {"equivalence_pass": result["pass"], "equivalence_min_pvalue": result["min_pvalue"],
+              "equivalence_control_rejected": result["control_rejected"],
+              "equivalence_power_tv": result["power"]["tv"],
+              "equivalence_power": result["power"]["two_sample_power"]}
+    equivalence_s = time.perf_counter() - t_eq
 
     figures = summary_figures(cfg, st)
+    engine_info = s.engine.summary()
+    protocol = protocol_figures(st, time.perf_counter() - t_run, equivalence_s)
     summary = {
         **{k: figures.pop(k) for k in ("rollout_speedup", "step_speedup", "mean_accepted_length",
                                        "acceptance_by_position")},
+        **{k: protocol.pop(k) for k in ("rollout_speedup_ci", "step_speedup_ci", "end_to_end_speedup",
+                                        "break_even_steps")},
+        "rollout_temperature": cfg.temperature,
+        "ar_baseline": ar_baseline(engine_info.get("decode_path", cfg.backend), gen.backend),
         **eq,
+        **test,
         "val_accuracy_start": st.val_accuracy_start,
         "val_accuracy_end": val_end["val_accuracy"],
         "val_greedy_accuracy_start": st.val_greedy_accuracy_start,
@@ -142,9 +165,13 @@ def finish_run(s: Session, t_run: float, extra: dict | None = None) -> dict:
         "spec": cfg.spec, "drafter": cfg.drafter, "pipeline": cfg.pipeline, "backend": cfg.backend,
         "verify_backend": gen.backend, "steps": cfg.steps, "seed": cfg.seed,
         **figures,
-        **s.engine.summary(),
+        **protocol,
+        "equivalence_s": equivalence_s,
+        "output_gain_end": float(s.policy.model.norm.weight.detach().mean()),  # the policy's learned sharpness
+        **engine_info,
         **(extra or {}),
         "config": asdict(cfg),
+        "provenance": provenance(),
         "wall_s": time.perf_counter() - t_run,
     }
     with open(os.path.join(cfg.out, "summary.json"), "w") as f:

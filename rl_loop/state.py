@@ -15,6 +15,7 @@ from specdec_kernels.drafters.training import DrafterTrainer
 from specdec_kernels.models import Qwen3
 
 from .config import RunConfig
+from .resume import CHECKPOINT_FORMAT, checkpoint_path, load_checkpoint_file, metrics_path
 from .rollouts import GenerationConfig, Rollouts, RolloutStats
 from .task import CharTokenizer, Problem
 
@@ -44,6 +45,8 @@ class Comparison:
     adapt_s: float = 0.0  # weight sync + drafter adaptation over every step (amortised into spec steps)
     steps: int = 0
     compared: int = 0
+    # one row per compared step: [spec_tokens, spec_s, ar_tokens, ar_s, spec_step_s, ar_step_s, ar_first]
+    per_step: list[list[float]] = field(default_factory=list)
 
     @property
     def spec_tokens_per_s(self) -> float | None:
@@ -83,13 +86,14 @@ class RunState:
     spec_stats: RolloutStats = field(default_factory=RolloutStats)
     comparison: Comparison = field(default_factory=Comparison)
     times: WarmStartTimes = field(default_factory=WarmStartTimes)
+    test_start: dict | None = None  # held-out test correctness at the start (``heldout.evaluate_test``)
 
     @staticmethod
     def from_dict(d: dict) -> RunState:
         return RunState(step=d["step"], val_accuracy_start=d["val_accuracy_start"],
                         val_greedy_accuracy_start=d["val_greedy_accuracy_start"],
                         spec_stats=RolloutStats(**d["spec_stats"]), comparison=Comparison(**d["comparison"]),
-                        times=WarmStartTimes(**d["times"]))
+                        times=WarmStartTimes(**d["times"]), test_start=d.get("test_start"))
 
 
 @dataclass
@@ -108,15 +112,16 @@ class Session:
     ref: Qwen3 | None
     state: RunState
     log: Callable[[dict], None]
+    test: list[Problem] = field(default_factory=list)  # held-out test split (``heldout.py``)
 
 
-def checkpoint_path(cfg: RunConfig) -> str:
-    return os.path.join(cfg.out, "checkpoint.pt")
-
-
-def save_checkpoint(s: Session) -> None:
-    """Weights, optimizer states, the run state and the config, written atomically to ``OUT/checkpoint.pt``."""
+def save_checkpoint(s: Session, finished: bool = False) -> None:
+    """Weights, optimizer states, the run state, the config and the size of ``metrics.jsonl`` (what a resume
+    cuts it back to), written atomically to ``OUT/checkpoint.pt``; ``finished`` by the end of a run."""
+    log = metrics_path(s.cfg.out)
     ckpt = {
+        "format": CHECKPOINT_FORMAT, "finished": finished,
+        "metrics_bytes": os.path.getsize(log) if os.path.exists(log) else 0,
         "state": asdict(s.state), "config": asdict(s.cfg),
         "policy": s.policy.state_dict(), "opt": s.opt.state_dict(),
         "drafter": None if s.drafter is None else s.drafter.trainable().state_dict(),
@@ -129,6 +134,6 @@ def save_checkpoint(s: Session) -> None:
 
 
 def load_checkpoint(cfg: RunConfig) -> dict | None:
-    """The checkpoint of ``OUT`` when resuming and one exists, else None."""
-    path = checkpoint_path(cfg)
-    return torch.load(path, weights_only=False) if cfg.resume and os.path.exists(path) else None
+    """The checkpoint of ``OUT`` when resuming (``resume.load_checkpoint_file``: a missing or damaged one is an
+    error), else None."""
+    return load_checkpoint_file(cfg) if cfg.resume else None

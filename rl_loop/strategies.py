@@ -3,6 +3,8 @@ strategies of one loop, ``propose -> one policy forward -> verify -> commit``.
 
 - :class:`Autoregressive`: the policy runs one token per request; ``verify_chain`` with zero drafts samples
   the next token (its bonus path, Philox stream 2): the same kernel and randomness spec as speculation.
+  Every strategy calls the kernels with ``validate=False``: the engine builds their inputs itself, so the
+  per-call argument checks (host syncs) would be paid on every autoregressive token for nothing.
 - :class:`ChainSpeculation`: the drafter (``specdec_kernels.drafters``) proposes ``k`` tokens; the policy
   runs ``[last emitted token, d_1 .. d_k]`` in one forward; ``verify_chain`` accepts a prefix and emits one
   correction or bonus token. Compaction is a length update: rejected drafts' keys/values sit beyond the
@@ -71,7 +73,7 @@ class Autoregressive:
         r = logits.shape[0]
         res = sk.verify_chain(logits.reshape(r, -1), torch.zeros(0, dtype=torch.long),
                               torch.zeros(r + 1, dtype=torch.long), temperature=temperature, seed=seed,
-                              position=position, backend=backend, max_draft_len=0)
+                              position=position, backend=backend, max_draft_len=0, validate=False)
         return Verified(res.output_token_ids, res.num_accepted, None)
 
     def compact(self, cache: KVCache, rows: torch.Tensor, start: torch.Tensor, verified: Verified) -> None:
@@ -139,7 +141,8 @@ class ChainSpeculation(_Drafting):
         tokens, cu, probs = proposal.drafts.flat()
         r, n, v = logits.shape
         res = sk.verify_chain(logits.reshape(r * n, v), tokens, cu, draft_probs=probs, temperature=temperature,
-                              seed=seed, position=position, backend=backend, max_draft_len=self.depth)
+                              seed=seed, position=position, backend=backend, max_draft_len=self.depth,
+                              validate=False)
         return Verified(res.output_token_ids, res.num_accepted, None)
 
     def compact(self, cache: KVCache, rows: torch.Tensor, start: torch.Tensor, verified: Verified) -> None:
@@ -169,7 +172,7 @@ class TreeSpeculation(_Drafting):
         res = sk.verify_tree(logits.reshape(r * n, v), nodes, parent, cu, draft_probs=probs,
                              temperature=temperature, seed=seed, position=position,
                              sibling_sampling="iid" if probs is None else "without_replacement", backend=backend,
-                             max_depth=self.depth)
+                             max_depth=self.depth, validate=False)
         return Verified(res.output_token_ids, res.num_accepted, res.accepted_nodes.long())
 
     def compact(self, cache: KVCache, rows: torch.Tensor, start: torch.Tensor, verified: Verified) -> None:

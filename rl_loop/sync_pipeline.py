@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 
-from .accounting import account_step, compare_step, rollout_row
+from .accounting import account_step, ar_first, compare_step, rollout_row
 from .batch import step_requests
 from .config import RunConfig
 from .evaluation import evaluate_start, validate
@@ -32,12 +32,18 @@ def rl_step(s: Session, step: int) -> dict:
     """One sync GRPO step; returns its metrics row."""
     cfg = s.cfg
     problems, prompts, seeds = step_requests(cfg, s.train, s.tok, step)
+    ar = None
+    compared, first = compare_step(cfg, step), ar_first(cfg, step)
+    # the same requests, same policy snapshot, autoregressive: timing side by side, arm order alternated
+    if compared and first:
+        ar = s.engine.generate(prompts, seeds, cfg.generation(spec="none")).stats
     rollouts = s.engine.generate(prompts, seeds, cfg.generation())
     dump_rollouts(cfg, step, seeds, rollouts)
-    ar = None
-    if compare_step(cfg, step):  # the same requests, same policy snapshot, autoregressive: timing side by side
+    if compared and not first:
         ar = s.engine.generate(prompts, seeds, cfg.generation(spec="none")).stats
     row = rollout_row(cfg, s.state, step, rollouts, ar)
+    if compared:
+        row["ar_first"] = first
     learn(s, step, problems, prompts, rollouts, row)
     account_step(s.state, row, rollouts, ar)
     return row

@@ -16,20 +16,13 @@ pieces (``batch``, ``learn``, ``accounting``, ``evaluation``, ``session``).
 
 from __future__ import annotations
 
+from .checks import check_run
 from .config import RunConfig
-
-
-def check_run_config(cfg: RunConfig) -> None:
-    """Reject flag combinations no backend supports, with the flags named (before any work starts)."""
-    if cfg.backend == "vllm":
-        from .vllm_backend import check_config
-
-        check_config(cfg)
 
 
 def run(cfg: RunConfig) -> dict:
     """Run the whole pipeline; returns the summary dict (also written to ``OUT/summary.json``)."""
-    check_run_config(cfg)
+    check_run(cfg)  # user mistakes fail here, before any work, as one-line UsageErrors
     if cfg.pipeline == "async":
         from .async_pipeline import run_async
 

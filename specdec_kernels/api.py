@@ -13,7 +13,9 @@ from collections.abc import Callable
 
 import torch
 
+from .reference import block as _ref_block
 from .reference import chain as _ref_chain
+from .reference import traversal as _ref_traversal
 from .reference import tree as _ref_tree
 from .reference.chain import ChainResult
 from .reference.philox import MAX_POSITION, MAX_VOCAB
@@ -27,6 +29,15 @@ __all__ = [
 LOGIT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 INDEX_DTYPES = (torch.int32, torch.int64)
 BACKENDS = ("auto", "reference", "triton", "cpu", "cuda")
+CHAIN_METHODS = ("token", "block")
+TREE_METHODS = ("token", "traversal")
+# op name of each (op, method): the backends' function names are verify_<op name>.
+_METHOD_OPS = {("chain", "token"): "chain", ("chain", "block"): "chain_block",
+               ("tree", "token"): "tree", ("tree", "traversal"): "tree_traversal"}
+_REFERENCE_OPS = {"chain": _ref_chain.verify_chain, "chain_block": _ref_block.verify_chain_block,
+                  "tree": _ref_tree.verify_tree, "tree_traversal": _ref_traversal.verify_tree_traversal}
+_TRITON_MODULES = {"chain": ".triton.chain", "chain_block": ".triton.block", "tree": ".triton.tree",
+                   "tree_traversal": ".triton.traversal"}
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -69,14 +80,14 @@ def _resolve(backend: str, device: torch.device, op: str) -> Callable:
     if backend == "auto":
         backend = available_backends(device)[0]
     if backend == "reference":
-        return {"chain": _ref_chain.verify_chain, "tree": _ref_tree.verify_tree}[op]
+        return _REFERENCE_OPS[op]
     if backend == "triton":
         if not _triton_usable(device):
             raise ValueError(
                 "backend='triton' needs CUDA tensors, or CPU tensors with TRITON_INTERPRET=1 and triton "
                 f"installed (got device {device})"
             )
-        module = importlib.import_module(f".triton.{op}", __package__)
+        module = importlib.import_module(_TRITON_MODULES[op], __package__)
         return module.__dict__[f"verify_{op}"]
     # native backends
     if device.type != backend:
@@ -229,6 +240,16 @@ def _check_draft_probs(
     return draft_probs.contiguous()
 
 
+def _check_method(method, op: str) -> str:
+    """The backend op name of ``method`` for ``op`` ("chain" / "tree"), or an error naming ``method``."""
+    allowed = CHAIN_METHODS if op == "chain" else TREE_METHODS
+    if not isinstance(method, str):
+        raise TypeError(f"method must be a str, one of {allowed}, got {type(method).__name__}")
+    if method not in allowed:
+        raise ValueError(f"method must be one of {allowed}, got {method!r}")
+    return _METHOD_OPS[(op, method)]
+
+
 def _check_logits(name: str, logits) -> None:
     _check_tensor(name, logits, 2, LOGIT_DTYPES, None)
     vocab_size = logits.shape[1]
@@ -252,6 +273,7 @@ def verify_chain(
     position: torch.Tensor | None = None,
     backend: str = "auto",
     *,
+    method: str = "token",
     max_draft_len: int | None = None,
     validate: bool = True,
 ) -> ChainResult:
@@ -270,6 +292,13 @@ def verify_chain(
         seed: [B] int64 Philox key per request; None draws fresh keys from torch's generator.
         position: [B] int64 absolute position of each request's first draft token (default 0).
         backend: "auto" | "reference" | "triton" | "cpu" | "cuda".
+        method: "token" (Leviathan / Chen token-level verification) or "block" (Sun et al.'s block
+            verification, ``reference/block.py``): lossless too and optimal for one draft block, it accepts
+            at least as many drafts in expectation (strictly more in general for chains of k >= 2
+            stochastic drafts) at the cost of reading every row of the chain. Deterministic drafts (no
+            ``draft_probs``, i.e. one-hot q) gain nothing: no valid verifier accepts the first i drafts
+            with more than the target's probability of them, which token level already does, so "block"
+            then runs token level (identical tokens).
         max_draft_len: width of the output minus one, in [0, 2**31 - 1]; None computes max(k_b) (read in
             the one host sync of the call).
         validate: check values (ranges, monotone cu) with one host sync; False skips every check that reads
@@ -283,11 +312,12 @@ def verify_chain(
         ``ChainResult(output_token_ids [B, max_draft_len + 1] int32 -1 padded, num_accepted [B] int32)``:
         each request's accepted drafts followed by one recovered or bonus token.
     """
+    op = _check_method(method, "chain")
     args = checked_chain_args(
         target_logits, draft_token_ids, cu_num_draft_tokens, draft_probs, temperature, top_k, top_p, seed, position,
         max_draft_len=max_draft_len, validate=validate,
     )
-    return _resolve(backend, target_logits.device, "chain")(*args)
+    return _resolve(backend, target_logits.device, op)(*args)
 
 
 def checked_chain_args(
@@ -420,6 +450,7 @@ def verify_tree(
     sibling_sampling: str = "iid",
     backend: str = "auto",
     *,
+    method: str = "token",
     max_depth: int | None = None,
     validate: bool = True,
 ) -> TreeResult:
@@ -442,6 +473,12 @@ def verify_tree(
             verification) or "without_replacement" (recursive rejection sampling). Ignored without
             draft_probs.
         backend: "auto" | "reference" | "triton" | "cpu" | "cuda".
+        method: "token" (the root-to-leaf walks above) or "traversal" (Weng et al.'s traversal
+            verification, ``reference/traversal.py``): lossless, leaf to root at the sequence level, at least
+            as many accepted nodes in expectation for stochastic trees (equal at depth 1, where it is
+            recursive rejection sampling; on a chain it is ``verify_chain(method="block")``, token for
+            token). Deterministic trees and greedy requests run the token-level walk, which no verifier
+            beats on a fixed tree.
         max_depth: width of the outputs minus one, in [0, 2**31 - 1]; None computes the deepest node's depth
             (read in the one host sync of the call). Nodes deeper than max_depth are ignored when
             ``validate=False``.
@@ -456,11 +493,12 @@ def verify_tree(
         num_accepted [B] int32)`` with D = max_depth: the accepted path's tokens then one emitted token;
         the accepted path's local node indices starting with the root 0; both -1 padded.
     """
+    op = _check_method(method, "tree")
     args = checked_tree_args(
         target_logits, node_token_ids, parent, cu_num_nodes, draft_probs, temperature, top_k, top_p, seed, position,
         sibling_sampling, max_depth=max_depth, validate=validate,
     )
-    return _resolve(backend, target_logits.device, "tree")(*args)
+    return _resolve(backend, target_logits.device, op)(*args)
 
 
 def checked_tree_args(

@@ -52,7 +52,8 @@ def _register_fakes() -> None:
         nodes = target_logits.new_empty((num_reqs, max_depth + 1), dtype=torch.int32)
         return out, nodes, target_logits.new_empty((num_reqs,), dtype=torch.int32)
 
-    for name, fn in (("specdec::verify_chain", chain_fake), ("specdec::verify_tree", tree_fake)):
+    for name, fn in (("specdec::verify_chain", chain_fake), ("specdec::verify_tree", tree_fake),
+                     ("specdec::verify_chain_block", chain_fake), ("specdec::verify_tree_traversal", tree_fake)):
         try:
             torch.library.register_fake(name, fn)
         except RuntimeError:  # already registered (module reloaded)

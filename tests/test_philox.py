@@ -113,12 +113,21 @@ def test_uniform_range_and_moments():
     assert abs(float(u.var()) - 1 / 12) < 0.002
 
 
-def test_offset_layout():
-    pos = torch.tensor([0, 5, 2**31 - 1])
-    off = philox.make_offset(pos, philox.STREAM_BONUS, 7)
-    assert off.tolist() == [(0 << 32) | (2 << 30) | 7, (5 << 32) | (2 << 30) | 7, ((2**31 - 1) << 32) | (2 << 30) | 7]
+def test_rows_and_sequence_coins_follow_the_draw_layout():
+    """uniform_rows (the drafters' noise) is draw v of each row; sequence coins set bit 31 of the position."""
+    seed = torch.tensor([5, -7, 2**40])
+    pos = torch.tensor([0, 17, 2**31 - 1])
+    for stream in (1, 3):
+        for vocab in (1, 6, 37):
+            v = torch.arange(vocab)
+            expected = philox.uniform(seed[:, None], pos[:, None], stream, v[None, :])
+            assert torch.equal(philox.uniform_rows(seed, pos, stream, vocab), expected)
     with pytest.raises(ValueError, match="stream"):
-        philox.make_offset(pos, 4)
+        philox.uniform_rows(seed, pos, 4, 8)
+    for index in (1, 2, 5, (1 << 30) - 1):
+        expected = philox.uniform(seed, pos | philox.SEQUENCE_COIN_FLAG, philox.STREAM_COIN, index)
+        assert torch.equal(philox.sequence_coins(seed, pos, index), expected)
+        assert not torch.equal(philox.sequence_coins(seed, pos, index), philox.coins(seed, pos, index))
 
 
 def test_streams_and_positions_are_distinct():

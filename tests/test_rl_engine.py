@@ -88,14 +88,14 @@ def test_requests_sharing_a_prompt_reuse_its_prefill(policy, monkeypatch):
     prompts = [a] * 5 + [b] * 3
     cfg = GenerationConfig(spec="chain", k=2, temperature=0.0, max_new_tokens=10, max_batch=3)
     prefill_rows = []
-    step = policy.step
+    step = engine.policy_step  # the engine's policy forward, whichever decode path it runs
 
     def counting_step(input_ids, cache, rows, start, kv_len, **kw):
         if input_ids.shape[1] > cfg.k + 1:  # a prefill (prompt rows), not a decode or verification
             prefill_rows.append(input_ids.shape[0])
         return step(input_ids, cache, rows, start, kv_len, **kw)
 
-    monkeypatch.setattr(policy, "step", counting_step)
+    monkeypatch.setattr(engine, "policy_step", counting_step)
     shared = engine.generate(prompts, list(range(8)), cfg)
     assert prefill_rows == [2]
     alone = [engine.generate([p], [0], cfg).response_ids[0] for p in (a, b)]

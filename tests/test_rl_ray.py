@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from rl_loop.__main__ import parse_args
 from rl_loop.config import tiny_config
 from rl_loop.drafting import build_drafter
 from rl_loop.engine import RolloutEngine
@@ -129,6 +130,17 @@ def test_worker_killed_mid_step_is_replaced_with_the_same_rollouts(local_ray, mo
         assert p.collect(p.submit(prompts, seeds, gen))[0] == 1
     finally:
         p.shutdown()
+
+
+def test_cli_maps_the_flags_and_rejects_zero_workers(capsys):
+    cfg = parse_args(["--tiny", "--rollout-workers", "3", "--dump-rollouts"])
+    assert cfg.rollout_workers == 3 and cfg.dump_rollouts
+    assert parse_args(["--tiny"]).rollout_workers == 1 and not parse_args(["--tiny"]).dump_rollouts
+    with pytest.raises(SystemExit):
+        parse_args(["--rollout-workers", "0"])
+    assert "--rollout-workers must be >= 1" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="rollout-workers"):
+        tiny_config(rollout_workers=0)
 
 
 BASE = tiny_config(steps=2, equivalence=False, dump_rollouts=True, temperature=1.0)

@@ -99,8 +99,8 @@ def test_tiny_vllm_run_serves_the_eagle3_head(tmp_path):
     _run([sys.executable, "-m", "rl_loop", "--backend", "vllm", "--drafter", "eagle3", "--tiny", "--steps", "1",
           "--no-plots", "--out", str(out)], _env(str(trace)), str(tmp_path))
     summary = json.loads((out / "summary.json").read_text())
-    for key in REQUIRED_SUMMARY_KEYS:
-        assert summary.get(key) is not None, key
+    for key in REQUIRED_SUMMARY_KEYS:  # present; intervals are None with a single compared step
+        assert key in summary, key
     assert summary["backend"] == "vllm" and summary["k"] == 3
     assert summary["vllm_spec_method"] == "eagle3" and summary["vllm_weights_version"] == 1
     assert summary["equivalence_pass"] is True  # AR vs speculative rollouts, both served by vLLM

@@ -14,9 +14,12 @@ host-resident cu for free).
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import specdec_kernels as sk
 from specdec_kernels.testing import fuzz
@@ -44,8 +47,8 @@ def _call(op: str, vocab: int = 6, comparable: bool = False, **kwargs) -> FuzzCa
     return FuzzCall(op, kw, vocab, rows, width, comparable, vocab - 1)
 
 
-def _check(call: FuzzCall) -> dict:
-    results = outcomes(call, BACKENDS, DEVICE)
+def _check(call: FuzzCall, backends: list[str] = BACKENDS) -> dict:
+    results = outcomes(call, backends, DEVICE)
     assert not problems(call, results), problems(call, results)
     return results
 
@@ -127,3 +130,55 @@ def test_fuzz_chain_unvalidated(call):
 @FUZZ
 def test_fuzz_tree_unvalidated(call):
     _check(call)
+
+
+def _nan_off_draft(q: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """q with NaN in one entry per row other than the drafted token's (a drafter bug; validation off)."""
+    q = q.clone()
+    q[torch.arange(len(ids)), (ids + 1) % q.shape[-1]] = float("nan")
+    return q
+
+
+def test_nan_draft_probs_count_as_zero_in_the_residual_on_every_backend():
+    """max(0, p - q) with a NaN q entry is 0 in the kernels; the reference used to keep the NaN (clamp), so its
+    residual sample disagreed with theirs (chain and tree)."""
+    gen = torch.Generator().manual_seed(3)
+    b, k, v = 64, 3, 8
+    logits = torch.randn(b * (k + 1), v, generator=gen)
+    ids = torch.randint(0, v, (b * k,), generator=gen)
+    q = _nan_off_draft(torch.softmax(torch.randn(b * k, v, generator=gen), -1), ids)
+    cu = torch.arange(0, b * k + 1, k)
+    out = {be: sk.verify_chain(logits.to(DEVICE), ids.to(DEVICE), cu.to(DEVICE), q.to(DEVICE),
+                               torch.ones(b, device=DEVICE), seed=torch.arange(b, device=DEVICE), backend=be,
+                               validate=False).output_token_ids.cpu() for be in sk.available_backends(DEVICE)}
+    assert len(out) >= 2, out.keys()
+    for be, tokens in out.items():
+        assert torch.equal(tokens, out["reference"]), be
+
+    n = 5  # per request: the root, its two children and one child under each
+    parent = torch.tensor([-1, 0, 0, 1, 2]).repeat(b)
+    node_ids = torch.randint(0, v, (b * n,), generator=gen)
+    tree_logits = torch.randn(b * n, v, generator=gen)
+    tq = _nan_off_draft(torch.softmax(torch.randn(b * n, v, generator=gen), -1), node_ids)
+    cu_nodes = torch.arange(0, b * n + 1, n)
+    trees = {be: sk.verify_tree(tree_logits.to(DEVICE), node_ids.to(DEVICE), parent.to(DEVICE), cu_nodes.to(DEVICE),
+                                tq.to(DEVICE), torch.ones(b, device=DEVICE), seed=torch.arange(b, device=DEVICE),
+                                sibling_sampling="without_replacement", backend=be,
+                                validate=False).output_token_ids.cpu() for be in sk.available_backends(DEVICE)}
+    for be, tokens in trees.items():
+        assert torch.equal(tokens, trees["reference"]), be
+
+
+@given(call=st.one_of(chain_call(), tree_call()), data=st.data())
+@settings(max_examples=30 if INTERPRETED_TRITON and "triton" in BACKENDS else 60, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+def test_fuzz_block_and_traversal_unvalidated(call, data):
+    """The same campaign through verify_chain(method="block") / verify_tree(method="traversal"), with draft
+    probabilities added where the call has none (the optimal methods differ from token level only then)."""
+    kwargs = dict(call.kwargs, method="block" if call.op == "chain" else "traversal")
+    if kwargs.get("draft_probs") is None:
+        rows = (kwargs["draft_token_ids"] if call.op == "chain" else kwargs["node_token_ids"]).numel()
+        g = torch.Generator().manual_seed(data.draw(st.integers(0, 2**31 - 1)))
+        probs = torch.rand(rows, call.vocab, generator=g)
+        kwargs["draft_probs"] = probs / probs.sum(-1, keepdim=True)
+    _check(dataclasses.replace(call, kwargs=kwargs), [b for b in BACKENDS if b != "raw"])

@@ -9,12 +9,14 @@
 
 namespace specdec {
 
-std::tuple<at::Tensor, at::Tensor> verify_chain_cpu(const at::Tensor& target_logits, const at::Tensor& draft_token_ids,
-                                                    const at::Tensor& cu_num_draft_tokens,
-                                                    const std::optional<at::Tensor>& draft_probs,
-                                                    const at::Tensor& temperature, const std::optional<at::Tensor>& top_k,
-                                                    const std::optional<at::Tensor>& top_p, const at::Tensor& seed,
-                                                    const at::Tensor& position, int64_t max_draft_len) {
+// The chain binding of one kernel: verify_chain (token level) or verify_chain_block.
+template <void (*Kernel)(const ChainArgs&)>
+std::tuple<at::Tensor, at::Tensor> chain_op_cpu(const at::Tensor& target_logits, const at::Tensor& draft_token_ids,
+                                                const at::Tensor& cu_num_draft_tokens,
+                                                const std::optional<at::Tensor>& draft_probs,
+                                                const at::Tensor& temperature, const std::optional<at::Tensor>& top_k,
+                                                const std::optional<at::Tensor>& top_p, const at::Tensor& seed,
+                                                const at::Tensor& position, int64_t max_draft_len) {
   const at::Device cpu(at::kCPU);
   checks::on_device(target_logits, "target_logits", cpu);
   const int64_t vocab = checks::logits(target_logits);
@@ -50,11 +52,13 @@ std::tuple<at::Tensor, at::Tensor> verify_chain_cpu(const at::Tensor& target_log
   a.out_width = max_draft_len + 1;
   a.out_tokens = out.data_ptr<int32_t>();
   a.num_accepted = accepted.data_ptr<int32_t>();
-  if (num_reqs > 0) cpu::verify_chain(a);
+  if (num_reqs > 0) Kernel(a);
   return {out, accepted};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_tree_cpu(
+// The tree binding of one kernel: verify_tree (token level) or verify_tree_traversal.
+template <void (*Kernel)(const TreeArgs&)>
+std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_op_cpu(
     const at::Tensor& target_logits, const at::Tensor& node_token_ids, const at::Tensor& parent,
     const at::Tensor& cu_num_nodes, const std::optional<at::Tensor>& draft_probs, const at::Tensor& temperature,
     const std::optional<at::Tensor>& top_k, const std::optional<at::Tensor>& top_p, const at::Tensor& seed,
@@ -96,13 +100,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_tree_cpu(
   a.out_tokens = out.data_ptr<int32_t>();
   a.accepted_nodes = nodes.data_ptr<int32_t>();
   a.num_accepted = accepted.data_ptr<int32_t>();
-  if (num_reqs > 0) cpu::verify_tree(a);
+  if (num_reqs > 0) Kernel(a);
   return {out, nodes, accepted};
 }
 
 }  // namespace specdec
 
 TORCH_LIBRARY_IMPL(specdec, CPU, m) {
-  m.impl("verify_chain", &specdec::verify_chain_cpu);
-  m.impl("verify_tree", &specdec::verify_tree_cpu);
+  m.impl("verify_chain", &specdec::chain_op_cpu<specdec::cpu::verify_chain>);
+  m.impl("verify_tree", &specdec::tree_op_cpu<specdec::cpu::verify_tree>);
+  m.impl("verify_chain_block", &specdec::chain_op_cpu<specdec::cpu::verify_chain_block>);
+  m.impl("verify_tree_traversal", &specdec::tree_op_cpu<specdec::cpu::verify_tree_traversal>);
 }

@@ -22,6 +22,8 @@ struct SerialExec {
   template <class F>
   SoftmaxStats stats(F f) { return f(0, vocab); }
   template <class F>
+  double sum(F f) { return f(0, vocab); }
+  template <class F>
   ResidualResult residual(F f) { return f(0, vocab); }
 };
 
@@ -63,6 +65,8 @@ struct SplitExec {
   ArgMax argmax(F f) { return reduce<ArgMax>(f, kArgMaxInit, better); }
   template <class F>
   SoftmaxStats stats(F f) { return reduce<SoftmaxStats>(f, SoftmaxStats{-kInf, 0.0}, merge_stats); }
+  template <class F>
+  double sum(F f) { return reduce<double>(f, 0.0, [](double x, double y) { return x + y; }); }
   template <class F>
   ResidualResult residual(F f) {
     return reduce<ResidualResult>(f, ResidualResult{kArgMaxInit, false}, [](ResidualResult x, ResidualResult y) {

@@ -27,7 +27,10 @@ int device_arch(const at::Device& device) {
 
 }  // namespace
 
-std::tuple<at::Tensor, at::Tensor> verify_chain_cuda(
+// The chain binding: token level (kBlock = false) or block verification, which runs the token-level
+// pipeline for deterministic drafts (no valid verifier beats it there).
+template <bool kBlock>
+std::tuple<at::Tensor, at::Tensor> chain_op_cuda(
     const at::Tensor& target_logits, const at::Tensor& draft_token_ids, const at::Tensor& cu_num_draft_tokens,
     const std::optional<at::Tensor>& draft_probs, const at::Tensor& temperature, const std::optional<at::Tensor>& top_k,
     const std::optional<at::Tensor>& top_p, const at::Tensor& seed, const at::Tensor& position, int64_t max_draft_len) {
@@ -60,6 +63,14 @@ std::tuple<at::Tensor, at::Tensor> verify_chain_cuda(
   a.num_accepted = accepted.data_ptr<int32_t>();
   if (num_reqs == 0) return {out, accepted};
   const int arch = device_arch(device);
+  if (kBlock && a.draft_probs != nullptr) {
+    at::Tensor workspace = at::empty({static_cast<int64_t>(cuda::chain_block_workspace_bytes(num_reqs, a.vocab))},
+                                     target_logits.options().dtype(at::kByte));
+    cuda::launch_verify_chain_block(a, arch, workspace.data_ptr(),
+                                    static_cast<void*>(c10::cuda::getCurrentCUDAStream().stream()));
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return {out, accepted};
+  }
   const int64_t slices = cuda::chain_slices(arch, a.vocab, a.logits_dtype);
   at::Tensor workspace = at::empty({static_cast<int64_t>(cuda::chain_workspace_bytes(a.num_rows, slices))},
                                    target_logits.options().dtype(at::kByte));
@@ -68,7 +79,10 @@ std::tuple<at::Tensor, at::Tensor> verify_chain_cuda(
   return {out, accepted};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_tree_cuda(
+// The tree binding: token level (kTraversal = false) or traversal verification, which runs the token-level
+// walk for deterministic trees.
+template <bool kTraversal>
+std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_op_cuda(
     const at::Tensor& target_logits, const at::Tensor& node_token_ids, const at::Tensor& parent,
     const at::Tensor& cu_num_nodes, const std::optional<at::Tensor>& draft_probs, const at::Tensor& temperature,
     const std::optional<at::Tensor>& top_k, const std::optional<at::Tensor>& top_p, const at::Tensor& seed,
@@ -110,6 +124,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_tree_cuda(
   a.accepted_nodes = nodes.data_ptr<int32_t>();
   a.num_accepted = accepted.data_ptr<int32_t>();
   if (num_reqs == 0) return {out, nodes, accepted};
+  if (kTraversal && a.draft_probs != nullptr) {
+    const size_t bytes = cuda::tree_traversal_workspace_bytes(num_reqs, max_depth + 1, a.vocab, a.without_replacement);
+    at::Tensor workspace = at::empty({static_cast<int64_t>(bytes)}, target_logits.options().dtype(at::kByte));
+    cuda::launch_verify_tree_traversal(a, device_arch(device), workspace.data_ptr(),
+                                       static_cast<void*>(c10::cuda::getCurrentCUDAStream().stream()));
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return {out, nodes, accepted};
+  }
   const size_t ws_bytes = cuda::tree_workspace_bytes(num_reqs, a.vocab, a.draft_probs != nullptr);
   at::Tensor workspace = at::empty({static_cast<int64_t>(ws_bytes > 0 ? ws_bytes : 4)},
                                    target_logits.options().dtype(at::kByte));
@@ -121,6 +143,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_tree_cuda(
 }  // namespace specdec
 
 TORCH_LIBRARY_IMPL(specdec, CUDA, m) {
-  m.impl("verify_chain", &specdec::verify_chain_cuda);
-  m.impl("verify_tree", &specdec::verify_tree_cuda);
+  m.impl("verify_chain", &specdec::chain_op_cuda<false>);
+  m.impl("verify_tree", &specdec::tree_op_cuda<false>);
+  m.impl("verify_chain_block", &specdec::chain_op_cuda<true>);
+  m.impl("verify_tree_traversal", &specdec::tree_op_cuda<true>);
 }

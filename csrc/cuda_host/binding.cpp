@@ -72,12 +72,21 @@ SPECDEC_EMU_API uint64_t specdec_emu_tree_workspace_bytes(int64_t num_reqs, int6
   return specdec::cuda::tree_workspace_bytes(num_reqs, vocab, stochastic != 0);
 }
 
+SPECDEC_EMU_API uint64_t specdec_emu_chain_block_workspace_bytes(int64_t num_reqs, int64_t vocab) {
+  return specdec::cuda::chain_block_workspace_bytes(num_reqs, vocab);
+}
+
+SPECDEC_EMU_API uint64_t specdec_emu_tree_traversal_workspace_bytes(int64_t num_reqs, int64_t width, int64_t vocab,
+                                                                    int without_replacement) {
+  return specdec::cuda::tree_traversal_workspace_bytes(num_reqs, width, vocab, without_replacement != 0);
+}
+
 SPECDEC_EMU_API int specdec_emu_verify_chain(const void* logits, int logits_dtype, int64_t vocab, int64_t num_rows,
                                              const int64_t* draft_ids, const int64_t* cu, int64_t num_reqs,
                                              const void* draft_probs, int probs_dtype, const float* temperature,
                                              const int32_t* top_k, const float* top_p, const int64_t* seed,
                                              const int64_t* position, int64_t out_width, int32_t* out_tokens,
-                                             int32_t* num_accepted, void* workspace, int arch) {
+                                             int32_t* num_accepted, void* workspace, int arch, int block) {
   specdec::CudaChainArgs a{};
   a.logits = logits;
   a.logits_dtype = dtype_of(logits_dtype);
@@ -96,7 +105,11 @@ SPECDEC_EMU_API int specdec_emu_verify_chain(const void* logits, int logits_dtyp
   a.out_width = out_width;
   a.out_tokens = out_tokens;
   a.num_accepted = num_accepted;
-  specdec::cuda::launch_verify_chain(a, arch, workspace, nullptr);
+  if (block) {
+    specdec::cuda::launch_verify_chain_block(a, arch, workspace, nullptr);
+  } else {
+    specdec::cuda::launch_verify_chain(a, arch, workspace, nullptr);
+  }
   return specdec_emu::error() == nullptr ? 0 : 1;
 }
 
@@ -106,7 +119,7 @@ SPECDEC_EMU_API int specdec_emu_verify_tree(const void* logits, int logits_dtype
                                             const float* temperature, const int32_t* top_k, const float* top_p,
                                             const int64_t* seed, const int64_t* position, int without_replacement,
                                             int64_t max_depth, int32_t* out_tokens, int32_t* accepted_nodes,
-                                            int32_t* num_accepted, void* workspace, int arch) {
+                                            int32_t* num_accepted, void* workspace, int arch, int traversal) {
   specdec::CudaTreeArgs a{};
   a.logits = logits;
   a.logits_dtype = dtype_of(logits_dtype);
@@ -128,14 +141,19 @@ SPECDEC_EMU_API int specdec_emu_verify_tree(const void* logits, int logits_dtype
   a.out_tokens = out_tokens;
   a.accepted_nodes = accepted_nodes;
   a.num_accepted = num_accepted;
-  specdec::cuda::launch_verify_tree(a, arch, static_cast<float*>(workspace), nullptr);
+  if (traversal) {
+    specdec::cuda::launch_verify_tree_traversal(a, arch, workspace, nullptr);
+  } else {
+    specdec::cuda::launch_verify_tree(a, arch, static_cast<float*>(workspace), nullptr);
+  }
   return specdec_emu::error() == nullptr ? 0 : 1;
 }
 
-// Dry runs (specdec_emu_configure(..., dry_run=1) first): the launches verify_chain / verify_tree would
-// make for these shapes, checked against the device limits and logged; no memory is touched.
+// Dry runs (specdec_emu_configure(..., dry_run=1) first): the launches verify_chain / verify_tree (or their
+// block / traversal kernels, with the flag set) would make for these shapes, checked against the device
+// limits and logged; no memory is touched.
 SPECDEC_EMU_API int specdec_emu_plan_chain(int arch, int64_t vocab, int dtype, int64_t num_rows, int64_t num_reqs,
-                                           int stochastic, int truncated) {
+                                           int stochastic, int truncated, int block) {
   static unsigned char dummy[64];
   specdec::CudaChainArgs a{};
   a.logits_dtype = dtype_of(dtype);
@@ -144,16 +162,24 @@ SPECDEC_EMU_API int specdec_emu_plan_chain(int arch, int64_t vocab, int dtype, i
   a.num_reqs = num_reqs;
   a.draft_probs = stochastic ? dummy : nullptr;
   a.top_k = truncated ? reinterpret_cast<const int32_t*>(dummy) : nullptr;
-  specdec::cuda::launch_verify_chain(a, arch, dummy, nullptr);
+  if (block) {
+    specdec::cuda::launch_verify_chain_block(a, arch, dummy, nullptr);
+  } else {
+    specdec::cuda::launch_verify_chain(a, arch, dummy, nullptr);
+  }
   return specdec_emu::error() == nullptr ? 0 : 1;
 }
 
-SPECDEC_EMU_API int specdec_emu_plan_tree(int arch, int64_t vocab, int dtype, int64_t num_reqs) {
+SPECDEC_EMU_API int specdec_emu_plan_tree(int arch, int64_t vocab, int dtype, int64_t num_reqs, int traversal) {
   static float dummy[16];
   specdec::CudaTreeArgs a{};
   a.logits_dtype = dtype_of(dtype);
   a.vocab = vocab;
   a.num_reqs = num_reqs;
-  specdec::cuda::launch_verify_tree(a, arch, dummy, nullptr);
+  if (traversal) {
+    specdec::cuda::launch_verify_tree_traversal(a, arch, dummy, nullptr);
+  } else {
+    specdec::cuda::launch_verify_tree(a, arch, dummy, nullptr);
+  }
   return specdec_emu::error() == nullptr ? 0 : 1;
 }

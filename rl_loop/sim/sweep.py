@@ -18,6 +18,7 @@ import csv
 import os
 from dataclasses import replace
 
+from ..usage import UsageError, check_out_dir
 from .presets import PRESETS, Scenario, evaluate
 from .step import async_split, simulate_async_fixed_split, simulate_step
 
@@ -153,7 +154,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-plots", action="store_true", help="tables only")
     args = parser.parse_args(argv)
     names = args.preset or sorted(PRESETS)
-    os.makedirs(args.out, exist_ok=True)
+    try:
+        check_out_dir(args.out)  # creates it
+    except UsageError as e:
+        parser.exit(2, f"{parser.prog}: error: {e}\n")
     # name: (rows for one preset, x, ys, x label, log x, presets it applies to)
     tables = {"speedup_vs_k": (sweep_k, "k", ("generation_speedup", "step_speedup"), "draft length k", False, names),
               "speedup_vs_acceptance": (sweep_acceptance, "acceptance", ("generation_speedup", "best_generation_speedup"),

@@ -148,7 +148,8 @@ def verify_chain(
         q_x = q.gather(-1, safe_draft[:, None]).squeeze(-1)
         coin = philox.coins(row_seed, row_pos)
         random_accept = draft_valid & (coin * q_x < p_x)
-        residual = torch.clamp(p - q, min=0.0)
+        diff = p - q
+        residual = torch.where(diff > 0, diff, 0.0)  # max(0, p - q); a NaN q entry counts as 0, as in the kernels
         residual_empty = (residual.max(dim=-1).values <= 0)[:, None]
         log_residual = torch.where(residual_empty, z, torch.log(residual))
         resampled = gumbel.sample(log_residual, row_seed, row_pos, stream)

@@ -12,8 +12,10 @@ of vocabulary block ``b`` (``reference/gumbel.py``), the sibling slot for coins 
 call (counter (offset_lo, offset_hi, 0, 0), key (seed_lo, seed_hi)) yields four 32-bit words, each mapped
 to a 31-bit uniform in [0, 1) exactly as Triton maps it, so four consecutive draw indices share one call.
 
-:func:`rand` (the first word only, Triton's ``tl.rand``) with :func:`make_offset` remains for the drafters'
-stream 3 (``drafters/base.py``), whose draws are their own.
+Block and traversal verification's sequence-level coins (:func:`sequence_coins`) draw on stream 0 with
+bit 31 of the position set (:data:`SEQUENCE_COIN_FLAG`); the drafters' sampling noise is stream 3
+(``drafters/base.py``), one draw per vocabulary index. :func:`rand` / :func:`randint` (the first word
+alone) are Triton's ``tl.rand`` / ``tl.randint``.
 
 All arithmetic is done on int64 tensors holding uint32 values, so the functions run on any device
 and never leave it (no host syncs).
@@ -32,6 +34,9 @@ MAX_VOCAB = 1 << 30
 # Draw index of vocabulary block 0 (block b draws BLOCK_DRAWS + b): above every vocabulary index, and
 # (BLOCK_DRAWS + b) >> 2 stays below bit 30, the stream bits.
 BLOCK_DRAWS = MAX_VOCAB
+SEQUENCE_COIN_FLAG = 1 << 31
+"""Set in the position field of sequence-level coins (block / traversal verification): no real position
+reaches it, so these coins never share a counter with any per-position draw (below)."""
 
 _MASK32 = 0xFFFFFFFF
 _ROUND_A = 0xD2511F53
@@ -135,20 +140,28 @@ def uniform(
     return uint32_to_uniform(word)
 
 
-def make_offset(position: torch.Tensor, stream: int, vocab_index: torch.Tensor | int = 0) -> torch.Tensor:
-    """``(position << 32) | (stream << 30) | vocab_index`` as int64 (the drafters' one-word draws), broadcasting."""
+def uniform_rows(seed: torch.Tensor, position: torch.Tensor, stream: int, vocab_size: int) -> torch.Tensor:
+    """[R, V] float32 uniforms ``uniform(seed, position, stream, v)``, v < V, for per-row ``seed`` and
+    ``position`` [R]: every vocabulary entry's noise on one stream (the drafters' stream 3)."""
     if not 0 <= stream < 4:
         raise ValueError(f"stream must be in [0, 4), got {stream}")
-    return (position.to(torch.int64) << 32) | (stream << 30) | vocab_index
-
-
-def uniform_rows(seed: torch.Tensor, position: torch.Tensor, stream: int, vocab_size: int) -> torch.Tensor:
-    """[R, V] float32 one-word uniforms ``rand(seed, make_offset(position, stream, v))`` (the drafters' stream 3)."""
-    v = torch.arange(vocab_size, device=position.device, dtype=torch.int64)
-    offset = make_offset(position[:, None], stream, v[None, :])
-    return rand(seed[:, None], offset)
+    calls = torch.arange((vocab_size + 3) // 4, device=position.device, dtype=torch.int64)
+    words = randint4x(seed[:, None], draw_offset(position[:, None], stream, calls[None, :] << 2))
+    return uint32_to_uniform(torch.stack(words, dim=-1).flatten(1)[:, :vocab_size])
 
 
 def coins(seed: torch.Tensor, position: torch.Tensor, slot: torch.Tensor | int = 0) -> torch.Tensor:
     """[R] float32 acceptance coins: stream 0, draw index = the sibling slot (0 in chains)."""
     return uniform(seed, position, STREAM_COIN, slot)
+
+
+def sequence_coins(seed: torch.Tensor, position: torch.Tensor, index: torch.Tensor | int) -> torch.Tensor:
+    """float32 coins of block and traversal verification: ``uniform(seed, position | 2**31, 0, index)``.
+
+    ``position`` is the request's (the verification round's first position) and ``index`` the tested
+    node (chain: prefix length). Per-position streams cannot serve here: these methods test nodes deeper
+    than what they accept, and the next round starts right after the accepted tokens, so a coin keyed by
+    the node's own position would be drawn again, already conditioned, by the next round. Keying by the
+    round's start instead gives every round fresh coins (round starts strictly increase).
+    """
+    return uniform(seed, position | SEQUENCE_COIN_FLAG, STREAM_COIN, index)

@@ -155,7 +155,8 @@ def node_depth(layout: TreeLayout) -> torch.Tensor:
 
 def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """[R, V] ``norm(max(0, p - q))``; rows whose residual is numerically empty keep p."""
-    residual = torch.clamp(p - q, min=0.0)
+    diff = p - q
+    residual = torch.where(diff > 0, diff, 0.0)  # max(0, p - q); a NaN q entry counts as 0, as in the kernels
     total = residual.sum(dim=-1, keepdim=True)
     return torch.where(total > 0, residual / torch.where(total > 0, total, 1.0), p)
 

@@ -57,17 +57,18 @@ TV = 0.02
 POWER = 0.999
 
 
-def backend_verifier(backend: str, device: torch.device | str = "cpu") -> Verifier:
-    """``verify_chain(..., backend=backend)`` on ``device``: inputs moved there, results back to the CPU."""
+def backend_verifier(backend: str, device: torch.device | str = "cpu", method: str = "token") -> Verifier:
+    """``verify_chain(..., backend=backend, method=method)`` on ``device``: inputs moved there, results back
+    to the CPU."""
     from .. import verify_chain
     from ..reference.chain import ChainResult
 
     def verify(*args):
         moved = [a.to(device) if isinstance(a, torch.Tensor) else a for a in args]
-        res = verify_chain(*moved, backend=backend)
+        res = verify_chain(*moved, backend=backend, method=method)
         return ChainResult(res.output_token_ids.cpu(), res.num_accepted.cpu())
 
-    verify.__name__ = f"verify_chain_{backend}"
+    verify.__name__ = f"verify_chain_{backend}" if method == "token" else f"verify_chain_{method}_{backend}"
     return verify
 
 

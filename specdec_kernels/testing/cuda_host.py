@@ -125,11 +125,16 @@ def _load() -> ctypes.CDLL | None:
         lib.specdec_emu_chain_workspace_bytes.restype = u64
         lib.specdec_emu_tree_workspace_bytes.argtypes = [i64, i64, i32]
         lib.specdec_emu_tree_workspace_bytes.restype = u64
-        lib.specdec_emu_verify_chain.argtypes = [p, i32, i64, i64, p, p, i64, p, i32, p, p, p, p, p, i64, p, p, p, i32]
+        lib.specdec_emu_chain_block_workspace_bytes.argtypes = [i64, i64]
+        lib.specdec_emu_chain_block_workspace_bytes.restype = u64
+        lib.specdec_emu_tree_traversal_workspace_bytes.argtypes = [i64, i64, i64, i32]
+        lib.specdec_emu_tree_traversal_workspace_bytes.restype = u64
+        lib.specdec_emu_verify_chain.argtypes = [p, i32, i64, i64, p, p, i64, p, i32, p, p, p, p, p, i64, p, p, p, i32,
+                                                 i32]
         lib.specdec_emu_verify_tree.argtypes = [p, i32, i64, i64, p, p, p, i64, p, i32, p, p, p, p, p, i32, i64, p, p,
-                                                p, p, i32]
-        lib.specdec_emu_plan_chain.argtypes = [i32, i64, i32, i64, i64, i32, i32]
-        lib.specdec_emu_plan_tree.argtypes = [i32, i64, i32, i64]
+                                                p, p, i32, i32]
+        lib.specdec_emu_plan_chain.argtypes = [i32, i64, i32, i64, i64, i32, i32, i32]
+        lib.specdec_emu_plan_tree.argtypes = [i32, i64, i32, i64, i32]
         lib.specdec_emu_selftest.argtypes = [ctypes.c_char_p, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_uint32, u64,
                                              i32, p]
         _lib = lib
@@ -257,6 +262,7 @@ def verify_chain(
     seed: torch.Tensor | None = None,
     position: torch.Tensor | None = None,
     *,
+    method: str = "token",
     max_draft_len: int | None = None,
     validate: bool = True,
     arch: int = ARCHS["h200"],
@@ -264,7 +270,10 @@ def verify_chain(
     schedule_seed: int = 0,
     drop_barrier: str | None = None,
 ) -> ChainResult:
-    """``specdec_kernels.verify_chain`` on CPU tensors through the emulated CUDA kernels of ``arch``."""
+    """``specdec_kernels.verify_chain`` on CPU tensors through the emulated CUDA kernels of ``arch``;
+    ``method="block"`` with draft probabilities runs the block-verification kernel (block.cuh), as the
+    binding does (deterministic drafts run the token-level pipeline)."""
+    block = api._check_method(method, "chain") == "chain_block"
     args = api.checked_chain_args(
         target_logits, draft_token_ids, cu_num_draft_tokens, draft_probs, temperature, top_k, top_p, seed, position,
         max_draft_len=max_draft_len, validate=validate,
@@ -280,7 +289,11 @@ def verify_chain(
     if num_reqs == 0:  # as the binding: nothing to launch
         return ChainResult(out.clone(), accepted.clone())
     code = _DTYPE_CODES[logits.dtype]
-    ws_bytes = int(lib.specdec_emu_chain_workspace_bytes(arch, vocab, code, num_rows))
+    block = block and probs is not None
+    if block:
+        ws_bytes = int(lib.specdec_emu_chain_block_workspace_bytes(num_reqs, vocab))
+    else:
+        ws_bytes = int(lib.specdec_emu_chain_workspace_bytes(arch, vocab, code, num_rows))
     ws = _fenced_bytes(ws_bytes, torch.Generator().manual_seed(options[1]))
     probs_code = _DTYPE_CODES[probs.dtype] if probs is not None else 0
 
@@ -288,7 +301,7 @@ def verify_chain(
         return lib.specdec_emu_verify_chain(
             _ptr(logits), code, vocab, num_rows, _ptr(drafts), _ptr(cu), num_reqs, _ptr(probs), probs_code,
             _ptr(temp), _ptr(tk), _ptr(tp), _ptr(sd), _ptr(pos), width + 1, _ptr(out), _ptr(accepted),
-            ws.data_ptr() + 4 * _CANARY, arch,
+            ws.data_ptr() + 4 * _CANARY, arch, int(block),
         )
 
     _run(lib, options, launch)
@@ -311,6 +324,7 @@ def verify_tree(
     position: torch.Tensor | None = None,
     sibling_sampling: str = "iid",
     *,
+    method: str = "token",
     max_depth: int | None = None,
     validate: bool = True,
     arch: int = ARCHS["h200"],
@@ -318,7 +332,10 @@ def verify_tree(
     schedule_seed: int = 0,
     drop_barrier: str | None = None,
 ) -> TreeResult:
-    """``specdec_kernels.verify_tree`` on CPU tensors through the emulated CUDA kernels of ``arch``."""
+    """``specdec_kernels.verify_tree`` on CPU tensors through the emulated CUDA kernels of ``arch``;
+    ``method="traversal"`` with draft probabilities runs the traversal kernel (traversal.cuh), as the
+    binding does (deterministic trees run the token-level walk)."""
+    traversal = api._check_method(method, "tree") == "tree_traversal"
     args = api.checked_tree_args(
         target_logits, node_token_ids, parent, cu_num_nodes, draft_probs, temperature, top_k, top_p, seed, position,
         sibling_sampling, max_depth=max_depth, validate=validate,
@@ -335,7 +352,12 @@ def verify_tree(
     if num_reqs == 0:
         return TreeResult(out.clone(), nodes.clone(), accepted.clone())
     code = _DTYPE_CODES[logits.dtype]
-    ws_bytes = max(int(lib.specdec_emu_tree_workspace_bytes(num_reqs, vocab, int(probs is not None))), 4)
+    traversal = traversal and probs is not None
+    if traversal:
+        without = int(sibling == "without_replacement")
+        ws_bytes = int(lib.specdec_emu_tree_traversal_workspace_bytes(num_reqs, depth + 1, vocab, without))
+    else:
+        ws_bytes = max(int(lib.specdec_emu_tree_workspace_bytes(num_reqs, vocab, int(probs is not None))), 4)
     ws = _fenced_bytes(ws_bytes, torch.Generator().manual_seed(options[1]))
     probs_code = _DTYPE_CODES[probs.dtype] if probs is not None else 0
 
@@ -343,7 +365,7 @@ def verify_tree(
         return lib.specdec_emu_verify_tree(
             _ptr(logits), code, vocab, logits.shape[0], _ptr(tokens), _ptr(par), _ptr(cu), num_reqs, _ptr(probs),
             probs_code, _ptr(temp), _ptr(tk), _ptr(tp), _ptr(sd), _ptr(pos), int(sibling == "without_replacement"), depth,
-            _ptr(out), _ptr(nodes), _ptr(accepted), ws.data_ptr() + 4 * _CANARY, arch,
+            _ptr(out), _ptr(nodes), _ptr(accepted), ws.data_ptr() + 4 * _CANARY, arch, int(traversal),
         )
 
     _run(lib, options, launch)
@@ -359,20 +381,24 @@ def verify_tree(
 # ----------------------------------------------------------------------------------------------------
 
 def plan_chain(vocab_size: int, dtype: torch.dtype, num_rows: int, num_reqs: int, *, stochastic: bool,
-               truncated: bool, arch: int = ARCHS["h200"]) -> list[Launch]:
+               truncated: bool, arch: int = ARCHS["h200"], method: str = "token") -> list[Launch]:
     """The launches ``verify_chain`` makes for these shapes on ``arch``, checked against the device's
     limits (:class:`EmulationError` otherwise) without running them or allocating anything."""
     lib = _library()
+    block = api._check_method(method, "chain") == "chain_block" and stochastic
     _run(lib, _options(arch, "forward", 0, None, dry_run=True), lambda: lib.specdec_emu_plan_chain(
-        arch, vocab_size, _DTYPE_CODES[dtype], num_rows, num_reqs, int(stochastic), int(truncated)))
+        arch, vocab_size, _DTYPE_CODES[dtype], num_rows, num_reqs, int(stochastic), int(truncated), int(block)))
     return last_launches()
 
 
-def plan_tree(vocab_size: int, dtype: torch.dtype, num_reqs: int, *, arch: int = ARCHS["h200"]) -> list[Launch]:
-    """The launches ``verify_tree`` makes for these shapes on ``arch`` (dry run, as :func:`plan_chain`)."""
+def plan_tree(vocab_size: int, dtype: torch.dtype, num_reqs: int, *, arch: int = ARCHS["h200"],
+              method: str = "token") -> list[Launch]:
+    """The launches ``verify_tree`` makes for these shapes on ``arch`` (dry run, as :func:`plan_chain`);
+    ``method="traversal"`` plans the traversal kernel (stochastic trees)."""
     lib = _library()
+    traversal = api._check_method(method, "tree") == "tree_traversal"
     _run(lib, _options(arch, "forward", 0, None, dry_run=True),
-         lambda: lib.specdec_emu_plan_tree(arch, vocab_size, _DTYPE_CODES[dtype], num_reqs))
+         lambda: lib.specdec_emu_plan_tree(arch, vocab_size, _DTYPE_CODES[dtype], num_reqs, int(traversal)))
     return last_launches()
 
 

@@ -95,8 +95,8 @@ def kernel_base_name(name: str) -> str:
 
 
 def planned_launches(device: DeviceLimits) -> list:
-    """Every launch verify_chain / verify_tree makes on ``device`` for shapes that reach each entry of the
-    launch-config table (each dtype, vocabularies at and around every threshold, up to 2^30 = the API's
+    """Every launch verify_chain / verify_tree (token level, block, traversal) makes on ``device`` for shapes
+    that reach each entry of the launch-config table (each dtype, vocabularies at and around every threshold, up to 2^30 = the API's
     largest; batches past the grid's y limit), with and without stochastic drafts / truncation."""
     from . import cuda_host
 
@@ -107,7 +107,10 @@ def planned_launches(device: DeviceLimits) -> list:
                 for stochastic in (False, True):
                     launches += cuda_host.plan_chain(vocab, dtype, num_rows, num_reqs, stochastic=stochastic,
                                                      truncated=stochastic, arch=device.arch)
-            launches += cuda_host.plan_tree(vocab, dtype, 70_000, arch=device.arch)
+                launches += cuda_host.plan_chain(vocab, dtype, num_rows, num_reqs, stochastic=True, truncated=True,
+                                                 arch=device.arch, method="block")
+            for method in ("token", "traversal"):
+                launches += cuda_host.plan_tree(vocab, dtype, 70_000, arch=device.arch, method=method)
     return launches
 
 

@@ -83,6 +83,7 @@ def generate_with_trees(
     validate: bool = True,
     backend: str = "reference",
     advance_position: bool = True,
+    method: str = "token",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Speculative generation of ``num_seqs`` sequences of ``length`` tokens with tree drafting.
 
@@ -90,7 +91,7 @@ def generate_with_trees(
     drafter (top-k tokens when ``tree_sampling`` is None, else siblings drawn "iid" or
     "without_replacement"), verifies it with ``verify_tree`` against the Markov target and appends the
     emitted tokens. ``verify_sampling`` overrides the sibling_sampling told to the verifier (to plant a
-    mismatch); ``advance_position=False`` plants reused randomness. Returns ([num_seqs, length] tokens,
+    mismatch); ``advance_position=False`` plants reused randomness; ``method`` is verify_tree's. Returns ([num_seqs, length] tokens,
     [rounds] mean accepted length per round).
     """
     from ..api import verify_tree
@@ -114,7 +115,7 @@ def generate_with_trees(
         res = verify_tree(
             logits, tree.node_token_ids, tree.parent, tree.cu_num_nodes, tree.draft_probs, temp, tk, tp,
             req_seed, pos, sibling_sampling=verify_sampling or tree.sibling_sampling or "iid",
-            backend=backend, validate=validate,
+            backend=backend, validate=validate, method=method,
         )
         out = res.output_token_ids.to(torch.int64)
         count = res.num_accepted.to(torch.int64) + 1

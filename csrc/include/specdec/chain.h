@@ -92,6 +92,25 @@ int64_t sample_z(const RowKernels& K, Exec& exec, const ZSource& src, int64_t se
   return sample_in_block(src, key, hi, stream, pick.index);
 }
 
+// y ~ softmax(z) of a prepared float32 row z[0, V) (prepare_row, row max mx), seeded with the block of the
+// row max.
+template <class Exec>
+int64_t sample_prepared(const RowKernels& K, Exec& exec, const float* z, ArgMax mx, int64_t V, int64_t seed,
+                        int64_t position, int stream) {
+  const ZSource src{z, DType::kFloat32, 1.0f, V};
+  return sample_z(K, exec, src, mx.value != -kInf ? mx.index / kBlock : -1, seed, position, stream);
+}
+
+// y ~ norm(w) of nonnegative weights w[0, V) (not all 0) by two-level Gumbel-max on one stream.
+template <class Exec>
+int64_t sample_weights(const RowKernels& K, Exec& exec, const float* w, int64_t V, int64_t seed, int64_t position,
+                       int stream) {
+  const PhiloxKey key = philox_key(seed);
+  const uint32_t hi = philox_offset_hi(position);
+  const ArgMax pick = exec.argmax([&](int64_t v0, int64_t v1) { return K.weight_blocks(w, V, key, hi, stream, v0, v1); });
+  return sample_in_block(WeightSource{w, V}, key, hi, stream, pick.index);
+}
+
 // True when top-k and top-p leave request req's row untouched.
 inline bool untruncated(const int32_t* top_k, const float* top_p, int64_t req, int64_t V) {
   const bool k_off = top_k == nullptr || top_k[req] <= 0 || top_k[req] >= V;

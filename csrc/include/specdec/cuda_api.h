@@ -130,6 +130,22 @@ int64_t chain_slices(int arch, int64_t vocab, DType dtype);
 
 }  // namespace specdec::cuda
 
+namespace specdec {
+
+// Per-depth state of the traversal walk (traversal.cuh), one per (request, depth) in the workspace.
+struct TraversalDepth {
+  int64_t path;    // local node on the current path at this depth
+  int64_t cursor;  // local index from which its next child is searched
+  double mass;     // M: probability of accepting this node's path when tested
+  double last;     // mass of the residual row after the latest deleted child
+  float divisor;   // the node's mass row is r / divisor
+  int32_t flags;   // kTraversalAlive | kTraversalDeleted
+};
+inline constexpr int32_t kTraversalAlive = 1;
+inline constexpr int32_t kTraversalDeleted = 2;
+
+}  // namespace specdec
+
 namespace specdec::cuda {
 
 inline size_t tree_workspace_bytes(int64_t num_reqs, int64_t vocab, bool stochastic) {
@@ -137,5 +153,28 @@ inline size_t tree_workspace_bytes(int64_t num_reqs, int64_t vocab, bool stochas
 }
 
 void launch_verify_tree(const CudaTreeArgs& a, int arch, void* workspace, void* stream);
+
+}  // namespace specdec::cuda
+
+namespace specdec::cuda {
+
+// Block verification (block.cuh): one p row per request.
+inline size_t chain_block_workspace_bytes(int64_t num_reqs, int64_t vocab) {
+  return static_cast<size_t>(num_reqs) * static_cast<size_t>(vocab) * sizeof(float);
+}
+void launch_verify_chain_block(const CudaChainArgs& a, int arch, void* workspace, void* stream);
+
+// Traversal verification (traversal.cuh): per request the mass rows of the path ([D + 1, V] floats), the
+// running draft laws without replacement (another [D + 1, V]), then the per-depth states.
+inline size_t tree_traversal_rows_bytes(int64_t num_reqs, int64_t width, int64_t vocab, bool without_replacement) {
+  const size_t bytes = static_cast<size_t>(num_reqs) * (without_replacement ? 2 : 1) * static_cast<size_t>(width) *
+                       static_cast<size_t>(vocab) * sizeof(float);
+  return (bytes + 15) / 16 * 16;
+}
+inline size_t tree_traversal_workspace_bytes(int64_t num_reqs, int64_t width, int64_t vocab, bool without_replacement) {
+  return tree_traversal_rows_bytes(num_reqs, width, vocab, without_replacement) +
+         static_cast<size_t>(num_reqs) * static_cast<size_t>(width) * sizeof(TraversalDepth);
+}
+void launch_verify_tree_traversal(const CudaTreeArgs& a, int arch, void* workspace, void* stream);
 
 }  // namespace specdec::cuda

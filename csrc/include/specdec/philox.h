@@ -88,10 +88,6 @@ SPECDEC_HD float philox_uniform(uint32_t word) {
 SPECDEC_HD uint32_t philox_offset_lo(int stream, uint32_t i) { return (static_cast<uint32_t>(stream) << 30) | (i >> 2); }
 SPECDEC_HD uint32_t philox_offset_hi(int64_t position) { return static_cast<uint32_t>(position); }
 
-// Low counter word of the drafters' one-word draws (reference/philox.py make_offset, stream 3): the
-// first word of offset (position << 32) | (stream << 30) | v.
-SPECDEC_HD uint32_t philox_make_offset_lo(int stream, uint32_t v) { return (static_cast<uint32_t>(stream) << 30) | v; }
-
 // Uniform of draw index i, given the key and the position word hi = philox_offset_hi(position).
 SPECDEC_HD float philox_draw(const PhiloxKey& key, uint32_t hi, int stream, uint32_t i) {
   uint32_t w[4];
@@ -102,6 +98,13 @@ SPECDEC_HD float philox_draw(const PhiloxKey& key, uint32_t hi, int stream, uint
 // u = uniform(seed, position, stream, i) (reference/philox.py).
 SPECDEC_HD float philox_rand(int64_t seed, int64_t position, int stream, uint32_t i) {
   return philox_draw(philox_key(seed), philox_offset_hi(position), stream, i);
+}
+
+// Sequence-level coins of block and traversal verification (reference/philox.py sequence_coins):
+// u = uniform(seed, position | 2^31, stream 0, index), position = the round's first position.
+constexpr int64_t kSequenceCoinFlag = int64_t{1} << 31;
+SPECDEC_HD float sequence_coin(int64_t seed, int64_t position, uint32_t index) {
+  return philox_rand(seed, position | kSequenceCoinFlag, kStreamCoin, index);
 }
 
 SPECDEC_NS_END

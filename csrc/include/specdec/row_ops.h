@@ -93,6 +93,52 @@ inline ArgMax weight_blocks_impl(const float* w, int64_t vocab, const PhiloxKey&
   return search_blocks(src, key, hi, stream, v0, v1, kArgMaxInit);
 }
 
+// w_v = exp(z_v - m) written over z[v0, v1) (the softmax numerators of a prepared row); returns their sum
+// in double.
+inline double softmax_weights_impl(float* z, float m, int64_t v0, int64_t v1) {
+  simd::f64v acc = {};
+  int64_t v = v0;
+  for (; v + simd::W <= v1; v += simd::W) {
+    const simd::f32v w = simd::exp_f32(simd::load(z + v) - m);
+    simd::store(z + v, w);
+    acc += __builtin_convertvector(w, simd::f64v);
+  }
+  double tail = 0.0;
+  for (; v < v1; ++v) {
+    z[v] = exp_f32(z[v] - m);
+    tail += static_cast<double>(z[v]);
+  }
+  double total = 0.0;
+  for (int l = 0; l < simd::W; ++l) total += acc[l];
+  return total + tail;
+}
+
+// out_v = max(0, w * (e_v / total) - q_v) over [v0, v1) (q = nullptr: q_v = 0), with the reference's
+// float32 operations in its order (reference/block.py residual_row, reference/traversal.py); returns the
+// sum of out in double.
+template <DType Q>
+double weighted_residual_t(const float* e, float total, float w, const void* q, float* out, int64_t v0, int64_t v1) {
+  simd::f64v acc = {};
+  int64_t v = v0;
+  for (; v + simd::W <= v1; v += simd::W) {
+    const simd::f32v qv = q != nullptr ? load_v<Q>(q, v) : simd::f32v{};
+    const simd::f32v d = w * (simd::load(e + v) / total) - qv;
+    const simd::f32v x = d > 0.0f ? d : 0.0f;
+    simd::store(out + v, x);
+    acc += __builtin_convertvector(x, simd::f64v);
+  }
+  double tail = 0.0;
+  for (; v < v1; ++v) {
+    const float qv = q != nullptr ? load_elem(q, Q, v) : 0.0f;
+    const float d = w * (e[v] / total) - qv;
+    out[v] = d > 0.0f ? d : 0.0f;
+    tail += static_cast<double>(out[v]);
+  }
+  double sum = 0.0;
+  for (int l = 0; l < simd::W; ++l) sum += acc[l];
+  return sum + tail;
+}
+
 // The table entries (dtype switches outside the loops).
 inline ArgMax greedy_argmax_any(const void* row, DType d, int64_t v0, int64_t v1) {
   switch (d) {
@@ -147,6 +193,15 @@ inline ResidualResult residual_blocks_any(const ResidualArgs& r, const PhiloxKey
   }
 }
 
+inline double weighted_residual_any(const float* e, float total, float w, const void* q, DType qd, float* out,
+                                    int64_t v0, int64_t v1) {
+  switch (qd) {
+    case DType::kBFloat16: return weighted_residual_t<DType::kBFloat16>(e, total, w, q, out, v0, v1);
+    case DType::kFloat16: return weighted_residual_t<DType::kFloat16>(e, total, w, q, out, v0, v1);
+    default: return weighted_residual_t<DType::kFloat32>(e, total, w, q, out, v0, v1);
+  }
+}
+
 inline RowKernels make_row_kernels() {
   RowKernels k;
   k.greedy_argmax = greedy_argmax_any;
@@ -155,6 +210,8 @@ inline RowKernels make_row_kernels() {
   k.softmax_stats = softmax_stats_any;
   k.residual_blocks = residual_blocks_any;
   k.weight_blocks = weight_blocks_impl;
+  k.softmax_weights = softmax_weights_impl;
+  k.weighted_residual = weighted_residual_any;
   return k;
 }
 

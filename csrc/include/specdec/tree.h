@@ -102,12 +102,7 @@ int64_t stochastic_tree_step(const RowKernels& K, Exec& exec, const float* z, Ar
       for (int64_t v = 0; v < V; ++v) p[v] = r[v] / rtotal;
     }
   }
-  const PhiloxKey key = philox_key(seed);
-  const uint32_t hi = philox_offset_hi(position);
-  const ArgMax pick = exec.argmax([&](int64_t v0, int64_t v1) {
-    return K.weight_blocks(p, V, key, hi, kStreamRecovery, v0, v1);
-  });
-  emitted = sample_in_block(WeightSource{p, V}, key, hi, kStreamRecovery, pick.index);
+  emitted = sample_weights(K, exec, p, V, seed, position, kStreamRecovery);
   return -1;
 }
 
@@ -161,9 +156,7 @@ void verify_tree_request(const RowKernels& K, const TreeArgs& a, int64_t b, Exec
     } else {
       const ArgMax mx = prepare_row(K, exec, row, a.logits_dtype, temp, a.top_k, a.top_p, b, V, s.row);
       if (a.draft_probs == nullptr || leaf) {
-        const ZSource src{s.row.z.data(), DType::kFloat32, 1.0f, V};
-        const int64_t seed_block = mx.value != -kInf ? mx.index / kBlock : -1;
-        y = sample_z(K, exec, src, seed_block, a.seed[b], pos, leaf ? kStreamBonus : kStreamRecovery);
+        y = sample_prepared(K, exec, s.row.z.data(), mx, V, a.seed[b], pos, leaf ? kStreamBonus : kStreamRecovery);
       } else {
         const void* q_row = static_cast<const char*>(a.draft_probs) + static_cast<size_t>(g) * V * q_elem;
         y = 0;

@@ -60,6 +60,13 @@ struct RowKernels {
   // Blocks of nonnegative weights w.
   ArgMax (*weight_blocks)(const float* w, int64_t vocab, const PhiloxKey& key, uint32_t hi, int stream, int64_t v0,
                           int64_t v1);
+  // Overwrites a prepared row z with exp(z - m) and returns the sum (double): the softmax numerators of
+  // block and traversal verification (block.h, traversal.h).
+  double (*softmax_weights)(float* z, float m, int64_t v0, int64_t v1);
+  // out = max(0, w * (e / total) - q) (q = nullptr: 0) and its sum (double): the residual rows of block
+  // and traversal verification.
+  double (*weighted_residual)(const float* e, float total, float w, const void* q, DType q_dtype, float* out,
+                              int64_t v0, int64_t v1);
 };
 
 }  // namespace specdec

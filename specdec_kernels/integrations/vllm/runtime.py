@@ -4,6 +4,10 @@ Environment variables:
 
 - ``SPECDEC_VLLM_BACKEND``: verify_chain backend ("auto" by default: the fastest compiled or GPU backend
   for the logits' device; on CPU the Triton interpreter is never chosen automatically).
+- ``SPECDEC_VLLM_METHOD``: verify_chain method, "token" (default) or "block" (block verification, Sun
+  et al.). Block verification needs draft probabilities, which vLLM passes for probabilistic drafting
+  (``draft_sample_method="probabilistic"`` with ``rejection_sample_method="standard"``: EAGLE / EAGLE-3, MTP,
+  draft model, DFlash); for drafts without them (ngram, suffix, greedy drafting) it is token level.
 - ``SPECDEC_VLLM_TRACE``: path of a file to which every patched call appends one line
   ``<sampler> <backend> <pid> <num_requests> <num_draft_tokens> <num_accepted>``; for checking that the patch ran in the
   worker process and for acceptance statistics. Off when unset (then nothing syncs with the host).
@@ -27,6 +31,17 @@ def backend_for(device: torch.device) -> str:
     if chosen != "auto":
         return chosen
     return available_backends(device)[0]
+
+
+METHODS = ("token", "block")
+
+
+def chain_method() -> str:
+    """The verify_chain method from ``SPECDEC_VLLM_METHOD`` ("token" when unset); a clear error otherwise."""
+    method = os.environ.get("SPECDEC_VLLM_METHOD", "token")
+    if method not in METHODS:
+        raise ValueError(f"SPECDEC_VLLM_METHOD must be one of {METHODS}, got {method!r}")
+    return method
 
 
 def fresh_keys(num_reqs: int, device: torch.device) -> torch.Tensor:

@@ -243,7 +243,7 @@ def forward(self, metadata, draft_probs, logits, sampling_metadata):
     result = verify_chain(
         combined, draft_ids, cu, draft_probs_for(draft_probs, draft_ids, vocab_size),
         temperature, top_k, top_p, seed, position,
-        backend=backend, max_draft_len=metadata.max_spec_len, validate=False,
+        backend=backend, method=runtime.chain_method(), max_draft_len=metadata.max_spec_len, validate=False,
     )
     output_token_ids = result.output_token_ids
     runtime.trace("v1", backend, num_reqs, num_drafts, result.num_accepted)

@@ -49,10 +49,12 @@ def verify_v2(
     seeds: torch.Tensor,
     num_speculative_steps: int,
     backend: str | None = None,
+    method: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Verify one V2 chunk with ``verify_chain``; returns (sampled [B, S + 1] int64 -1 padded, num_sampled [B] int32).
 
-    Shapes as in the module docstring; ``temperature`` and ``seeds`` are indexed by request state.
+    Shapes as in the module docstring; ``temperature`` and ``seeds`` are indexed by request state;
+    ``method`` defaults to ``SPECDEC_VLLM_METHOD`` (``runtime.chain_method``).
     """
     device = processed_logits.device
     num_logits, vocab_size = processed_logits.shape
@@ -90,7 +92,8 @@ def verify_v2(
     backend = backend or runtime.backend_for(device)
     result = verify_chain(
         processed_logits, draft_ids, cu_draft, q, chain_temperature, None, None, seed, position,
-        backend=backend, max_draft_len=num_speculative_steps, validate=False,
+        backend=backend, method=method or runtime.chain_method(), max_draft_len=num_speculative_steps,
+        validate=False,
     )
     runtime.trace("v2", backend, num_reqs, num_drafts, result.num_accepted)
     return result.output_token_ids.to(torch.int64), (result.num_accepted + 1).to(torch.int32)

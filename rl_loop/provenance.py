@@ -1,0 +1,49 @@
+"""Where a committed figure came from: commit, date, CPU, cores, threads and the command that wrote it."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+from datetime import datetime, timezone
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _git(*args: str) -> str | None:
+    try:
+        out = subprocess.run(["git", *args], capture_output=True, text=True, check=False, cwd=HERE, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def command_line() -> str | None:
+    """``python -m <module> <args>`` of this process (no paths of the machine: the module, not its file)."""
+    argv0 = sys.argv[0] if sys.argv else ""
+    base, parent = os.path.basename(argv0), os.path.basename(os.path.dirname(argv0))
+    if base == "__main__.py":
+        module = parent
+    elif base.endswith(".py") and parent == "rl_loop":
+        module = f"rl_loop.{base[:-3]}"
+    else:
+        return None
+    return " ".join(["python", "-m", module, *sys.argv[1:]])
+
+
+def provenance(command: str | None = None) -> dict:
+    """Commit (and whether the tree had uncommitted changes), date, CPU, cores, torch threads, command."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    status = _git("status", "--porcelain", "--untracked-files=no")
+    return {"commit": _git("rev-parse", "HEAD"), "dirty": None if status is None else bool(status),
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "cpu": cpu,
+            "cores": os.cpu_count(), "threads": torch.get_num_threads(), "torch": torch.__version__,
+            "command": command or command_line()}
