@@ -8,8 +8,9 @@ import sys
 from dataclasses import replace
 
 from .checks import check_values
-from .config import POLICY_PRESETS, REQUIRED_SUMMARY_KEYS, RunConfig, tiny_config
+from .config import POLICY_PRESETS, REQUIRED_SUMMARY_KEYS, WORKLOADS, RunConfig, tiny_config, with_workload
 from .decode import DECODE_PATHS
+from .rollouts import VERIFY_METHODS
 from .train import run
 from .usage import UsageError
 
@@ -38,6 +39,9 @@ def parse_args(argv: list[str] | None = None) -> RunConfig:
     p.add_argument("--drafter", choices=("eagle3", "mtp", "draft_model"), default=d.drafter,
                    help="specdec_kernels.drafters head: EAGLE-3 (vLLM serves it as its eagle3 speculator), MTP, "
                         "or a one-layer draft model")
+    p.add_argument("--verify", choices=VERIFY_METHODS, default=d.verify,
+                   help="verification method: token (token level, chains and trees), block (block verification "
+                        "of --spec chain) or traversal (traversal verification of --spec tree); all lossless")
     p.add_argument("--k", type=int, default=d.k, help="draft tokens per verification round")
     p.add_argument("--backend", choices=("own", "vllm"), default=d.backend, help="rollout engine")
     p.add_argument("--steps", type=int, default=d.steps, help="GRPO steps")
@@ -50,6 +54,9 @@ def parse_args(argv: list[str] | None = None) -> RunConfig:
     p.add_argument("--policy", choices=tuple(POLICY_PRESETS), default=None,
                    help="policy shape preset: default (12 layers x hidden 96), wide (4 x 256), stream (4 x 1024, "
                         "weights beyond the last-level cache); default: the configuration's own")
+    p.add_argument("--workload", choices=tuple(WORKLOADS), default=d.workload,
+                   help="task mix: default (add / mul / countdown scratchpads), search (countdown as search "
+                        "traces: less templated, lower draft acceptance)")
     p.add_argument("--decode", choices=DECODE_PATHS, default=d.decode,
                    help="the policy's decode path for both arms (auto: native fused layer step when built)")
     p.add_argument("--threads", type=int, default=d.num_threads, help="torch intra-op threads (both arms)")
@@ -73,8 +80,10 @@ def parse_args(argv: list[str] | None = None) -> RunConfig:
     steps = a.steps if a.steps != d.steps or not a.tiny else base.steps
     if a.policy is not None:
         base = replace(base, model=POLICY_PRESETS[a.policy]())
+    base = with_workload(base, a.workload)
     return replace(
         base, pipeline=a.pipeline, spec=a.spec, drafter=a.drafter, k=a.k, backend=a.backend, steps=steps,
+        verify=a.verify,
         seed=a.seed, out=a.out, temperature=a.temperature, verify_backend=a.verify_backend, resume=a.resume,
         decode=a.decode, num_threads=a.threads, rollout_workers=a.rollout_workers, dump_rollouts=a.dump_rollouts,
         equivalence=not a.no_equivalence, plots=base.plots and not a.no_plots,

@@ -1,7 +1,7 @@
 """The default run repeated over seeds: the median and interval of every headline figure.
 
 ``python -m rl_loop.repeat --seeds 0,1,2 --out results/rl_loop/default`` runs ``python -m rl_loop`` (the
-defaults, or ``--steps`` / ``--policy`` / ``--k``) once per seed into ``OUT/seed<s>/`` (``summary.json``,
+defaults, or ``--steps`` / ``--policy`` / ``--workload`` / ``--k``) once per seed into ``OUT/seed<s>/`` (``summary.json``,
 ``metrics.jsonl``, ``equivalence.json``) and writes ``OUT/repeat.json`` and ``OUT/repeat.md``: per figure the
 median over seeds and the [min, max] range, each seed's value, and for the speedups a 95 % bootstrap
 interval over every (seed, compared step) pair, resampled within seeds. Provenance (commit, date, CPU,
@@ -19,7 +19,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from .config import POLICY_PRESETS, RunConfig, tiny_config
+from .config import POLICY_PRESETS, WORKLOADS, RunConfig, tiny_config, with_workload
 from .provenance import provenance
 from .stats import ratio_of_rates
 from .train import run
@@ -86,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="runs/repeat")
     p.add_argument("--steps", type=int, default=None, help="GRPO steps per run (default: the configuration's)")
     p.add_argument("--policy", choices=tuple(POLICY_PRESETS), default=None, help="policy shape preset")
+    p.add_argument("--workload", choices=tuple(WORKLOADS), default="default", help="task mix")
     p.add_argument("--k", type=int, default=None)
     p.add_argument("--threads", type=int, default=None, help="torch threads of both arms (default: the config's)")
     p.add_argument("--reuse", action="store_true",
@@ -102,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         base = replace(base, steps=a.steps)
     if a.policy is not None:
         base = replace(base, model=POLICY_PRESETS[a.policy]())
+    base = with_workload(base, a.workload)
     if a.k is not None:
         base = replace(base, k=a.k)
     if a.threads is not None:

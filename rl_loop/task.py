@@ -1,6 +1,6 @@
 """Seeded math problems with verifiable answers, their reward, splits and a character tokenizer.
 
-Two problem families, each with a short scratchpad so that responses are tens of tokens long (the regime
+Problem families, each with a short scratchpad so that responses are tens of tokens long (the regime
 where speculative decoding pays off) and every step is checkable:
 
 - ``add`` / ``mul`` (multi-digit arithmetic): ``"347+585?"`` -> ``"7+5+0=12,4+8+1=13,3+5+1=9;932"``.
@@ -8,6 +8,13 @@ where speculative decoding pays off) and every step is checkable:
   ``mul`` multiplies by one digit: ``"347*6?"`` -> ``"7*6+0=42,4*6+4=28,3*6+2=20;2082"``.
 - ``countdown``: reach the target from three numbers with ``+ - *``, each used once:
   ``"3,5,7>22?"`` -> ``"5*3=15,15+7=22;22"``. Any valid derivation is correct.
+- ``search`` (not in the default mix): countdown written as a search trace. The reference response
+  tries whole derivations in a random order and abandons each wrong one with ``>`` before the one that
+  reaches the target: ``"3,5,7>22?"`` -> ``"7-3=4,4*5=20>5*3=15,15+7=22;22"`` (at most two failed tries
+  shown). Which try comes next is a free choice, so the policy's responses vary far more from sample to
+  sample than the templated families' do: the workload whose draft acceptance is nearer what RL
+  reasoning traces see. Correct when the last try reaches the target and every try is a valid
+  derivation.
 
 Difficulty 1..4 sets the digit count of arithmetic (difficulty + 1 digits for addition, difficulty digits
 times one digit for multiplication); countdown uses numbers 1..(3 + 2 * difficulty).
@@ -28,7 +35,9 @@ PAD, BOS, EOS = "<pad>", "<s>", "</s>"
 SPECIAL_TOKENS = (PAD, BOS, EOS)
 CHARS = "0123456789+-*=,;?>"
 VOCAB_SIZE = 32  # padded: the embedding keeps a few unused rows (vLLM and matmuls like round sizes)
-FAMILIES = ("add", "mul", "countdown")
+FAMILIES = ("add", "mul", "countdown", "search")
+DEFAULT_FAMILIES = ("add", "mul", "countdown")
+SEARCH_MAX_FAILED = 2  # failed tries a ``search`` reference response shows before the successful one
 CORRECT_REWARD = 1.0
 FORMAT_REWARD = 0.1
 
@@ -94,7 +103,31 @@ def _countdown(rng: random.Random, difficulty: int) -> Problem:
     return Problem("countdown", prompt, solution, target, tuple(nums))
 
 
-_GENERATORS = {"add": _addition, "mul": _multiplication, "countdown": _countdown}
+def _derivations(nums: list[int]) -> list[tuple[int, str, int, int, str, int, int]]:
+    """Every two-step derivation over three numbers: (x, op1, y, first, op2, z, result), ``first`` >= 0."""
+    out = []
+    for i, j, k in ((0, 1, 2), (0, 2, 1), (1, 0, 2), (1, 2, 0), (2, 0, 1), (2, 1, 0)):
+        x, y, z = nums[i], nums[j], nums[k]
+        for op1 in "+-*":
+            first = _apply(op1, x, y)
+            if first < 0:
+                continue
+            for op2 in "+-*":
+                out.append((x, op1, y, first, op2, z, _apply(op2, first, z)))
+    return out
+
+
+def _search(rng: random.Random, difficulty: int) -> Problem:
+    base = _countdown(rng, difficulty)
+    tries = _derivations(list(base.numbers))
+    rng.shuffle(tries)
+    hit = next(i for i, d in enumerate(tries) if d[6] == base.answer)
+    failed = [d for d in tries[:hit] if d[6] != base.answer][:SEARCH_MAX_FAILED]
+    text = ">".join(f"{x}{o1}{y}={f},{f}{o2}{z}={r}" for x, o1, y, f, o2, z, r in (*failed, tries[hit]))
+    return Problem("search", base.prompt, f"{text};{base.answer}", base.answer, base.numbers)
+
+
+_GENERATORS = {"add": _addition, "mul": _multiplication, "countdown": _countdown, "search": _search}
 
 
 def make_problem(rng: random.Random, family: str, difficulty: int) -> Problem:
@@ -110,7 +143,7 @@ def make_problem(rng: random.Random, family: str, difficulty: int) -> Problem:
 class TaskConfig:
     """Which problems a run trains and validates on."""
 
-    families: tuple[str, ...] = FAMILIES
+    families: tuple[str, ...] = DEFAULT_FAMILIES
     difficulties: tuple[int, ...] = (1, 2)
     num_train: int = 4096
     num_val: int = 512
@@ -146,24 +179,35 @@ def make_splits(config: TaskConfig) -> tuple[list[Problem], list[Problem]]:
 _STEP = re.compile(r"^(-?\d+)([+\-*])(\d+)(?:\+(\d+))?=(-?\d+)$")
 
 
-def _check_countdown(problem: Problem, scratch: str, final: int) -> bool:
+def _valid_derivation(problem: Problem, scratch: str) -> int | None:
+    """The value a derivation ``scratch`` ends at when every step is valid over the pool, else None."""
     pool = list(problem.numbers)
     for step in scratch.split(","):
         m = _STEP.match(step)
         if m is None or m.group(4) is not None:
-            return False
+            return None
         x, op, y, z = int(m.group(1)), m.group(2), int(m.group(3)), int(m.group(5))
         for value in (x, y):
             if value not in pool:
-                return False
+                return None
             pool.remove(value)
         if _apply(op, x, y) != z:
-            return False
+            return None
         pool.append(z)
-    return len(pool) == 1 and pool[0] == problem.answer == final
+    return pool[0] if len(pool) == 1 else None
 
 
-_RESPONSE = re.compile(r"^([0-9+\-*=,]+);(-?\d{1,12})$")
+def _check_countdown(problem: Problem, scratch: str, final: int) -> bool:
+    return _valid_derivation(problem, scratch) == problem.answer == final
+
+
+def _check_search(problem: Problem, scratch: str, final: int) -> bool:
+    tries = scratch.split(">")
+    values = [_valid_derivation(problem, t) for t in tries]
+    return None not in values and values[-1] == problem.answer == final
+
+
+_RESPONSE = re.compile(r"^([0-9+\-*=,>]+);(-?\d{1,12})$")
 
 
 def parse_response(text: str) -> tuple[str, int] | None:
@@ -180,8 +224,12 @@ def reward(problem: Problem, response: str, finished: bool = True) -> float:
     if parsed is None:
         return 0.0
     scratch, final = parsed
+    if ">" in scratch and problem.family != "search":
+        return 0.0  # ``>`` abandons a try: only search traces are made of tries
     if problem.family == "countdown":
         correct = _check_countdown(problem, scratch, final)
+    elif problem.family == "search":
+        correct = _check_search(problem, scratch, final)
     else:
         correct = final == problem.answer
     return CORRECT_REWARD if correct else FORMAT_REWARD

@@ -39,13 +39,17 @@ def test_suite_rejects_mutant(bug):
     assert result.rejects(alpha), f"the suite did not catch mutant {bug!r}: {result}"
 
 
+GREEDY_INERT = ("biased_first_token", "block_noise_reused")
+
+
 @pytest.mark.parametrize("bug", mutants.MUTANTS)
 def test_mutant_matches_reference_where_its_bug_is_inert(bug):
     """Mutants are copies of the reference: on inputs their bug cannot touch, tokens are identical.
 
     Random requests (temperature in [0.5, 1.5], top-k / top-p on some) with deterministic drafts leave
     every stochastic-draft bug inert; stochastic drafts leave the deterministic-draft bug inert; k = 0
-    leaves the bonus-row bug inert; greedy requests leave the first-token bias inert.
+    leaves the bonus-row bug inert; greedy requests leave the first-token bias and the within-block noise bug
+    inert; a vocabulary of one two-level Gumbel-max block (V = 7) leaves the block-score bug inert.
     """
     g = torch.Generator().manual_seed(3)
     b, v = 64, 7
@@ -54,7 +58,7 @@ def test_mutant_matches_reference_where_its_bug_is_inert(bug):
     drafts = torch.randint(-1, v, (b * k,), generator=g)
     cu = torch.arange(b + 1) * k
     kwargs = dict(
-        temperature=torch.zeros(b) if bug == "biased_first_token" else 0.5 + torch.rand(b, generator=g),
+        temperature=torch.zeros(b) if bug in GREEDY_INERT else 0.5 + torch.rand(b, generator=g),
         top_k=torch.randint(0, v + 1, (b,), generator=g, dtype=torch.int32),
         top_p=torch.where(torch.rand(b, generator=g) < 0.5, 0.8, 1.0),
         seed=torch.arange(b),

@@ -311,10 +311,11 @@ def test_every_instruction_set_build_emits_the_same_tokens():
 
 
 @pytest.mark.parametrize("threads", ["1", "2"])
-def test_sparse_gumbel_paths_match_reference_on_every_build(threads):
-    """Untruncated random rows at V = 151936 take the one-pass sparse Gumbel-max from the logits (seeded by
-    the draft, or unseeded on bonus rows and placeholders), stochastic rows the sparse residual; B = 1 splits
-    the row across the threads. Every build must emit the reference's tokens."""
+def test_two_level_gumbel_paths_match_reference_on_every_build(threads):
+    """Untruncated random rows at V = 151936 take the one-pass two-level Gumbel-max block search from the
+    logits (seeded by the draft's block, or unseeded on bonus rows and placeholders), stochastic rows the
+    normalizer pass and the residual's block search; B = 1 splits the row across the threads. Every build
+    must emit the reference's tokens."""
     code = """
         import torch, specdec_kernels as sk
         from tests.test_native import _chain_case

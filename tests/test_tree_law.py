@@ -100,11 +100,11 @@ def _reversed_siblings(layout):
 
 
 _ORIGINAL_CHILDREN_TABLE = ref_tree.children_table
-_ORIGINAL_MAKE_OFFSET = philox.make_offset
+_ORIGINAL_COINS = philox.coins
 
 
-def _shared_sibling_coin(position, stream, vocab_index=0):
-    return _ORIGINAL_MAKE_OFFSET(position, stream, 0 if stream == philox.STREAM_COIN else vocab_index)
+def _shared_sibling_coin(seed, position, slot=0):
+    return _ORIGINAL_COINS(seed, position, 0)
 
 
 MUTANTS = {
@@ -114,7 +114,7 @@ MUTANTS = {
     "wrong-sibling-order": ([("children_table", _reversed_siblings)], "without_replacement", None, {}),
     "iid-draws-verified-as-without-replacement": ([], "iid", "without_replacement", {"validate": False}),
     "without-replacement-draws-verified-as-iid": ([], "without_replacement", "iid", {}),
-    "coin-reused-across-siblings": ([("philox.make_offset", _shared_sibling_coin)], "iid", None, {}),
+    "coin-reused-across-siblings": ([("philox.coins", _shared_sibling_coin)], "iid", None, {}),
     "position-not-advanced": ([], None, None, {"advance_position": False}),
 }
 

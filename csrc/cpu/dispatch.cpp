@@ -1,5 +1,5 @@
-// Run-time choice of the host kernel build: baseline x86-64 plus AVX2 and AVX-512 variants of the
-// hot loops (identical results), the widest one the running CPU supports.
+// Run-time choice of the host kernel build: baseline x86-64 plus AVX2 + FMA and AVX-512 + FMA variants of
+// the hot loops (identical results), the widest one the running CPU supports.
 #include <cstdlib>
 #include <cstring>
 
@@ -20,11 +20,12 @@ Choice detect() {
   const bool allow_avx2 = allow_avx512 || std::strcmp(cap, "avx2") == 0;
 #if defined(SPECDEC_HAVE_X86_ISAS)
   __builtin_cpu_init();
-  if (allow_avx512 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+  const bool fma = __builtin_cpu_supports("fma");
+  if (allow_avx512 && fma && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl")) {
     return {"avx512", row_kernels_avx512()};
   }
-  if (allow_avx2 && __builtin_cpu_supports("avx2")) return {"avx2", row_kernels_avx2()};
+  if (allow_avx2 && fma && __builtin_cpu_supports("avx2")) return {"avx2", row_kernels_avx2()};
 #else
   (void)allow_avx2;
 #endif

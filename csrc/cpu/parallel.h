@@ -20,10 +20,21 @@ struct SerialExec {
   template <class F>
   ArgMax argmax(F f) { return f(0, vocab); }
   template <class F>
+  SoftmaxStats stats(F f) { return f(0, vocab); }
+  template <class F>
   double sum(F f) { return f(0, vocab); }
   template <class F>
   ResidualResult residual(F f) { return f(0, vocab); }
 };
+
+// Softmax statistics of two slices of a row as one.
+inline SoftmaxStats merge_stats(SoftmaxStats x, SoftmaxStats y) {
+  const float m = x.max > y.max ? x.max : y.max;
+  if (m == -kInf) return {m, 0.0};
+  const double sx = x.max == -kInf ? 0.0 : x.sum * static_cast<double>(exp_fma_f32(x.max - m));
+  const double sy = y.max == -kInf ? 0.0 : y.sum * static_cast<double>(exp_fma_f32(y.max - m));
+  return {m, sx + sy};
+}
 
 struct SplitExec {
   int64_t vocab;
@@ -51,13 +62,15 @@ struct SplitExec {
     return acc;
   }
   template <class F>
-  ArgMax argmax(F f) { return reduce<ArgMax>(f, kArgMaxInit, better_of); }
+  ArgMax argmax(F f) { return reduce<ArgMax>(f, kArgMaxInit, better); }
+  template <class F>
+  SoftmaxStats stats(F f) { return reduce<SoftmaxStats>(f, SoftmaxStats{-kInf, 0.0}, merge_stats); }
   template <class F>
   double sum(F f) { return reduce<double>(f, 0.0, [](double x, double y) { return x + y; }); }
   template <class F>
   ResidualResult residual(F f) {
     return reduce<ResidualResult>(f, ResidualResult{kArgMaxInit, false}, [](ResidualResult x, ResidualResult y) {
-      return ResidualResult{better_of(x.best, y.best), x.any_positive || y.any_positive};
+      return ResidualResult{better(x.best, y.best), x.any_positive || y.any_positive};
     });
   }
 };

@@ -1,6 +1,6 @@
 // Philox uniforms for rows of (seed, position) on one stream, over a vocabulary: the noise of the drafters'
-// samplers (Philox stream 3, specdec_kernels/drafters/base.py), drawn with the spec's own helpers
-// (specdec/philox.h), bit-identical to specdec_kernels.reference.philox.uniform_rows.
+// samplers (Philox stream 3, specdec_kernels/drafters/base.py): draw v is word v & 3 of call v >> 2, with
+// the spec's own helpers (specdec/philox.h), bit-identical to specdec_kernels.reference.philox.uniform_rows.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -34,8 +34,10 @@ at::Tensor philox_uniform_rows_cpu(const at::Tensor& seed, const at::Tensor& pos
       const PhiloxKey key = philox_key(sd[r]);
       const uint32_t hi = philox_offset_hi(ps[r]);
       float* row = o + r * vocab;
-      for (int64_t v = 0; v < vocab; ++v) {
-        row[v] = philox_uniform(philox_word(key, philox_offset_lo(st, static_cast<uint32_t>(v)), hi));
+      for (int64_t v = 0; v < vocab; v += 4) {  // draws v .. v + 3 are the four words of one call
+        uint32_t w[4];
+        philox_words(key, philox_offset_lo(st, static_cast<uint32_t>(v)), hi, w);
+        for (int i = 0; i < 4 && v + i < vocab; ++i) row[v + i] = philox_uniform(w[i]);
       }
     }
   });

@@ -1,8 +1,9 @@
 // One instruction-set build of the hot row loops (compiled with SPECDEC_CPU_ISA = generic, avx2 or
 // avx512 and the matching -m flags; see CMakeLists.txt).
 // GCC 12 flags the undefined upper operand inside its own AVX-512 multiply/shift intrinsics (a false
-// positive of -Wmaybe-uninitialized once they are inlined into the Philox loops).
+// positive of -Wmaybe-uninitialized / -Wuninitialized once they are inlined into the hot loops).
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 
 #include "specdec/row_ops.h"
 

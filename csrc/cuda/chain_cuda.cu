@@ -28,7 +28,7 @@ static void launch_typed(const CudaChainArgs& a, int arch, void* workspace, cuda
   SPECDEC_LAUNCH(dev::decide_kernel<D>, row_blocks, per, 0, stream)(a, slices, partial, state);
   if (a.draft_probs != nullptr) {
     SPECDEC_LAUNCH(dev::residual_kernel<D>, grid, cfg.threads, 0, stream)(a, cfg.slice, state, partial);
-    SPECDEC_LAUNCH(dev::residual_combine_kernel, row_blocks, per, 0, stream)(a, slices, partial, state);
+    SPECDEC_LAUNCH(dev::residual_combine_kernel<D>, row_blocks, per, 0, stream)(a, slices, partial, state);
   }
   const unsigned req_blocks = static_cast<unsigned>((a.num_reqs + per - 1) / per);
   SPECDEC_LAUNCH(dev::assemble_kernel, req_blocks, per, 0, stream)(a, state);

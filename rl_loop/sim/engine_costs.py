@@ -1,8 +1,10 @@
 """rl_loop's own rollout engine, priced component by component, and its measured speedups.
 
 (a) Micro-measurements on the real policy and drafter, each called alone exactly as the engine calls it:
-    the policy forward (``Qwen3.step``) against the number of requests and tokens per request, the
-    drafter's ``propose`` (k drafts) and ``commit``, and ``verify_chain``. Linear fits of these give a
+    the policy forward (on the engine's decode path, ``rl_loop/decode.py``: the fused native layer step
+    when built) against the number of requests and tokens per request, the
+    drafter's ``propose`` (k drafts) and ``commit``, and ``verify_chain`` (``validate=False``, as the
+    engine calls it). Linear fits of these give a
     :class:`MeasuredCosts` that the simulator uses in place of the roofline.
 (b) A short run of ``RolloutEngine.generate``: the same requests autoregressively and with chain
     speculation for each k, interleaved, timed with the thread's CPU clock. The measured acceptance
@@ -90,17 +92,27 @@ class MeasuredCosts:
         return float(self.target(np.asarray(float(num_seqs)), max(prompt_len - 1, 1), 0.0) + a[0] + a[1] * num_seqs)
 
 
-def build_engine(drafter: str = "eagle3", seed: int = 0, state_path: str | None = None) -> tuple[object, dict]:
-    """rl_loop's default policy and drafter, warm-started as ``python -m rl_loop`` does (its defaults).
-    With ``state_path``, weights saved by an earlier call are loaded instead (and saved there if absent)."""
+def build_engine(drafter: str = "eagle3", seed: int = 0, state_path: str | None = None, policy: str = "default",
+                 workload: str = "default", warm_threads: int = 2, base=None, num_layers: int | None = None
+                 ) -> tuple[object, dict]:
+    """rl_loop's policy (preset ``policy``) and drafter on the task mix ``workload``, warm-started as
+    ``python -m rl_loop`` does (its defaults, or the ``base`` RunConfig's) with ``warm_threads`` torch
+    threads; ``num_layers`` shortens the preset (tests). With ``state_path``, weights saved by an earlier
+    call are loaded instead (and saved there if absent)."""
     import os
 
-    from rl_loop.config import RunConfig
+    from rl_loop.config import POLICY_PRESETS, RunConfig, with_workload
     from rl_loop.session import setup
 
+    if policy not in POLICY_PRESETS:
+        raise ValueError(f"policy must be one of {tuple(POLICY_PRESETS)}, got {policy!r}")
     cached = state_path is not None and os.path.exists(state_path)
-    cfg = RunConfig(out=tempfile.mkdtemp(prefix="sim-engine-"), seed=seed, drafter=drafter, progress=False,
-                    plots=False, num_threads=1)
+    model = POLICY_PRESETS[policy]()
+    if num_layers is not None:
+        model = replace(model, num_hidden_layers=num_layers)
+    cfg = replace(base or RunConfig(), out=tempfile.mkdtemp(prefix="sim-engine-"), seed=seed, drafter=drafter,
+                  progress=False, plots=False, num_threads=warm_threads, model=model)
+    cfg = with_workload(cfg, workload)
     if cached:
         cfg = replace(cfg, warm_start_steps=0, drafter_warm_steps=0)
     s = setup(cfg, lambda row: None)
@@ -137,6 +149,7 @@ def measure_components(cfg, s: dict, prompts: list[list[int]], batches=(2, 8, 16
 
     torch.set_num_threads(1)
     policy, drafter = s.policy, s.drafter
+    step = s.engine.policy_step  # the engine's decode path for both arms (``rl_loop/decode.py``)
     layers = drafter.feature_layers
     V = policy.config.vocab_size
     backend = resolve_verify_backend(cfg.verify_backend)
@@ -149,13 +162,13 @@ def measure_components(cfg, s: dict, prompts: list[list[int]], batches=(2, 8, 16
         cache = KVCache(policy.config, r, max_len)
         start = torch.full((r,), width, dtype=torch.long)
         ids = torch.zeros(r, 1, dtype=torch.long)
-        t = cpu_time(lambda ids=ids, cache=cache, start=start: policy.step(ids, cache, None, start, width + 1), repeats)
+        t = cpu_time(lambda ids=ids, cache=cache, start=start: step(ids, cache, None, start, width + 1), repeats)
         feats["ar"][0].append([1.0, r])
         feats["ar"][1].append(t)
         rows.append({"component": "target forward (AR)", "requests": r, "tokens_per_request": 1, "measured_s": t})
         for n in (2, 4, 6):
             ids = torch.zeros(r, n, dtype=torch.long)
-            t = cpu_time(lambda ids=ids, n=n, cache=cache, start=start: policy.step(ids, cache, None, start, width + n, capture=layers),
+            t = cpu_time(lambda ids=ids, n=n, cache=cache, start=start: step(ids, cache, None, start, width + n, capture=layers),
                      repeats)
             feats["target"][0].append([1.0, r, r * n])
             feats["target"][1].append(t)
@@ -164,7 +177,7 @@ def measure_components(cfg, s: dict, prompts: list[list[int]], batches=(2, 8, 16
         pre = torch.zeros(r, width - 1, dtype=torch.long)
         for i, p in enumerate(batch):
             pre[i, : len(p) - 1] = torch.tensor(p[:-1])
-        _, hidden = policy.step(pre, cache, None, torch.zeros(r, dtype=torch.long), width - 1, capture=layers)
+        _, hidden = step(pre, cache, None, torch.zeros(r, dtype=torch.long), width - 1, capture=layers)
         chain = ChainSpeculation(drafter, max(ks), cfg.temperature)
 
         def admit(batch=batch, hidden=hidden, r=r, max_len=max_len, chain=chain):
@@ -197,7 +210,7 @@ def measure_components(cfg, s: dict, prompts: list[list[int]], batches=(2, 8, 16
             seeds = torch.arange(r, dtype=torch.int64)
             t = cpu_time(lambda logits=logits, drafts=drafts, q=q, cu=cu, seeds=seeds, temp=temp, k=k, start=start: sk.verify_chain(
                 logits, drafts, cu, draft_probs=q, temperature=temp, seed=seeds, position=start,
-                backend=backend, max_draft_len=k), repeats)
+                backend=backend, max_draft_len=k, validate=False), repeats)
             feats["sampler"][0].append([1.0, r * (k + 1)])
             feats["sampler"][1].append(t)
             rows.append({"component": "verify_chain", "requests": r, "k": k, "measured_s": t})
@@ -210,7 +223,8 @@ def measure_components(cfg, s: dict, prompts: list[list[int]], batches=(2, 8, 16
         logits = torch.randn(r, V)
         t = cpu_time(lambda logits=logits, r=r, start=start: sk.verify_chain(
             logits, torch.empty(0, dtype=torch.long), torch.zeros(r + 1, dtype=torch.long), temperature=torch.ones(r),
-            seed=torch.arange(r, dtype=torch.int64), position=start, backend=backend, max_draft_len=0), repeats)
+            seed=torch.arange(r, dtype=torch.int64), position=start, backend=backend, max_draft_len=0,
+            validate=False), repeats)
         feats["sampler"][0].append([1.0, r])
         feats["sampler"][1].append(t)
     costs = MeasuredCosts(*(_fit(*feats[name]) for name in ("ar", "target", "drafter", "sampler", "commit", "admit",
@@ -259,7 +273,7 @@ def compare_engine(cfg, s: dict, ks=(1, 3, 5), rounds: int = 5, request_sets: in
     max_new_tokens = max_new_tokens or cfg.max_new_tokens
     sets = [requests(cfg, s, prompts_per_set, group, seed=i) for i in range(request_sets)]
     max_batch = min(prompts_per_set * group, cfg.max_batch)
-    costs, components = measure_components(cfg, s, sets[0][0])
+    costs, components = measure_components(cfg, s, sets[0][0], ks=ks)
     log(f"fitted component costs: {costs}")
     prompt_len = max(len(p) for prompts, _ in sets for p in prompts)
     order = (0, *ks)
@@ -301,6 +315,7 @@ def compare_engine(cfg, s: dict, ks=(1, 3, 5), rounds: int = 5, request_sets: in
     ar_meas = float(np.median([sum(x.cpu_s for x in rr[0]) for rr in per_round]))
     ar_pred = sum(predict(costs, x, prompt_len, max_batch) for x in per_round[0][0])
     return {"engine": "rl_loop.engine.RolloutEngine", "policy": asdict(s.policy.config),
+            "decode_path": s.engine.policy_step.path, "workload": cfg.workload,
             "drafter": type(s.drafter).__name__, "temperature": cfg.temperature,
             "max_new_tokens": max_new_tokens, "verify_backend": resolve_verify_backend(cfg.verify_backend),
             "backends": sk.available_backends("cpu"), "requests_per_set": prompts_per_set * group,

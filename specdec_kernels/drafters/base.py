@@ -32,7 +32,7 @@ the active slots only, in place (None: every slot). ``CachedDrafter`` implements
 Randomness. Stochastic proposals sample from the draft distribution q with the project's stateless
 Philox (``reference/philox.py``) on stream :data:`STREAM_DRAFT` = 3, which DESIGN.md §4 leaves unused by
 the verifiers: the draft token at absolute position ``pos`` of a sequence with key ``seed`` uses
-``u_v = rand(seed, (pos << 32) | (3 << 30) | v)`` for target-vocabulary index v, and is
+``u_v = philox.uniform(seed, pos, 3, v)`` for target-vocabulary index v (draw index v), and is
 ``argmax_v(log q(v) - log(-log u_v))`` (Gumbel-max; tree children: the top-m of the same perturbed scores,
 i.e. m draws without replacement). A sequence's drafts therefore depend only on its own tokens, seed and
 positions: runs are reproducible and batch invariant (not on the batch, the slot or the slot order).

@@ -104,7 +104,7 @@ def head_sample(hidden: torch.Tensor, lm_head: torch.Tensor, d2t: torch.Tensor, 
 
     ``hidden`` [R, H], ``temperature`` [R] float32 (0 = greedy row: q at temperature 1, no noise, the
     top-k), ``seed`` [R] int64, ``position`` [R] int64 absolute position the draws decide. Gumbel noise
-    for target id v is ``-log(-log(rand(seed, (position << 32) | (3 << 30) | v)))``; the draws are the
+    for target id v is ``-log(-log(philox.uniform(seed, position, 3, v)))``; the draws are the
     top-k of ``log q + noise`` (ties to the lowest draft id). Returns target ids, log q of them, and q
     over the target vocabulary [R, V] (zero outside the draft vocabulary).
     """

@@ -10,11 +10,12 @@ q_j = ``draft_probs`` row j, x_j = draft j, so row j decides the token at ``posi
 - residuals ``r_j = max(0, w_j p_j - q_j)`` with mass ``Z_j = sum r_j`` (summed in float64), and the stop
   probabilities ``h_j = Z_j / (Z_j + 1 - w_j)`` for 1 <= j < K (0 if the denominator is 0), ``h_K = w_K``;
 - ``tau`` = the largest j in 1..K whose coin ``eta_j = philox.sequence_coins(seed, position, j)`` (=
-  ``rand(seed, ((position | 2**31) << 32) | j)``: keyed by the round's first position, see there) has
+  ``philox.uniform(seed, position | 2**31, 0, j)``: keyed by the round's first position, see there) has
   ``eta_j < h_j``; 0 if there is none;
-- output: drafts x_0 .. x_{tau-1}, then from row tau: ``y ~ p_K`` by Gumbel-max on the scaled logits if
-  tau = K (stream 2 when K = k, the bonus row; stream 1 when the block ended at a placeholder), else
-  ``y ~ norm(r_tau)`` by Gumbel-max on log r_tau with stream-1 noise (p_tau itself if r_tau is empty).
+- output: drafts x_0 .. x_{tau-1}, then from row tau at ``position + tau``: ``y ~ p_K`` by two-level
+  Gumbel-max (``reference/gumbel.py``) on the scaled logits if tau = K (stream 2 when K = k, the bonus
+  row; stream 1 when the block ended at a placeholder), else ``y ~ norm(r_tau)`` by two-level Gumbel-max
+  on log r_tau on stream 1 (p_tau itself if r_tau is empty).
 
 Greedy requests and deterministic drafts (no ``draft_probs``) run token-level verification (below).
 
@@ -45,8 +46,8 @@ from __future__ import annotations
 
 import torch
 
-from . import philox
-from .chain import ChainResult, chain_spans, gumbel_argmax
+from . import gumbel, philox
+from .chain import ChainResult, chain_spans
 from .chain import verify_chain as verify_chain_token
 from .sampling import greedy_logits, softmax, target_logits
 
@@ -168,12 +169,10 @@ def verify_chain_block(
     # Emission from row tau (random requests) or the first mismatch (greedy requests).
     z, q, _ = rows_at(tau)
     final = tau == block_len
-    bonus = (final & (block_len == k))[:, None]
-    noise = torch.where(bonus, philox.uniform_rows(seed, position + tau, philox.STREAM_BONUS, vocab_size),
-                        philox.uniform_rows(seed, position + tau, philox.STREAM_RECOVERY, vocab_size))
+    stream = torch.where(final & (block_len == k), philox.STREAM_BONUS, philox.STREAM_RECOVERY)
     residual = residual_row(w_tau, softmax(z), q)
     empty = (residual.max(dim=-1).values <= 0)[:, None]
-    token = gumbel_argmax(torch.where(final[:, None] | empty, z, torch.log(residual)), noise)
+    token = gumbel.sample(torch.where(final[:, None] | empty, z, torch.log(residual)), seed, position + tau, stream)
     _, _, greedy_token = rows_at(greedy_len)
     num_accepted = torch.where(is_greedy, greedy_len, tau)
     token = torch.where(is_greedy, greedy_token, token)

@@ -9,9 +9,9 @@ randomness is stateless the tokens are identical):
 
 - greedy request (temperature 0): ``y = argmax(logits)`` (ties to the lowest index); a draft row accepts
   iff ``draft == y``.
-- random request, deterministic drafts (no ``draft_probs``): ``y ~ p`` by Gumbel-max on the truncated
-  scaled logits with recovery noise (stream 1); accept iff ``draft == y``. The bonus row samples with
-  stream 2.
+- random request, deterministic drafts (no ``draft_probs``): ``y ~ p`` by two-level Gumbel-max
+  (``reference/gumbel.py``) on the truncated scaled logits with recovery noise (stream 1); accept iff
+  ``draft == y``. The bonus row samples with stream 2.
 - random request, stochastic drafts: accept draft x iff ``coin * q(x) < p(x)`` (coin on stream 0), i.e.
   with probability min(1, p(x)/q(x)); the recovery token samples norm(max(0, p - q)) with stream 1, or p
   itself if that residual is numerically empty.
@@ -27,7 +27,7 @@ from typing import NamedTuple
 
 import torch
 
-from . import philox
+from . import gumbel, philox
 from .sampling import greedy_logits, softmax, target_logits
 
 
@@ -85,11 +85,6 @@ def row_layout(cu_num_draft_tokens: torch.Tensor, num_rows: int, max_draft_len: 
     return RowLayout(request, local, is_bonus, draft_index, in_span)
 
 
-def gumbel_argmax(log_weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
-    """Sample one index per row from softmax(log_weights) by Gumbel-max: argmax(log w - log(-log u))."""
-    return torch.argmax(log_weights - torch.log(-torch.log(uniforms)), dim=-1)
-
-
 def verify_chain(
     target_logits_: torch.Tensor,
     draft_token_ids: torch.Tensor,
@@ -131,9 +126,6 @@ def verify_chain(
     row_seed = seed[req]
     row_pos = position[req] + layout.local
     stream = torch.where(layout.is_bonus, philox.STREAM_BONUS, philox.STREAM_RECOVERY)
-    v = torch.arange(vocab_size, device=device)
-    offset = (row_pos[:, None] << 32) | (stream[:, None] << 30) | v[None, :]
-    noise = philox.rand(row_seed[:, None], offset)
 
     has_draft = ~layout.is_bonus
     if num_rows > num_reqs:
@@ -143,7 +135,7 @@ def verify_chain(
     draft_valid = has_draft & (draft >= 0) & (draft < vocab_size)
     safe_draft = torch.where(draft_valid, draft, 0)
 
-    sampled = gumbel_argmax(z, noise)  # y ~ p for every row
+    sampled = gumbel.sample(z, row_seed, row_pos, stream)  # y ~ p for every row
     if draft_probs is None:
         random_accept = draft_valid & (sampled == draft)
         recovered = sampled
@@ -160,7 +152,8 @@ def verify_chain(
         residual = torch.where(diff > 0, diff, 0.0)  # max(0, p - q); a NaN q entry counts as 0, as in the kernels
         residual_empty = (residual.max(dim=-1).values <= 0)[:, None]
         log_residual = torch.where(residual_empty, z, torch.log(residual))
-        recovered = torch.where(layout.is_bonus, sampled, gumbel_argmax(log_residual, noise))
+        resampled = gumbel.sample(log_residual, row_seed, row_pos, stream)
+        recovered = torch.where(layout.is_bonus, sampled, resampled)
 
     accept = torch.where(is_greedy[:, 0], draft_valid & (greedy_tokens == draft), random_accept)
     token = torch.where(is_greedy[:, 0], greedy_tokens, recovered)

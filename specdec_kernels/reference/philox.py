@@ -1,13 +1,21 @@
-"""Philox4x32-10 in torch integer arithmetic, bit-identical to Triton's ``tl.rand(seed, offset)``.
+"""Philox4x32-10 in torch integer arithmetic, bit-identical to Triton's ``tl.rand4x`` / ``tl.rand``.
 
-Every backend draws its randomness from this one stateless generator (DESIGN.md §4)::
+Every verification backend draws its randomness from this one stateless generator (DESIGN.md §4)::
 
-    u = rand(seed, offset),   offset = (position << 32) | (stream << 30) | v
+    u = uniform(seed, position, stream, i)
+      = word (i & 3) of rand4x(seed, offset),   offset = (position << 32) | (stream << 30) | (i >> 2)
 
 ``seed`` is a request's 64-bit key, ``position`` the absolute position of the token being decided,
-``stream`` one of :data:`STREAM_COIN`, :data:`STREAM_RECOVERY`, :data:`STREAM_BONUS`, and ``v`` the
-vocabulary index (0 for coins). The counter is (offset_lo, offset_hi, 0, 0), the key (seed_lo, seed_hi),
-the output the first Philox word mapped to a 31-bit uniform in [0, 1) exactly as Triton maps it.
+``stream`` one of :data:`STREAM_COIN`, :data:`STREAM_RECOVERY`, :data:`STREAM_BONUS`, and ``i`` the draw
+index: the vocabulary index ``v`` for a vocabulary entry's noise, :data:`BLOCK_DRAWS` + ``b`` for the noise
+of vocabulary block ``b`` (``reference/gumbel.py``), the sibling slot for coins (0 in chains). One Philox
+call (counter (offset_lo, offset_hi, 0, 0), key (seed_lo, seed_hi)) yields four 32-bit words, each mapped
+to a 31-bit uniform in [0, 1) exactly as Triton maps it, so four consecutive draw indices share one call.
+
+Block and traversal verification's sequence-level coins (:func:`sequence_coins`) draw on stream 0 with
+bit 31 of the position set (:data:`SEQUENCE_COIN_FLAG`); the drafters' sampling noise is stream 3
+(``drafters/base.py``), one draw per vocabulary index. :func:`rand` / :func:`randint` (the first word
+alone) are Triton's ``tl.rand`` / ``tl.randint``.
 
 All arithmetic is done on int64 tensors holding uint32 values, so the functions run on any device
 and never leave it (no host syncs).
@@ -23,6 +31,9 @@ STREAM_BONUS = 2
 
 MAX_POSITION = (1 << 31) - 1
 MAX_VOCAB = 1 << 30
+# Draw index of vocabulary block 0 (block b draws BLOCK_DRAWS + b): above every vocabulary index, and
+# (BLOCK_DRAWS + b) >> 2 stays below bit 30, the stream bits.
+BLOCK_DRAWS = MAX_VOCAB
 SEQUENCE_COIN_FLAG = 1 << 31
 """Set in the position field of sequence-level coins (block / traversal verification): no real position
 reaches it, so these coins never share a counter with any per-position draw (below)."""
@@ -65,8 +76,10 @@ def philox4x32(
     return c0, c1, c2, c3
 
 
-def randint(seed: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
-    """First Philox word as uint32 (in int64), as Triton's ``tl.randint(seed, offset)`` with int64 offsets.
+def randint4x(
+    seed: torch.Tensor, offset: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The four Philox words as uint32 (in int64), as Triton's ``tl.randint4x(seed, offset)``.
 
     ``seed`` and ``offset`` are int64 tensors that broadcast against each other.
     """
@@ -76,9 +89,14 @@ def randint(seed: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
     k1 = (seed >> 32) & _MASK32
     c0 = offset & _MASK32
     c1 = (offset >> 32) & _MASK32
+    c0, c1 = torch.broadcast_tensors(c0, c1)
     zero = torch.zeros_like(c0)
-    out, _, _, _ = philox4x32(c0, c1, zero, zero, k0, k1)
-    return out
+    return philox4x32(c0, c1, zero, zero, k0, k1)
+
+
+def randint(seed: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
+    """First Philox word as uint32 (in int64), as Triton's ``tl.randint(seed, offset)`` with int64 offsets."""
+    return randint4x(seed, offset)[0]
 
 
 def uint32_to_uniform(x: torch.Tensor) -> torch.Tensor:
@@ -94,27 +112,51 @@ def rand(seed: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
     return uint32_to_uniform(randint(seed, offset))
 
 
-def make_offset(position: torch.Tensor, stream: int, vocab_index: torch.Tensor | int = 0) -> torch.Tensor:
-    """``(position << 32) | (stream << 30) | vocab_index`` as int64 (DESIGN.md §4), broadcasting."""
-    if not 0 <= stream < 4:
-        raise ValueError(f"stream must be in [0, 4), got {stream}")
-    return (position.to(torch.int64) << 32) | (stream << 30) | vocab_index
+def rand4x(
+    seed: torch.Tensor, offset: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Four uniform float32 in [0, 1), bit-identical to Triton's ``tl.rand4x(seed, offset)``."""
+    w0, w1, w2, w3 = randint4x(seed, offset)
+    return uint32_to_uniform(w0), uint32_to_uniform(w1), uint32_to_uniform(w2), uint32_to_uniform(w3)
+
+
+def draw_offset(position: torch.Tensor, stream: torch.Tensor | int, index: torch.Tensor | int) -> torch.Tensor:
+    """``(position << 32) | (stream << 30) | (index >> 2)``: the Philox counter of draw ``index`` (broadcasting)."""
+    index = torch.as_tensor(index, dtype=torch.int64, device=position.device)
+    stream = torch.as_tensor(stream, dtype=torch.int64, device=position.device)
+    return (position.to(torch.int64) << 32) | (stream << 30) | (index >> 2)
+
+
+def uniform(
+    seed: torch.Tensor, position: torch.Tensor, stream: torch.Tensor | int, index: torch.Tensor | int
+) -> torch.Tensor:
+    """Float32 uniform of draw ``index`` on (seed, position, stream): word ``index & 3`` of one Philox call.
+
+    All arguments broadcast against each other; ``index`` in [0, 2^32).
+    """
+    index = torch.as_tensor(index, dtype=torch.int64, device=position.device)
+    words = torch.stack(randint4x(seed, draw_offset(position, stream, index)), dim=-1)
+    word = words.gather(-1, torch.broadcast_to(index & 3, words.shape[:-1])[..., None]).squeeze(-1)
+    return uint32_to_uniform(word)
 
 
 def uniform_rows(seed: torch.Tensor, position: torch.Tensor, stream: int, vocab_size: int) -> torch.Tensor:
-    """[R, V] float32 uniforms for rows with per-row ``seed`` [R] and ``position`` [R] on one stream."""
-    v = torch.arange(vocab_size, device=position.device, dtype=torch.int64)
-    offset = make_offset(position[:, None], stream, v[None, :])
-    return rand(seed[:, None], offset)
+    """[R, V] float32 uniforms ``uniform(seed, position, stream, v)``, v < V, for per-row ``seed`` and
+    ``position`` [R]: every vocabulary entry's noise on one stream (the drafters' stream 3)."""
+    if not 0 <= stream < 4:
+        raise ValueError(f"stream must be in [0, 4), got {stream}")
+    calls = torch.arange((vocab_size + 3) // 4, device=position.device, dtype=torch.int64)
+    words = randint4x(seed[:, None], draw_offset(position[:, None], stream, calls[None, :] << 2))
+    return uint32_to_uniform(torch.stack(words, dim=-1).flatten(1)[:, :vocab_size])
 
 
-def coins(seed: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
-    """[R] float32 acceptance coins (stream 0, vocabulary index 0)."""
-    return rand(seed, make_offset(position, STREAM_COIN))
+def coins(seed: torch.Tensor, position: torch.Tensor, slot: torch.Tensor | int = 0) -> torch.Tensor:
+    """[R] float32 acceptance coins: stream 0, draw index = the sibling slot (0 in chains)."""
+    return uniform(seed, position, STREAM_COIN, slot)
 
 
 def sequence_coins(seed: torch.Tensor, position: torch.Tensor, index: torch.Tensor | int) -> torch.Tensor:
-    """float32 coins of block and traversal verification: ``rand(seed, ((position | 2**31) << 32) | index)``.
+    """float32 coins of block and traversal verification: ``uniform(seed, position | 2**31, 0, index)``.
 
     ``position`` is the request's (the verification round's first position) and ``index`` the tested
     node (chain: prefix length). Per-position streams cannot serve here: these methods test nodes deeper
@@ -122,4 +164,4 @@ def sequence_coins(seed: torch.Tensor, position: torch.Tensor, index: torch.Tens
     the node's own position would be drawn again, already conditioned, by the next round. Keying by the
     round's start instead gives every round fresh coins (round starts strictly increase).
     """
-    return rand(seed, make_offset(position | SEQUENCE_COIN_FLAG, STREAM_COIN, index))
+    return uniform(seed, position | SEQUENCE_COIN_FLAG, STREAM_COIN, index)

@@ -20,8 +20,9 @@ after alpha) and draft rows q (``draft_probs[beta]`` = the law beta's children w
   ``D = Z + 1 - M_beta``, ``M_beta <- Z / D`` and ``d_beta <- D`` (0 and 1 when D = 0); without replacement
   also ``q <- norm(q with q(x) = 0)`` for the next sibling;
 - emission at the accepted node alpha (depth t, position + t): if none of its children was deleted,
-  ``y ~ p_alpha`` by Gumbel-max on the scaled logits (stream 2 at a leaf, stream 1 otherwise); else
-  ``y ~ norm(r_alpha)`` by Gumbel-max on log r_alpha with stream-1 noise (p_alpha if r_alpha is empty).
+  ``y ~ p_alpha`` by two-level Gumbel-max (``reference/gumbel.py``) on the scaled logits (stream 2 at a
+  leaf, stream 1 otherwise); else ``y ~ norm(r_alpha)`` by two-level Gumbel-max on log r_alpha on stream 1
+  (p_alpha if r_alpha is empty).
 
 Greedy requests and deterministic trees (no ``draft_probs``) run token-level verification (the
 target-only walk): with a point-mass draft law per child traversal verification has exactly its
@@ -46,9 +47,8 @@ from __future__ import annotations
 
 import torch
 
-from . import philox
+from . import gumbel, philox
 from .block import ratio_weight, stop_probability
-from .chain import gumbel_argmax
 from .sampling import softmax, target_logits
 from .tree import TreeResult, children_table, node_depth, remove_token, tree_layout, tree_spans
 from .tree import verify_tree as verify_tree_token
@@ -194,10 +194,8 @@ def verify_tree_traversal(
     z = target_logits(target_logits_[accepted], temp, top_k, top_p)
     row = r[reqs, d]
     use_residual = deleted[reqs, d] & (row.max(dim=-1).values > 0)
-    noise = torch.where(leaf[accepted][:, None],
-                        philox.uniform_rows(seed, position + d, philox.STREAM_BONUS, vocab_size),
-                        philox.uniform_rows(seed, position + d, philox.STREAM_RECOVERY, vocab_size))
-    token = gumbel_argmax(torch.where(use_residual[:, None], torch.log(row), z), noise)
+    stream = torch.where(leaf[accepted], philox.STREAM_BONUS, philox.STREAM_RECOVERY)
+    token = gumbel.sample(torch.where(use_residual[:, None], torch.log(row), z), seed, position + d, stream)
 
     out = torch.full((num_reqs, width), -1, dtype=torch.int64, device=device)
     path = torch.full((num_reqs, width), -1, dtype=torch.int64, device=device)

@@ -11,15 +11,16 @@ The walk starts at the root; at each node (depth d, children c_0 .. c_{m-1} with
 
 - greedy request (temperature 0): ``y = argmax(logits)`` (ties to the lowest index); descend into the
   first child with token y, else emit y and stop.
-- random request, deterministic tree (no ``draft_probs``), or any leaf: ``y = gumbel_argmax(z, noise)``
-  with noise on stream 2 (bonus) at a leaf and stream 1 (recovery) otherwise; descend into the first
-  child with token y, else emit y and stop ("target-only" verification: optimal for a fixed tree).
+- random request, deterministic tree (no ``draft_probs``), or any leaf: ``y = gumbel.sample(z)``
+  (two-level Gumbel-max, ``reference/gumbel.py``) on stream 2 (bonus) at a leaf and stream 1 (recovery)
+  otherwise; descend into the first child with token y, else emit y and stop ("target-only"
+  verification: optimal for a fixed tree).
 - random request, stochastic tree: p = softmax(z), q = draft_probs[node]. For s = 0 .. m-1: the coin
-  ``u_s = rand(seed, (pos << 32) | (0 << 30) | s)`` accepts c_s iff ``u_s * q(x_s) < p(x_s)``. On a
+  ``u_s = uniform(seed, pos, stream 0, s)`` accepts c_s iff ``u_s * q(x_s) < p(x_s)``. On a
   rejection ``p <- norm(max(0, p - q))`` (p unchanged if that residual is numerically empty), and with
   ``sibling_sampling="without_replacement"`` also ``q <- norm(q with q(x_s) = 0)`` (all zeros if nothing is
   left): recursive rejection sampling (RRS). With ``"iid"`` q is unchanged: SpecInfer multi-step
-  sampling. If every child is rejected, emit ``gumbel_argmax(log p, stream-1 noise)``.
+  sampling. If every child is rejected, emit ``gumbel.sample(log p)`` on stream 1.
 
 Children with a placeholder token (-1) or any id outside [0, V) are skipped (never accepted, no update of
 p or q, but they keep their slot index s). Nodes deeper than ``max_depth`` are ignored: a node at depth
@@ -39,8 +40,7 @@ from typing import NamedTuple
 
 import torch
 
-from . import philox
-from .chain import gumbel_argmax
+from . import gumbel, philox
 from .sampling import greedy_logits, softmax, target_logits
 
 SIBLING_SAMPLING = ("iid", "without_replacement")
@@ -175,14 +175,12 @@ def recursive_rejection(
     child_valid: torch.Tensor,
     seed: torch.Tensor,
     pos: torch.Tensor,
-    noise: torch.Tensor,
     sibling_sampling: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One stochastic-tree step for R nodes: which sibling slot is accepted, and the fallback token.
 
     ``z`` [R, V] target scaled logits, ``q`` [R, V] float32 draft distribution of the children,
-    ``child_token`` / ``child_valid`` [R, W] in sibling order, ``seed`` / ``pos`` [R], ``noise`` [R, V]
-    stream-1 uniforms. Returns (accepted slot [R] int64, -1 if every child was rejected, and the token
+    ``child_token`` / ``child_valid`` [R, W] in sibling order, ``seed`` / ``pos`` [R]. Returns (accepted slot [R] int64, -1 if every child was rejected, and the token
     emitted in that case [R] int64).
     """
     p = softmax(z)
@@ -190,7 +188,7 @@ def recursive_rejection(
     for s in range(child_token.shape[1]):
         x = torch.where(child_valid[:, s], child_token[:, s], 0)
         live = (accepted < 0) & child_valid[:, s]
-        coin = philox.rand(seed, philox.make_offset(pos, philox.STREAM_COIN, s))
+        coin = philox.coins(seed, pos, s)
         p_x = p.gather(-1, x[:, None]).squeeze(-1)
         q_x = q.gather(-1, x[:, None]).squeeze(-1)
         accept = live & (coin * q_x < p_x)
@@ -200,7 +198,7 @@ def recursive_rejection(
         if sibling_sampling == "without_replacement":
             q = torch.where(rejected, remove_token(q, x), q)
         p = torch.where(rejected, p_next, p)
-    return accepted, gumbel_argmax(torch.log(p), noise)
+    return accepted, gumbel.sample(torch.log(p), seed, pos, philox.STREAM_RECOVERY)
 
 
 def verify_tree(
@@ -242,7 +240,6 @@ def verify_tree(
     is_greedy = temperature == 0
     # Greedy requests use temperature 1 for the (ignored) random path so that nothing divides by zero.
     temp = torch.where(is_greedy, torch.ones_like(temperature), temperature)
-    v = torch.arange(vocab_size, device=device)
     slots = torch.arange(table.shape[1], device=device)
 
     # ``live`` holds the requests still walking and ``cur`` their current node (global index).
@@ -265,8 +262,7 @@ def verify_tree(
         req_seed = seed[live]
         pos = position[live] + d
         stream = torch.where(is_leaf, philox.STREAM_BONUS, philox.STREAM_RECOVERY)
-        noise = philox.rand(req_seed[:, None], (pos[:, None] << 32) | (stream[:, None] << 30) | v[None, :])
-        sampled = gumbel_argmax(z, noise)  # y ~ p with this node's noise
+        sampled = gumbel.sample(z, req_seed, pos, stream)  # y ~ p with this node's noise
 
         # Deterministic walk (greedy requests, deterministic trees, leaves): first child with token y.
         y = torch.where(greedy, greedy_token, sampled)
@@ -276,7 +272,7 @@ def verify_tree(
         if draft_probs is not None:
             q = draft_probs[cur].float()
             sto_slot, sto_token = recursive_rejection(
-                z, q, kid_token, kid_valid, req_seed, pos, noise, sibling_sampling
+                z, q, kid_token, kid_valid, req_seed, pos, sibling_sampling
             )
             stochastic = ~greedy & ~is_leaf
             slot = torch.where(stochastic, sto_slot, slot)

@@ -188,6 +188,9 @@ def _first_token_cases() -> tuple[FirstTokenCase, ...]:
         seed += 1
     cases.append(FirstTokenCase("first-stoch-T0.7-topk4-topp0.9", 8, SamplingConfig(0.7, 4, 0.9),
                                 "stochastic", seed))
+    # Vocabularies spanning several two-level Gumbel-max blocks (16 entries each, the last one partial).
+    cases.append(FirstTokenCase("first-deter-V40-T1", 40, SamplingConfig(1.0), "deterministic", seed + 1))
+    cases.append(FirstTokenCase("first-stoch-V40-T1", 40, SamplingConfig(1.0), "stochastic", seed + 2, q_zero=True))
     return tuple(cases)
 
 
@@ -306,6 +309,8 @@ MUTANT_CASES: dict[str, str] = {
     "greedy_sampled": "first-deter-greedy",
     "deterministic_resample_with_draft": "first-deter-T1",
     "ratio_inverted": "first-stoch-T1",
+    "block_max_score": "first-deter-V40-T1",
+    "block_noise_reused": "first-stoch-V40-T1",
     "biased_first_token": "first-stoch-T1",
 }
 """For each planted bug of :mod:`mutants`, the suite case whose check must reject it (coin_reused needs

@@ -15,6 +15,10 @@ exactness checks that run real backends run it unchanged. Each bug is one a samp
 - ``deterministic_resample_with_draft``: deterministic drafts accepted with probability p(x), and on
   rejection a fresh sample from p (which can be x again) instead of p without x.
 - ``ratio_inverted``: stochastic drafts accepted with probability min(1, q(x) / p(x)).
+- ``block_max_score``: two-level Gumbel-max (``reference/gumbel.py``) scoring each vocabulary block by its
+  largest log-weight instead of its log-mass (logsumexp), which favours blocks with one strong token.
+- ``block_noise_reused``: within the chosen block, every entry is perturbed with the block's own uniform
+  (one noise value for the whole block), so the block's most likely token always wins.
 - ``biased_first_token``: the design-point bug. With probability eps = 0.02 / m (its own uniform, on
   stream 3) the first row rejects and emits a sample from p restricted to its most likely tokens (those
   with less than half of the mass strictly above them; m = mass of the others). The first token's law
@@ -28,8 +32,8 @@ from __future__ import annotations
 import torch
 
 from ..api import normalize_sampling_params
-from ..reference import philox
-from ..reference.chain import ChainResult, gumbel_argmax, row_layout
+from ..reference import gumbel, philox
+from ..reference.chain import ChainResult, row_layout
 from ..reference.sampling import greedy_logits, softmax, target_logits
 
 __all__ = ["MUTANTS", "mutant_chain", "mutant_verifier"]
@@ -43,10 +47,33 @@ MUTANTS = (
     "greedy_sampled",
     "deterministic_resample_with_draft",
     "ratio_inverted",
+    "block_max_score",
+    "block_noise_reused",
     "biased_first_token",
 )
 BIAS_TV = 0.02
 STREAM_BIAS = 3
+
+
+def _sample(bug: str, log_weights: torch.Tensor, seed: torch.Tensor, position: torch.Tensor,
+            stream: torch.Tensor | int) -> torch.Tensor:
+    """``gumbel.sample``, with the block-level bugs planted when ``bug`` names one."""
+    if bug not in ("block_max_score", "block_noise_reused"):
+        return gumbel.sample(log_weights, seed, position, stream)
+    rows = log_weights.shape[0]
+    device = log_weights.device
+    stream = torch.as_tensor(stream, dtype=torch.int64, device=device).expand(rows)
+    blocks = gumbel.blocked(log_weights)
+    block_ids = torch.arange(blocks.shape[1], device=device)
+    u_block = philox.uniform(seed[:, None], position[:, None], stream[:, None], philox.BLOCK_DRAWS + block_ids)
+    mass = blocks.max(dim=-1).values if bug == "block_max_score" else torch.logsumexp(blocks, dim=-1)
+    chosen = torch.argmax(mass - gumbel.gumbel_noise(u_block), dim=-1)
+    entries = blocks.gather(1, chosen[:, None, None].expand(rows, 1, gumbel.BLOCK)).squeeze(1)
+    v = chosen[:, None] * gumbel.BLOCK + torch.arange(gumbel.BLOCK, device=device)
+    u_entry = philox.uniform(seed[:, None], position[:, None], stream[:, None], v)
+    if bug == "block_noise_reused":
+        u_entry = u_block.gather(1, chosen[:, None]).expand_as(u_entry)
+    return chosen * gumbel.BLOCK + torch.argmax(entries - gumbel.gumbel_noise(u_entry), dim=-1)
 
 
 def mutant_chain(
@@ -91,9 +118,6 @@ def mutant_chain(
     row_seed = seed[req]
     row_pos = position[req] + layout.local
     stream = torch.where(layout.is_bonus, philox.STREAM_BONUS, philox.STREAM_RECOVERY)
-    v = torch.arange(vocab_size, device=device)
-    offset = (row_pos[:, None] << 32) | (stream[:, None] << 30) | v[None, :]
-    noise = philox.rand(row_seed[:, None], offset)
 
     has_draft = ~layout.is_bonus
     if num_rows > num_reqs:
@@ -105,7 +129,7 @@ def mutant_chain(
     coin_pos = position[req] if bug == "coin_reused" else row_pos
     coin = philox.coins(row_seed, coin_pos)
 
-    sampled = gumbel_argmax(z, noise)
+    sampled = _sample(bug, z, row_seed, row_pos, stream)
     if draft_probs is None:
         if bug == "deterministic_resample_with_draft":
             p = softmax(z)
@@ -132,11 +156,12 @@ def mutant_chain(
         residual_empty = (residual.max(dim=-1).values <= 0)[:, None]
         if bug == "unnormalised_residual":
             cdf = torch.cumsum(residual, dim=-1)
-            idx = torch.searchsorted(cdf, noise[:, :1].contiguous(), right=True).squeeze(-1)
+            u = philox.uniform(row_seed, row_pos, stream, 0)[:, None]
+            idx = torch.searchsorted(cdf, u.contiguous(), right=True).squeeze(-1)
             resampled = torch.where(residual_empty[:, 0], sampled, idx.clamp(max=vocab_size - 1))
         else:
             log_residual = torch.where(residual_empty, z, torch.log(residual))
-            resampled = gumbel_argmax(log_residual, noise)
+            resampled = _sample(bug, log_residual, row_seed, row_pos, stream)
         recovered = torch.where(layout.is_bonus, sampled, resampled)
 
     if bug == "biased_first_token":
@@ -146,12 +171,11 @@ def mutant_chain(
         top = torch.zeros_like(top_sorted).scatter(-1, order, top_sorted)
         rest_mass = (p * ~top).sum(-1)
         eps = torch.where(rest_mass > 0, (BIAS_TV / rest_mass.clamp(min=1e-30)).clamp(max=1.0), 0.0)
-        u = philox.rand(row_seed, philox.make_offset(row_pos, STREAM_BIAS, vocab_size))
-        bias_noise = philox.rand(row_seed[:, None], philox.make_offset(row_pos[:, None], STREAM_BIAS, v[None, :]))
+        u = philox.uniform(row_seed, row_pos, STREAM_BIAS, philox.BLOCK_DRAWS - 1)
         top_log_p = torch.where(top, torch.log(p), torch.full_like(p, float("-inf")))
         biased = (layout.local == 0) & (u < eps)
         random_accept = random_accept & ~biased
-        recovered = torch.where(biased, gumbel_argmax(top_log_p, bias_noise), recovered)
+        recovered = torch.where(biased, gumbel.sample(top_log_p, row_seed, row_pos, STREAM_BIAS), recovered)
 
     accept = torch.where(is_greedy[:, 0], draft_valid & (greedy_tokens == draft), random_accept)
     token = torch.where(is_greedy[:, 0], greedy_tokens, recovered)

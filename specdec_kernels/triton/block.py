@@ -4,8 +4,8 @@ Emits the reference's tokens (``reference/block.py``, whose docstring derives th
 seeds. Each program walks its block's rows once: per row the truncation thresholds (as the chain kernel),
 the online softmax statistics, the residual mass ``sum max(0, w p - q)`` (float64) for the stop
 probability, and the next weight from p(x) and q(x); rows after the weight reaches 0 are skipped. The
-token after the accepted prefix takes one more pass over row tau (Gumbel-max on log max(0, w p - q), or on
-the scaled logits at the block's last row). Greedy requests follow the argmax as token level does;
+token after the accepted prefix takes one more pass over row tau (two-level Gumbel-max, ``triton/gumbel.py``,
+on log max(0, w p - q), or on the scaled logits at the block's last row). Greedy requests follow the argmax as token level does;
 deterministic drafts run the token-level kernel (``triton/chain.py``).
 
 The helpers here (sequence-level coin, weights, residual mass and sampling) are shared with the traversal
@@ -20,9 +20,9 @@ import triton.language as tl
 
 from ..reference.chain import ChainResult
 from ..reference.philox import SEQUENCE_COIN_FLAG, STREAM_BONUS, STREAM_RECOVERY
+from . import gumbel
 from .chain import (
     _KEY_NEG_INF,
-    _argmax_update,
     _greedy_argmax,
     _gumbel_argmax,
     _softmax_stats,
@@ -47,9 +47,9 @@ _STREAM_BONUS = tl.constexpr(STREAM_BONUS)
 
 @triton.jit
 def _sequence_coin(seed, position, index):
-    """``philox.sequence_coins``: rand(seed, ((position | 2**31) << 32) | index)."""
-    offset = ((position.to(tl.int64) | _SEQUENCE_COIN_FLAG) << 32) | (index + tl.zeros((), tl.int64))
-    return tl.rand(seed, offset)
+    """``philox.sequence_coins``: uniform(seed, position | 2**31, stream 0, index)."""
+    offset_base = (position.to(tl.int64) | _SEQUENCE_COIN_FLAG) << 32
+    return gumbel.uniform(seed, offset_base, index + tl.zeros((), tl.int64))
 
 
 @triton.jit
@@ -76,15 +76,21 @@ def _probs(row_ptr, offs, mask, temperature, threshold, m, total):
 
 
 @triton.jit
+def _weighted_residual(row_ptr, q_row_ptr, offs, mask, temperature, threshold, m, total, w):
+    """max(0, w p - q) of one tile (0 on padding lanes)."""
+    p = _probs(row_ptr, offs, mask, temperature, threshold, m, total)
+    q = tl.load(q_row_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    return tl.where(mask, tl.maximum(w * p - q, 0.0), 0.0)
+
+
+@triton.jit
 def _weighted_mass(row_ptr, q_row_ptr, vocab_size, temperature, threshold, m, total, w, BLOCK_V: tl.constexpr):
     """float64 sum max(0, w p - q) over the row."""
     mass = tl.zeros((), tl.float64)
     for start in range(0, vocab_size, BLOCK_V):
         offs = start + tl.arange(0, BLOCK_V).to(tl.int64)
         mask = offs < vocab_size
-        p = _probs(row_ptr, offs, mask, temperature, threshold, m, total)
-        q = tl.load(q_row_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        r = tl.where(mask, tl.maximum(w * p - q, 0.0), 0.0)
+        r = _weighted_residual(row_ptr, q_row_ptr, offs, mask, temperature, threshold, m, total, w)
         mass += tl.sum(r.to(tl.float64), axis=0)
     return mass
 
@@ -92,24 +98,30 @@ def _weighted_mass(row_ptr, q_row_ptr, vocab_size, temperature, threshold, m, to
 @triton.jit
 def _weighted_residual_sample(row_ptr, q_row_ptr, vocab_size, temperature, threshold, m, total, w, seed, offset_base,
                               BLOCK_V: tl.constexpr):
-    """Gumbel-max sample of norm(max(0, w p - q)), or of p itself when that residual is empty (one pass)."""
+    """Two-level Gumbel-max sample of norm(max(0, w p - q)), or of p itself when that residual is empty (one
+    pass for both, then the winning block's 16 entries)."""
     best_r = float("-inf")
-    idx_r = tl.zeros((), tl.int64)
+    block_r = tl.zeros((), tl.int64)
     best_z = float("-inf")
-    idx_z = tl.zeros((), tl.int64)
+    block_z = tl.zeros((), tl.int64)
     max_r = 0.0
     for start in range(0, vocab_size, BLOCK_V):
         offs = start + tl.arange(0, BLOCK_V).to(tl.int64)
         mask = offs < vocab_size
-        z = _truncated_logits(row_ptr, offs, mask, temperature, threshold)
-        p = _probs(row_ptr, offs, mask, temperature, threshold, m, total)
-        q = tl.load(q_row_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        r = tl.where(mask, tl.maximum(w * p - q, 0.0), 0.0)
+        z = tl.where(mask, _truncated_logits(row_ptr, offs, mask, temperature, threshold), float("-inf"))
+        r = _weighted_residual(row_ptr, q_row_ptr, offs, mask, temperature, threshold, m, total, w)
         max_r = tl.maximum(max_r, tl.max(r, axis=0))
-        gumbel = tl.log(-tl.log(tl.rand(seed, offset_base | offs)))
-        best_r, idx_r = _argmax_update(best_r, idx_r, tl.where(mask, tl.log(r) - gumbel, float("-inf")), start)
-        best_z, idx_z = _argmax_update(best_z, idx_z, tl.where(mask, z - gumbel, float("-inf")), start)
-    return tl.where(max_r > 0.0, idx_r, idx_z)
+        scores_r = gumbel.weight_block_scores(r, start, seed, offset_base, BLOCK_V)
+        scores_z = gumbel.block_scores(z, start, seed, offset_base, BLOCK_V)
+        best_r, block_r = gumbel.best_block_update(best_r, block_r, scores_r, start, BLOCK_V)
+        best_z, block_z = gumbel.best_block_update(best_z, block_z, scores_z, start, BLOCK_V)
+    use_r = max_r > 0.0
+    block = tl.where(use_r, block_r, block_z)
+    v = gumbel.block_entries(block)
+    mask = v < vocab_size
+    z = tl.where(mask, _truncated_logits(row_ptr, v, mask, temperature, threshold), float("-inf"))
+    r = _weighted_residual(row_ptr, q_row_ptr, v, mask, temperature, threshold, m, total, w)
+    return gumbel.pick_in_block(block, tl.where(use_r, tl.log(r), z), seed, offset_base)
 
 
 @triton.jit

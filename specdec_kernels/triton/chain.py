@@ -4,7 +4,8 @@ Each program walks its request's rows in order and stops at the first rejection,
 rows whose decision is needed. Per row, everything is streamed over vocabulary tiles:
 
 - greedy request: one pass (argmax of the sanitized logits, ties to the lowest index);
-- deterministic drafts, random request: one pass (online Gumbel-max over tiles, no normalizer);
+- deterministic drafts, random request: one pass (two-level Gumbel-max, ``reference/gumbel.py``: block
+  scores over tiles, then the winning block's 16 entries; no normalizer);
 - stochastic drafts: one online max/normalizer pass per draft row, plus one residual pass at the first
   rejection (the residual and the plain target are sampled in the same pass, for the empty-residual case);
 - top-k / top-p: a threshold search instead of a sort. Scaled logits are mapped to an order-preserving
@@ -12,9 +13,9 @@ rows whose decision is needed. Per row, everything is streamed over vocabulary t
   thresholds at once, shrinking the key interval ~(num_pivots + 1)-fold per pass. The kept set is then
   ``key(z) >= threshold``, exactly the reference's tie rules (``reference/sampling.py``).
 
-Randomness is ``tl.rand(seed, (pos << 32) | (stream << 30) | v)`` (DESIGN.md §4), identical to the
-reference Philox, so the tokens equal the reference's for the same seeds (up to floating-point near-ties
-in sums, exp and log).
+Randomness is word ``i & 3`` of ``tl.rand4x(seed, (pos << 32) | (stream << 30) | (i >> 2))`` for draw index
+``i`` (DESIGN.md §4, ``triton/gumbel.py``), identical to the reference Philox, so the tokens equal the
+reference's for the same seeds (up to floating-point near-ties in sums, exp and log).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import triton.language as tl
 
 from ..reference.chain import ChainResult
 from ..reference.philox import STREAM_BONUS, STREAM_RECOVERY
+from . import gumbel
 
 __all__ = ["ChainKernelConfig", "chain_config", "verify_chain"]
 
@@ -74,7 +76,7 @@ def chain_config(vocab_size: int, dtype: torch.dtype) -> ChainKernelConfig:
     element_size = torch.empty((), dtype=dtype).element_size()
     for max_vocab, size, config in _CONFIG_TABLE:
         if vocab_size <= max_vocab and element_size == size:
-            cap = triton.next_power_of_2(vocab_size)
+            cap = max(16, triton.next_power_of_2(vocab_size))  # tiles hold whole 16-entry blocks
             return ChainKernelConfig(
                 block_v=min(config.block_v, cap),
                 search_block_v=min(config.search_block_v, cap),
@@ -139,17 +141,19 @@ def _greedy_argmax(row_ptr, vocab_size, BLOCK_V: tl.constexpr):
 
 @triton.jit
 def _gumbel_argmax(row_ptr, vocab_size, temperature, threshold, seed, offset_base, BLOCK_V: tl.constexpr):
-    """argmax(z - log(-log u)) over the truncated row: a sample of softmax(z) without a normalizer."""
+    """A sample of softmax(z) over the truncated row by two-level Gumbel-max (no normalizer)."""
     best_val = float("-inf")
-    best_idx = tl.zeros((), tl.int64)
+    best_block = tl.zeros((), tl.int64)
     for start in range(0, vocab_size, BLOCK_V):
         offs = start + tl.arange(0, BLOCK_V).to(tl.int64)
         mask = offs < vocab_size
-        z = _truncated_logits(row_ptr, offs, mask, temperature, threshold)
-        u = tl.rand(seed, offset_base | offs)
-        score = tl.where(mask, z - tl.log(-tl.log(u)), float("-inf"))
-        best_val, best_idx = _argmax_update(best_val, best_idx, score, start)
-    return best_idx
+        z = tl.where(mask, _truncated_logits(row_ptr, offs, mask, temperature, threshold), float("-inf"))
+        scores = gumbel.block_scores(z, start, seed, offset_base, BLOCK_V)
+        best_val, best_block = gumbel.best_block_update(best_val, best_block, scores, start, BLOCK_V)
+    v = gumbel.block_entries(best_block)
+    mask = v < vocab_size
+    z = tl.where(mask, _truncated_logits(row_ptr, v, mask, temperature, threshold), float("-inf"))
+    return gumbel.pick_in_block(best_block, z, seed, offset_base)
 
 
 @triton.jit
@@ -230,31 +234,43 @@ def _target_prob(row_ptr, token, temperature, threshold, m, total):
 
 
 @triton.jit
-def _residual_sample(row_ptr, q_row_ptr, vocab_size, temperature, threshold, m, total, seed, offset_base,
-                     BLOCK_V: tl.constexpr):
-    """Sample norm(max(0, p - q)) by Gumbel-max, or p itself when the residual is empty (one pass)."""
-    best_r = float("-inf")
-    idx_r = tl.zeros((), tl.int64)
-    best_z = float("-inf")
-    idx_z = tl.zeros((), tl.int64)
-    max_r = 0.0
+def _residual_probs(row_ptr, q_row_ptr, offs, mask, temperature, threshold, m, total):
+    """Target p and residual max(0, p - q) of a tile (p one-hot on 0 for an empty row)."""
     empty_row = m == float("-inf")
     safe_m = tl.where(empty_row, 0.0, m)
+    z = _truncated_logits(row_ptr, offs, mask, temperature, threshold)
+    p = tl.math.div_rn(tl.exp(z - safe_m), total)
+    p = tl.where(empty_row, tl.where(offs == 0, 1.0, 0.0), p)
+    q = tl.load(q_row_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    r = tl.where(mask, tl.maximum(p - q, 0.0), 0.0)
+    return tl.where(mask, z, float("-inf")), r
+
+
+@triton.jit
+def _residual_sample(row_ptr, q_row_ptr, vocab_size, temperature, threshold, m, total, seed, offset_base,
+                     BLOCK_V: tl.constexpr):
+    """Sample norm(max(0, p - q)) by two-level Gumbel-max, or p itself when the residual is empty (one pass
+    for both, then the winning block's 16 entries)."""
+    best_r = float("-inf")
+    block_r = tl.zeros((), tl.int64)
+    best_z = float("-inf")
+    block_z = tl.zeros((), tl.int64)
+    max_r = 0.0
     for start in range(0, vocab_size, BLOCK_V):
         offs = start + tl.arange(0, BLOCK_V).to(tl.int64)
         mask = offs < vocab_size
-        z = _truncated_logits(row_ptr, offs, mask, temperature, threshold)
-        p = tl.math.div_rn(tl.exp(z - safe_m), total)
-        p = tl.where(empty_row, tl.where(offs == 0, 1.0, 0.0), p)
-        q = tl.load(q_row_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        r = tl.where(mask, tl.maximum(p - q, 0.0), 0.0)
+        z, r = _residual_probs(row_ptr, q_row_ptr, offs, mask, temperature, threshold, m, total)
         max_r = tl.maximum(max_r, tl.max(r, axis=0))
-        gumbel = tl.log(-tl.log(tl.rand(seed, offset_base | offs)))
-        score_r = tl.where(mask, tl.log(r) - gumbel, float("-inf"))
-        score_z = tl.where(mask, z - gumbel, float("-inf"))
-        best_r, idx_r = _argmax_update(best_r, idx_r, score_r, start)
-        best_z, idx_z = _argmax_update(best_z, idx_z, score_z, start)
-    return tl.where(max_r > 0.0, idx_r, idx_z)
+        scores_r = gumbel.weight_block_scores(r, start, seed, offset_base, BLOCK_V)
+        scores_z = gumbel.block_scores(z, start, seed, offset_base, BLOCK_V)
+        best_r, block_r = gumbel.best_block_update(best_r, block_r, scores_r, start, BLOCK_V)
+        best_z, block_z = gumbel.best_block_update(best_z, block_z, scores_z, start, BLOCK_V)
+    use_r = max_r > 0.0
+    block = tl.where(use_r, block_r, block_z)
+    v = gumbel.block_entries(block)
+    mask = v < vocab_size
+    z, r = _residual_probs(row_ptr, q_row_ptr, v, mask, temperature, threshold, m, total)
+    return gumbel.pick_in_block(block, tl.where(use_r, tl.log(r), z), seed, offset_base)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -327,7 +343,7 @@ def _verify_chain_kernel(
                         safe_draft = tl.where(valid, draft, 0)
                         p_x = _target_prob(row_ptr, safe_draft, temperature, threshold, m, total)
                         q_x = tl.load(q_row_ptr + safe_draft).to(tl.float32)
-                        coin = tl.rand(seed, pos << 32)
+                        coin = gumbel.uniform(seed, pos << 32, tl.zeros((), tl.int64))
                         accept = valid & (coin * q_x < p_x)
                         if not accept:
                             token = _residual_sample(row_ptr, q_row_ptr, vocab_size, temperature, threshold,

@@ -5,8 +5,8 @@
 - :func:`lm_head_topk`: ``lm_head`` GEMM tiles over the draft vocabulary with an online log-sum-exp and a
   per-tile top-k; only ``[R, n_tiles, k]`` candidates are written (never the [R, Vd] logits), merged by a
   tiny torch epilogue, ids mapped through ``d2t``.
-- :func:`lm_head_sample`: the same tiles with temperature and Gumbel noise from ``tl.rand`` on Philox
-  stream 3 keyed by target id (bit-identical to ``reference/philox.py``); the scaled logits are written
+- :func:`lm_head_sample`: the same tiles with temperature and Gumbel noise on Philox stream 3, draw index
+  = target id (``gumbel.uniform``, bit-identical to ``reference/philox.py``); the scaled logits are written
   straight into the target-vocabulary q row, normalised in place by a second kernel.
 
 Inputs are assumed validated by the callers in ``drafters/head_ops.py``.
@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+
+from . import gumbel
 
 STREAM_DRAFT = 3
 
@@ -149,8 +151,8 @@ def _head_tile_kernel(h_ptr, w_ptr, d2t_ptr, temp_ptr, seed_ptr, pos_ptr,
     if SAMPLE:
         seed = tl.load(seed_ptr + rows, mask=rmask, other=0)
         pos = tl.load(pos_ptr + rows, mask=rmask, other=0)
-        offset = (pos[:, None] << 32) | (STREAM_DRAFT << 30) | tgt[None, :].to(tl.int64)
-        u = tl.rand(seed[:, None], offset)
+        offset_base = (pos[:, None].to(tl.int64) << 32) | (STREAM_DRAFT << 30)
+        u = gumbel.uniform(seed[:, None], offset_base, tgt[None, :].to(tl.int64))
         noise = -tl.log(-tl.log(u))
         score = tl.where(greedy[:, None], z, z + noise)
         score = tl.where(valid, score, float("-inf"))

@@ -17,8 +17,9 @@ import triton.language as tl
 
 from ..reference.philox import STREAM_BONUS, STREAM_RECOVERY
 from ..reference.tree import TreeResult, tree_layout
+from . import gumbel
 from .block import _probs, _ratio_weight, _sequence_coin, _softmax_stats, _threshold
-from .chain import _argmax_update, _greedy_argmax, _gumbel_argmax, chain_config
+from .chain import _greedy_argmax, _gumbel_argmax, chain_config
 from .tree import verify_tree as verify_tree_token
 
 __all__ = ["verify_tree_traversal"]
@@ -95,16 +96,17 @@ def _remove_token(q_ptr, vocab_size, x, BLOCK_V: tl.constexpr):
 
 @triton.jit
 def _log_sample(r_ptr, vocab_size, seed, offset_base, BLOCK_V: tl.constexpr):
-    """Gumbel-max sample of norm(r) over a workspace row: argmax log r - log(-log u)."""
+    """Two-level Gumbel-max sample of norm(r) over a workspace row of nonnegative weights r."""
     best = float("-inf")
-    best_i = tl.zeros((), tl.int64)
+    block = tl.zeros((), tl.int64)
     for start in range(0, vocab_size, BLOCK_V):
         offs = start + tl.arange(0, BLOCK_V).to(tl.int64)
-        mask = offs < vocab_size
-        r = tl.load(r_ptr + offs, mask=mask, other=0.0)
-        score = tl.log(r) - tl.log(-tl.log(tl.rand(seed, offset_base | offs)))
-        best, best_i = _argmax_update(best, best_i, tl.where(mask, score, float("-inf")), start)
-    return best_i
+        r = tl.load(r_ptr + offs, mask=offs < vocab_size, other=0.0)
+        scores = gumbel.weight_block_scores(r, start, seed, offset_base, BLOCK_V)
+        best, block = gumbel.best_block_update(best, block, scores, start, BLOCK_V)
+    v = gumbel.block_entries(block)
+    r = tl.load(r_ptr + v, mask=v < vocab_size, other=0.0)
+    return gumbel.pick_in_block(block, tl.log(r), seed, offset_base)
 
 
 @triton.jit

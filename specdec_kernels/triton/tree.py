@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from ..reference.tree import TreeResult, tree_layout
+from . import gumbel
 
 FLOAT32_MAX = tl.constexpr(3.4028234663852886e38)
 
@@ -118,25 +119,31 @@ def _argmax_update(best, best_i, x, start):
 
 
 @triton.jit
-def _noise_offset(pos, stream, offs):
-    return (pos << 32) | (stream.to(tl.int64) << 30) | offs.to(tl.int64)
+def _noise_base(pos, stream):
+    return (pos << 32) | (stream.to(tl.int64) << 30)
 
 
 @triton.jit
 def _sample_row(row_ptr, V, temp, kth_key, top_p_key, seed, pos, stream, GREEDY: tl.constexpr,
                 BLOCK: tl.constexpr):
-    """argmax of the greedy logits, or gumbel_argmax of the truncated scaled logits with this noise."""
+    """argmax of the greedy logits, or the two-level Gumbel-max sample of the truncated scaled logits."""
     best = tl.full((), float("-inf"), tl.float32)
     best_i = tl.zeros((), tl.int64)
+    base = _noise_base(pos, stream)
     for start in range(0, V, BLOCK):
         offs = start + tl.arange(0, BLOCK)
         z = _scaled(row_ptr, offs, V, temp, GREEDY)
-        if not GREEDY:
+        if GREEDY:
+            best, best_i = _argmax_update(best, best_i, z, start)
+        else:
             z = _masked(z, _order_key(z), kth_key, top_p_key)
-            u = tl.rand(seed, _noise_offset(pos, stream, offs))
-            z = z - tl.log(-tl.log(u))
-            z = tl.where(offs < V, z, float("-inf"))
-        best, best_i = _argmax_update(best, best_i, z, start)
+            scores = gumbel.block_scores(z, start, seed, base, BLOCK)
+            best, best_i = gumbel.best_block_update(best, best_i, scores, start, BLOCK)
+    if not GREEDY:
+        v = gumbel.block_entries(best_i)
+        z = _scaled(row_ptr, v, V, temp, False)
+        z = _masked(z, _order_key(z), kth_key, top_p_key)
+        best_i = gumbel.pick_in_block(best_i, z, seed, base)
     return best_i
 
 
@@ -214,17 +221,18 @@ def _copy_row(src_ptr, dst_ptr, V, BLOCK: tl.constexpr):
 
 @triton.jit
 def _log_p_sample(p_ptr, V, seed, pos, BLOCK: tl.constexpr):
-    """gumbel_argmax(log p, stream-1 noise) over the workspace row."""
+    """Two-level Gumbel-max sample of norm(p) over the workspace row, on the recovery stream."""
     best = tl.full((), float("-inf"), tl.float32)
-    best_i = tl.zeros((), tl.int64)
+    best_block = tl.zeros((), tl.int64)
+    base = _noise_base(pos, tl.full((), 1, tl.int64))
     for start in range(0, V, BLOCK):
         offs = start + tl.arange(0, BLOCK)
         p = tl.load(p_ptr + offs, mask=offs < V, other=0.0)
-        u = tl.rand(seed, _noise_offset(pos, tl.full((), 1, tl.int64), offs))
-        g = tl.log(p) - tl.log(-tl.log(u))
-        g = tl.where(offs < V, g, float("-inf"))
-        best, best_i = _argmax_update(best, best_i, g, start)
-    return best_i
+        scores = gumbel.weight_block_scores(p, start, seed, base, BLOCK)
+        best, best_block = gumbel.best_block_update(best, best_block, scores, start, BLOCK)
+    v = gumbel.block_entries(best_block)
+    p = tl.load(p_ptr + v, mask=v < V, other=0.0)
+    return gumbel.pick_in_block(best_block, tl.log(p), seed, base)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -301,7 +309,7 @@ def _tree_kernel(
                     x = tl.load(tokens_ptr + c)
                     if (x >= 0) & (x < V):
                         s = tl.load(slot_ptr + c)
-                        coin = tl.rand(seed, (pos << 32) | s)
+                        coin = gumbel.uniform(seed, pos << 32, s.to(tl.int64))
                         p_x = tl.load(p_row + x)
                         q_x = tl.load(q_src + x).to(tl.float32)
                         if coin * q_x < p_x:

@@ -12,6 +12,7 @@
 #include "common.h"
 #include "cuda_api.h"
 #include "cuda_common.cuh"
+#include "gumbel.cuh"
 #include "math.h"
 #include "philox.h"
 #include "tree.cuh"
@@ -50,36 +51,24 @@ __device__ void row_probs(const void* row, int64_t V, float temp, uint32_t lo_ke
   __syncthreads();
 }
 
-// Gumbel-max sample of the truncated target of a row with one stream's noise at `position`.
+// Two-level Gumbel-max sample (gumbel.cuh) of the truncated target of a row on one stream at `position`.
 template <DType D>
 __device__ int64_t row_gumbel_sample(const void* row, int64_t V, float temp, uint32_t lo_key, const PhiloxKey& key,
                                      int64_t position, int stream, DevArgMax* amax) {
   const uint32_t hi = philox_offset_hi(position);
-  DevArgMax best{-kInf, 0x7fffffff};
-  for_each_elem<D>(row, 0, V, [&](int64_t v, float x) {
-    const float z = truncated(x, temp, lo_key);
-    if (z != -kInf) {
-      const float u = philox_uniform(philox_word(key, philox_offset_lo(stream, static_cast<uint32_t>(v)), hi));
-      best = better(best, DevArgMax{z - gumbel_log_term(u), static_cast<int32_t>(v)});
-    }
-  });
-  best = block_argmax(best, amax);
-  return best.value == -kInf ? 0 : best.index;
+  const TruncatedZ<D> src{row, temp, lo_key, V};
+  const DevArgMax best = block_argmax(block_pick(src, key, hi, stream, 0, V), amax);
+  return sample_in_block(src, key, hi, stream, best.value == -kInf ? 0 : best.index);
 }
 
-// Gumbel-max sample of norm(w) for nonnegative weights w[0, V) (recovery noise); -1 if w is all 0.
+// Two-level Gumbel-max sample of norm(w) for nonnegative weights w[0, V) written by the whole block
+// (recovery stream); -1 if w is all 0.
 __device__ __forceinline__ int64_t weights_gumbel_sample(const float* w, int64_t V, const PhiloxKey& key,
                                                         int64_t position, DevArgMax* amax) {
   const uint32_t hi = philox_offset_hi(position);
-  DevArgMax best{-kInf, 0x7fffffff};
-  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
-    if (w[v] > 0.0f) {
-      const float u = philox_uniform(philox_word(key, philox_offset_lo(kStreamRecovery, static_cast<uint32_t>(v)), hi));
-      best = better(best, DevArgMax{log_f32(w[v]) - gumbel_log_term(u), static_cast<int32_t>(v)});
-    }
-  }
-  best = block_argmax(best, amax);
-  return best.value == -kInf ? -1 : best.index;
+  const WeightSource src{w, V};
+  const DevArgMax best = block_argmax(block_pick(src, key, hi, kStreamRecovery, 0, V), amax);
+  return best.value == -kInf ? -1 : sample_in_block(src, key, hi, kStreamRecovery, best.index);
 }
 
 template <DType D>

@@ -15,6 +15,7 @@
 
 #include "chain.h"
 #include "common.h"
+#include "gumbel.h"
 #include "math.h"
 #include "philox.h"
 #include "tree.h"
@@ -98,7 +99,7 @@ void verify_chain_block_request(const RowKernels& K, const ChainArgs& a, int64_t
     if (j == block_len) {  // the last row: h = w; a stop here is the largest, emit from p itself
       if (j == 0 || static_cast<double>(sequence_coin(seed, position, static_cast<uint32_t>(j))) < w) {
         const int stream = block_len == k ? kStreamBonus : kStreamRecovery;
-        finish(j, gumbel_sample(K, exec, z, mx, seed, position + j, stream));
+        finish(j, sample_prepared(K, exec, z, mx, V, seed, position + j, stream));
         return;
       }
       break;
@@ -117,21 +118,17 @@ void verify_chain_block_request(const RowKernels& K, const ChainArgs& a, int64_t
       std::swap(bs.r, bs.r_tau);
     }
     const int64_t x = a.draft_ids[first_draft + j];
-    w = ratio_weight(w * (z[x] / total), load_prob(q, a.probs_dtype, x));
+    w = ratio_weight(w * (z[x] / total), load_elem(q, a.probs_dtype, x));
     if (w == 0.0f) break;  // every later h is 0: no later stop
   }
   // tau < K: y ~ norm(max(0, w_tau p_tau - q_tau)) (p_tau itself if that residual is empty).
   const int64_t pos = position + tau;
   int64_t token;
   if (mass_tau > 0.0) {
-    const PhiloxKey key = philox_key(seed);
-    const float* r = bs.r_tau.data();
-    token = exec.argmax([&](int64_t v0, int64_t v1) {
-                  return K.log_gumbel_argmax(r, key, pos, kStreamRecovery, v0, v1);
-                }).index;
+    token = sample_weights(K, exec, bs.r_tau.data(), V, seed, pos, kStreamRecovery);
   } else {
     const ArgMax mx = prepare_row(K, exec, row_ptr(tau), a.logits_dtype, temp, a.top_k, a.top_p, b, V, s);
-    token = gumbel_sample(K, exec, s.z.data(), mx, seed, pos, kStreamRecovery);
+    token = sample_prepared(K, exec, s.z.data(), mx, V, seed, pos, kStreamRecovery);
   }
   finish(tau, token);
 }

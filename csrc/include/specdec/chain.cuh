@@ -4,12 +4,14 @@
 // parallel and a final per-request pass keeps the prefix up to the first rejection:
 //   1. threshold_kernel  (rows with top-k/top-p only): exact truncation thresholds by bisection on
 //                         order keys, one block per row;
-//   2. row_pass_kernel   grid (slices, rows <= 65535): ONE pass over each logits row with 16-byte loads:
-//                         greedy argmax, or the Gumbel-max sample of the truncated target (deterministic
-//                         drafts need nothing else), plus the online-softmax (max, sum) of stochastic rows;
-//   3. decide_kernel     per row: combine slices; stochastic rows draw the acceptance coin;
+//   2. row_pass_kernel   grid (slices, rows <= 65535): ONE pass over each logits row: greedy argmax (16-byte
+//                         loads), or level 1 of the two-level Gumbel-max sample of the truncated target
+//                         (gumbel.h: one thread per 16-entry block; deterministic drafts need nothing
+//                         else), plus the online-softmax (max, sum) of stochastic rows;
+//   3. decide_kernel     per row: combine slices, level 2 in the winning block; stochastic rows draw the
+//                         acceptance coin;
 //   4. residual_kernel   grid (slices, rows <= 65535), stochastic rows that rejected only: recovery sample from
-//                         norm(max(0, p - q));
+//                         norm(max(0, p - q)) (level 1; level 2 in residual_combine_kernel);
 //   5. assemble_kernel   per request: accepted prefix, then the recovery or bonus token.
 // Splitting the vocabulary across blocks keeps the whole GPU busy at small batch sizes.
 #pragma once
@@ -19,6 +21,7 @@
 #include "common.h"
 #include "cuda_api.h"
 #include "cuda_common.cuh"
+#include "gumbel.cuh"
 #include "math.h"
 #include "philox.h"
 
@@ -110,25 +113,24 @@ __device__ void row_pass(const CudaChainArgs& a, int64_t slice, int64_t r, const
     const PhiloxKey key = philox_key(a.seed[info.req]);
     const uint32_t hi = philox_offset_hi(a.position[info.req] + info.local);
     const int stream = info.bonus ? kStreamBonus : kStreamRecovery;
-    for_each_elem<D>(row, v0, v1, [&](int64_t v, float x) {
-      const float z = truncated(x, temp, lo_key);
-      if (z != -kInf) {
-        const float u = philox_uniform(philox_word(key, philox_offset_lo(stream, static_cast<uint32_t>(v)), hi));
-        pick = better(pick, DevArgMax{z - gumbel_log_term(u), static_cast<int32_t>(v)});
-        if (stochastic) {  // online softmax statistics
-          if (z > m) {
-            s = s * static_cast<double>(exp_f32(m - z)) + 1.0;
-            m = z;
-          } else {
-            s += static_cast<double>(exp_f32(z - m));
-          }
+    const TruncatedZ<D> src{row, temp, lo_key, a.vocab};
+    pick = block_pick(src, key, hi, stream, v0, v1);  // level 1 of the Gumbel-max sample
+    if (stochastic) {  // online softmax statistics
+      for_each_elem<D>(row, v0, v1, [&](int64_t v, float x) {
+        const float z = truncated(x, temp, lo_key);
+        if (z == -kInf) return;
+        if (z > m) {
+          s = s * static_cast<double>(exp_fma_f32(m - z)) + 1.0;
+          m = z;
+        } else {
+          s += static_cast<double>(exp_fma_f32(z - m));
         }
-      }
-    });
+      });
+    }
     if (stochastic) {
       // Combine (m, s) across the block through the argmax of m, then rescale in double.
       const float bm = block_argmax(DevArgMax{m, 0}, amax).value;
-      const double scaled = (m == -kInf) ? 0.0 : s * static_cast<double>(exp_f32(m - bm));
+      const double scaled = (m == -kInf) ? 0.0 : s * static_cast<double>(exp_fma_f32(m - bm));
       s = block_sum(scaled, smem);
       m = bm;
     }
@@ -163,15 +165,23 @@ __global__ void decide_kernel(CudaChainArgs a, int64_t slices, const ChainRowPar
     m = p.max > m ? p.max : m;
   }
   ChainRowState st = state[r];
-  st.token = pick.value == -kInf ? 0 : pick.index;  // an all -inf row samples token 0
+  st.token = pick.value == -kInf ? 0 : pick.index;  // greedy: the argmax (an all -inf row samples token 0)
   st.accept = 0;
   st.recovered = -1;
   const float temp = a.temperature[info.req];
+  if (temp != 0.0f) {  // level 2 of the Gumbel-max sample, in the winning block (block 0 if all are -inf)
+    const PhiloxKey key = philox_key(a.seed[info.req]);
+    const uint32_t hi = philox_offset_hi(a.position[info.req] + info.local);
+    const TruncatedZ<D> src{static_cast<const char*>(a.logits) + r * a.vocab * sizeof(typename Elem<D>::type), temp,
+                            st.lo_key, a.vocab};
+    st.token = static_cast<int32_t>(
+        sample_in_block(src, key, hi, info.bonus ? kStreamBonus : kStreamRecovery, pick.value == -kInf ? 0 : pick.index));
+  }
   if (temp != 0.0f && a.draft_probs != nullptr && !info.bonus) {
     double total = 0.0;
     for (int64_t s = 0; s < slices; ++s) {
       const ChainRowPartial& p = partial[r * slices + s];
-      if (p.max != -kInf) total += p.sum * static_cast<double>(exp_f32(p.max - m));
+      if (p.max != -kInf) total += p.sum * static_cast<double>(exp_fma_f32(p.max - m));
     }
     st.max = m;
     st.total = m == -kInf ? 1.0f : static_cast<float>(total);
@@ -179,7 +189,7 @@ __global__ void decide_kernel(CudaChainArgs a, int64_t slices, const ChainRowPar
     using T = typename Elem<D>::type;
     const T* row = static_cast<const T*>(a.logits) + r * a.vocab;
     const float z_x = truncated(Elem<D>::load(row, x), temp, st.lo_key);
-    const float p_x = m == -kInf ? (x == 0 ? 1.0f : 0.0f) : exp_f32(z_x - m) / st.total;
+    const float p_x = m == -kInf ? (x == 0 ? 1.0f : 0.0f) : exp_fma_f32(z_x - m) / st.total;
     const int64_t t = info.draft_row;
     const float q_x = load_prob(static_cast<const char*>(a.draft_probs) +
                                     t * a.vocab * (a.probs_dtype == DType::kFloat32 ? 4 : 2),
@@ -207,18 +217,16 @@ __device__ void residual(const CudaChainArgs& a, int64_t slice, int64_t r, const
   const void* row = static_cast<const char*>(a.logits) + r * a.vocab * (a.logits_dtype == DType::kFloat32 ? 4 : 2);
   const PhiloxKey key = philox_key(a.seed[info.req]);
   const uint32_t hi = philox_offset_hi(a.position[info.req] + info.local);
+  const TruncatedResidual<D> src{TruncatedZ<D>{row, temp, st.lo_key, a.vocab}, st.max, st.total, q, a.probs_dtype};
   DevArgMax pick{-kInf, 0x7fffffff};
   float any = 0.0f;
-  for_each_elem<D>(row, v0, v1, [&](int64_t v, float x) {
-    const float z = truncated(x, temp, st.lo_key);
-    const float p = st.max == -kInf ? (v == 0 ? 1.0f : 0.0f) : exp_f32(z - st.max) / st.total;
-    const float d = p - load_prob(q, a.probs_dtype, v);
-    if (d > 0.0f) {
-      any = 1.0f;
-      const float u = philox_uniform(philox_word(key, philox_offset_lo(kStreamRecovery, static_cast<uint32_t>(v)), hi));
-      pick = better(pick, DevArgMax{log_f32(d) - gumbel_log_term(u), static_cast<int32_t>(v)});
-    }
-  });
+  for (int64_t b = v0 / kBlock + threadIdx.x; b < (v1 + kBlock - 1) / kBlock; b += blockDim.x) {
+    const float mass = src.log_mass(b);  // -inf iff the block's residual is all zero
+    if (mass == -kInf) continue;
+    any = 1.0f;
+    const float u = philox_draw(key, hi, kStreamRecovery, kBlockDraws + static_cast<uint32_t>(b));
+    pick = better(pick, DevArgMax{mass - gumbel_log_term(u), static_cast<int32_t>(b)});
+  }
   const DevArgMax anyv = block_argmax(DevArgMax{any, 0}, amax);
   pick = block_argmax(pick, amax);
   if (threadIdx.x == 0) {
@@ -234,12 +242,14 @@ __global__ void residual_kernel(CudaChainArgs a, int64_t slice, const ChainRowSt
   for (int64_t r = blockIdx.y; r < a.num_rows; r += gridDim.y) residual<D>(a, slice, r, state, partial, amax);
 }
 
+template <DType D>
 __global__ void residual_combine_kernel(CudaChainArgs a, int64_t slices, const ChainRowPartial* partial,
                                         ChainRowState* state) {
   const int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (r >= a.num_rows) return;
   const RowInfo info = row_info(a, r);
-  if (a.temperature[info.req] == 0.0f || info.bonus || state[r].accept) return;
+  const float temp = a.temperature[info.req];
+  if (temp == 0.0f || info.bonus || state[r].accept) return;
   DevArgMax pick{-kInf, 0x7fffffff};
   bool any = false;
   for (int64_t s = 0; s < slices; ++s) {
@@ -247,8 +257,18 @@ __global__ void residual_combine_kernel(CudaChainArgs a, int64_t slices, const C
     any = any || p.max > 0.0f;
     pick = better(pick, DevArgMax{p.pick_value, p.pick_index});
   }
-  // Empty residual: the reference samples from p itself, i.e. the row's stream-1 Gumbel sample.
-  state[r].recovered = any ? (pick.value == -kInf ? 0 : pick.index) : -1;
+  // Level 2 in the winning block. Empty residual: the reference samples from p itself, i.e. the row's
+  // stream-1 Gumbel sample (the row's token).
+  const ChainRowState& st = state[r];
+  const int64_t t = info.draft_row;
+  const void* q = static_cast<const char*>(a.draft_probs) + t * a.vocab * (a.probs_dtype == DType::kFloat32 ? 4 : 2);
+  const void* row = static_cast<const char*>(a.logits) + r * a.vocab * sizeof(typename Elem<D>::type);
+  const TruncatedResidual<D> src{TruncatedZ<D>{row, temp, st.lo_key, a.vocab}, st.max, st.total, q, a.probs_dtype};
+  const PhiloxKey key = philox_key(a.seed[info.req]);
+  const uint32_t hi = philox_offset_hi(a.position[info.req] + info.local);
+  state[r].recovered =
+      any ? static_cast<int32_t>(sample_in_block(src, key, hi, kStreamRecovery, pick.value == -kInf ? 0 : pick.index))
+          : -1;
 }
 
 // --- 5. assemble -----------------------------------------------------------------------------------------

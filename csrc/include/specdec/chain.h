@@ -1,16 +1,19 @@
 // Chain verification on the host (DESIGN.md §2-§4): the per-request walk, exactly the rules of
 // specdec_kernels/reference/chain.py. Framework-free: raw pointers in, tokens out.
 //
-// Each row is read once into a float32 scratch row (scaled, sanitized, truncated); sampling then runs
-// over that cached row. Rows after a request's first rejection are never read. The walk is generic
-// over an executor that runs each vocabulary reduction serially or split across threads
-// (csrc/cpu/chain_cpu.cpp), and over a RowKernels table (the instruction-set build of row_ops.h).
+// Rows without top-k / top-p are sampled straight from the logits (one pass for deterministic drafts and
+// bonus rows, two-level Gumbel-max; one normalizer pass, plus a residual pass at the first rejection, for
+// stochastic drafts); truncated rows are first read into a float32 scratch row (scaled, sanitized,
+// truncated). Rows after a request's first rejection are never read. The walk is generic over an
+// executor that runs each vocabulary reduction serially or split across threads (csrc/cpu/chain_cpu.cpp),
+// and over a RowKernels table (the instruction-set build of row_ops.h).
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
 #include "common.h"
+#include "gumbel.h"
 #include "math.h"
 #include "philox.h"
 #include "sampling.h"
@@ -41,11 +44,6 @@ struct ChainArgs {
 
 SPECDEC_NS_BEGIN
 
-inline ArgMax better_of(ArgMax a, ArgMax b) {
-  if (b.value > a.value || (b.value == a.value && b.index < a.index)) return b;
-  return a;
-}
-
 // Per-thread scratch of the walks.
 struct RowScratch {
   std::vector<float> z;       // the current row's scaled, truncated logits
@@ -75,20 +73,42 @@ ArgMax prepare_row(const RowKernels& K, Exec& exec, const void* row, DType dtype
   return mx;
 }
 
-// y ~ softmax(z) by Gumbel-max on one stream, seeded with the max-logit token so that chunks of
-// low logits are skipped.
+// y ~ softmax(z) of a row by two-level Gumbel-max on one stream, level 1 seeded with the score of block
+// seed_block (>= 0: the block of the draft or of the row max, often the winner, so that the search skips
+// most of the row; -1: none).
 template <class Exec>
-int64_t gumbel_sample(const RowKernels& K, Exec& exec, const float* z, ArgMax mx, int64_t seed, int64_t position,
-                      int stream) {
+int64_t sample_z(const RowKernels& K, Exec& exec, const ZSource& src, int64_t seed_block, int64_t seed,
+                 int64_t position, int stream) {
   const PhiloxKey key = philox_key(seed);
+  const uint32_t hi = philox_offset_hi(position);
   ArgMax start = kArgMaxInit;
-  if (mx.value != -kInf) {
-    const float u = philox_rand(seed, position, stream, static_cast<uint32_t>(mx.index));
-    start = {z[mx.index] - gumbel_log_term(u), mx.index};
+  if (seed_block >= 0) {
+    const ArgMax s = block_score(src, key, hi, stream, seed_block);
+    if (s.value != -kInf) start = s;
   }
-  // `start` is a real candidate, so it is a valid starting point for every slice.
-  return exec.argmax([&](int64_t v0, int64_t v1) { return K.gumbel_argmax(z, key, position, stream, v0, v1, start); })
-      .index;
+  const ArgMax pick = exec.argmax([&](int64_t v0, int64_t v1) {
+    return K.gumbel_blocks(src.row, src.dtype, src.temperature, src.vocab, key, hi, stream, v0, v1, start);
+  });
+  return sample_in_block(src, key, hi, stream, pick.index);
+}
+
+// y ~ softmax(z) of a prepared float32 row z[0, V) (prepare_row, row max mx), seeded with the block of the
+// row max.
+template <class Exec>
+int64_t sample_prepared(const RowKernels& K, Exec& exec, const float* z, ArgMax mx, int64_t V, int64_t seed,
+                        int64_t position, int stream) {
+  const ZSource src{z, DType::kFloat32, 1.0f, V};
+  return sample_z(K, exec, src, mx.value != -kInf ? mx.index / kBlock : -1, seed, position, stream);
+}
+
+// y ~ norm(w) of nonnegative weights w[0, V) (not all 0) by two-level Gumbel-max on one stream.
+template <class Exec>
+int64_t sample_weights(const RowKernels& K, Exec& exec, const float* w, int64_t V, int64_t seed, int64_t position,
+                       int stream) {
+  const PhiloxKey key = philox_key(seed);
+  const uint32_t hi = philox_offset_hi(position);
+  const ArgMax pick = exec.argmax([&](int64_t v0, int64_t v1) { return K.weight_blocks(w, V, key, hi, stream, v0, v1); });
+  return sample_in_block(WeightSource{w, V}, key, hi, stream, pick.index);
 }
 
 // True when top-k and top-p leave request req's row untouched.
@@ -97,69 +117,36 @@ inline bool untruncated(const int32_t* top_k, const float* top_p, int64_t req, i
   return k_off && (top_p == nullptr || !(top_p[req] < 1.0f));
 }
 
-inline float load_logit(const void* row, DType dtype, int64_t v) {
-  switch (dtype) {
-    case DType::kBFloat16: return bf16_to_float(static_cast<const uint16_t*>(row)[v]);
-    case DType::kFloat16: return fp16_to_float(static_cast<const uint16_t*>(row)[v]);
-    default: return static_cast<const float*>(row)[v];
-  }
-}
-
-// gumbel_sample of an untruncated row straight from its logits (one pass, no scratch row), seeded with
-// the draft token `hint` (>= 0; often the winner) so that most entries get no Philox draw.
-template <class Exec>
-int64_t gumbel_sample_logits(const RowKernels& K, Exec& exec, const void* row, DType dtype, float temperature,
-                             int64_t hint, int64_t seed, int64_t position, int stream) {
-  const PhiloxKey key = philox_key(seed);
-  ArgMax start = kArgMaxInit;
-  if (hint >= 0) {
-    const float zh = sanitize(load_logit(row, dtype, hint) / temperature);
-    if (zh != -kInf) {
-      const float u = philox_rand(seed, position, stream, static_cast<uint32_t>(hint));
-      start = {zh - gumbel_log_term(u), hint};
-    }
-  }
-  return exec
-      .argmax([&](int64_t v0, int64_t v1) {
-        return K.gumbel_argmax_logits(row, dtype, temperature, key, position, stream, v0, v1, start);
-      })
-      .index;
-}
-
-// Stochastic-draft decision on a prepared row (z, row max mx): accept x iff coin * q(x) < p(x);
-// otherwise the recovery token from norm(max(0, p - q)) (p itself when that residual is empty).
-// Overwrites z with the softmax numerators; `reprepare()` restores it for the rare empty residual.
+// Stochastic-draft decision on a row of scaled logits: accept x iff coin * q(x) < p(x); otherwise the
+// recovery token from norm(max(0, p - q)) (p itself when that residual is empty).
 struct StochasticDecision {
   bool accept;
   int64_t token;  // valid when !accept
 };
 
-template <class Exec, class Reprepare>
-StochasticDecision stochastic_decide(const RowKernels& K, Exec& exec, float* z, ArgMax mx, const void* q,
-                                     DType q_dtype, int64_t draft, bool valid, int64_t seed, int64_t position,
-                                     Reprepare reprepare) {
-  const float m = mx.value;
+template <class Exec>
+StochasticDecision stochastic_decide(const RowKernels& K, Exec& exec, const ZSource& src, const void* q,
+                                     DType q_dtype, int64_t draft, bool valid, int64_t seed, int64_t position) {
+  const SoftmaxStats st =
+      exec.stats([&](int64_t v0, int64_t v1) { return K.softmax_stats(src.row, src.dtype, src.temperature, v0, v1); });
+  const float m = st.max;
   const bool finite = m != -kInf;
-  const float total =
-      finite ? static_cast<float>(exec.sum([&](int64_t v0, int64_t v1) { return K.softmax_weights(z, m, v0, v1); }))
-             : 1.0f;
+  const float total = finite ? static_cast<float>(st.sum) : 1.0f;
   const int64_t x = valid ? draft : 0;
-  const float p_x = finite ? z[x] / total : (x == 0 ? 1.0f : 0.0f);  // z[x] = exp(z_x - m) now
-  float q_x = 0.0f;
-  switch (q_dtype) {
-    case DType::kFloat32: q_x = static_cast<const float*>(q)[x]; break;
-    case DType::kBFloat16: q_x = bf16_to_float(static_cast<const uint16_t*>(q)[x]); break;
-    case DType::kFloat16: q_x = fp16_to_float(static_cast<const uint16_t*>(q)[x]); break;
-  }
+  const float p_x = finite ? exp_fma_f32(src.z(x) - m) / total : (x == 0 ? 1.0f : 0.0f);
+  const float q_x = load_elem(q, q_dtype, x);
   const float coin = philox_rand(seed, position, kStreamCoin, 0);
   if (valid && coin * q_x < p_x) return {true, draft};
   const PhiloxKey key = philox_key(seed);
-  const float* w = finite ? z : nullptr;
-  const ResidualResult rr = exec.residual(
-      [&](int64_t v0, int64_t v1) { return K.residual_argmax(w, total, q, q_dtype, key, position, v0, v1); });
-  if (rr.any_positive) return {false, rr.best.index};
-  const ArgMax mx2 = reprepare();
-  return {false, gumbel_sample(K, exec, z, mx2, seed, position, kStreamRecovery)};
+  const uint32_t hi = philox_offset_hi(position);
+  const ResidualArgs args{src.row, src.dtype, src.temperature, m, total, q, q_dtype, src.vocab};
+  const ResidualResult rr =
+      exec.residual([&](int64_t v0, int64_t v1) { return K.residual_blocks(args, key, hi, v0, v1); });
+  if (rr.any_positive) {
+    const ResidualSource residual{src, m, total, q, q_dtype};
+    return {false, sample_in_block(residual, key, hi, kStreamRecovery, rr.best.index)};
+  }
+  return {false, sample_z(K, exec, src, -1, seed, position, kStreamRecovery)};
 }
 
 template <class Exec>
@@ -185,23 +172,25 @@ void verify_chain_request(const RowKernels& K, const ChainArgs& a, int64_t b, Ex
     if (temp == 0.0f) {  // greedy: argmax of the sanitized logits, no truncation
       token = exec.argmax([&](int64_t v0, int64_t v1) { return K.greedy_argmax(row, a.logits_dtype, v0, v1); }).index;
       accept = valid && token == draft;
-    } else if (a.draft_probs == nullptr || bonus) {
-      const int stream = bonus ? kStreamBonus : kStreamRecovery;
-      if (untruncated(a.top_k, a.top_p, b, V)) {
-        token = gumbel_sample_logits(K, exec, row, a.logits_dtype, temp, valid ? draft : -1, a.seed[b], pos, stream);
-      } else {
-        const ArgMax mx = prepare_row(K, exec, row, a.logits_dtype, temp, a.top_k, a.top_p, b, V, s);
-        token = gumbel_sample(K, exec, s.z.data(), mx, a.seed[b], pos, stream);
-      }
-      accept = valid && token == draft;
     } else {
-      auto prepare = [&] { return prepare_row(K, exec, row, a.logits_dtype, temp, a.top_k, a.top_p, b, V, s); };
-      const ArgMax mx = prepare();
-      const void* q = static_cast<const char*>(a.draft_probs) + static_cast<size_t>(first_draft + j) * V * q_elem;
-      const StochasticDecision d =
-          stochastic_decide(K, exec, s.z.data(), mx, q, a.probs_dtype, draft, valid, a.seed[b], pos, prepare);
-      accept = d.accept;
-      token = d.token;
+      // The row's log-weights: straight from the logits, or from the scratch row when truncated.
+      ZSource src{row, a.logits_dtype, temp, V};
+      int64_t seed_block = valid ? draft / kBlock : -1;
+      if (!untruncated(a.top_k, a.top_p, b, V)) {
+        const ArgMax mx = prepare_row(K, exec, row, a.logits_dtype, temp, a.top_k, a.top_p, b, V, s);
+        src = ZSource{s.z.data(), DType::kFloat32, 1.0f, V};
+        seed_block = mx.value != -kInf ? mx.index / kBlock : -1;
+      }
+      if (a.draft_probs == nullptr || bonus) {
+        token = sample_z(K, exec, src, seed_block, a.seed[b], pos, bonus ? kStreamBonus : kStreamRecovery);
+        accept = valid && token == draft;
+      } else {
+        const void* q = static_cast<const char*>(a.draft_probs) + static_cast<size_t>(first_draft + j) * V * q_elem;
+        const StochasticDecision d =
+            stochastic_decide(K, exec, src, q, a.probs_dtype, draft, valid, a.seed[b], pos);
+        accept = d.accept;
+        token = d.token;
+      }
     }
     if (!bonus && accept) {
       out[j] = static_cast<int32_t>(draft);

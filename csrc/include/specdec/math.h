@@ -5,11 +5,20 @@
 // results are identical on every ISA and on the GPU (no contraction: build with -ffp-contract=off).
 #pragma once
 
+#include <cmath>
+
 #include "common.h"
 
 SPECDEC_NS_BEGIN
 
 constexpr float kInf = __builtin_huge_valf();
+
+// Round to the nearest integer, ties to even (|x| < 2^22): two float32 additions, the same on every ISA
+// (no fast-math, so the compiler keeps both roundings).
+SPECDEC_HD float rint_f32(float x) {
+  const float shift = 12582912.0f;  // 1.5 * 2^23
+  return (x + shift) - shift;
+}
 
 // Natural log of x >= 0 in float32 arithmetic (Cephes' logf polynomial, within ~1 ulp like torch's
 // log): log(0) = -inf, log(inf) = inf; subnormals handled. The SIMD twin in simd.h performs the same
@@ -74,6 +83,35 @@ SPECDEC_HD float exp_f32(float x) {
   return out;
 }
 
+// One rounding (fma.rn.f32 on CUDA, the C library's fmaf on the host and in the CUDA host emulation).
+SPECDEC_HD float fma_f32(float a, float b, float c) { return fmaf(a, b, c); }
+
+// exp(x) in float32 arithmetic with fused multiply-adds (within ~2 ulp): the softmax normalizer and the
+// block log-masses of two-level Gumbel-max, where it runs once per vocabulary entry. exp(-inf) = 0,
+// overflow -> inf. The SIMD twin (simd::exp_fma) performs the same operations in the same order.
+SPECDEC_HD float exp_fma_f32(float x) {
+  const float xc = x < -104.0f ? -104.0f : (x > 89.0f ? 89.0f : x);
+  const float n = rint_f32(xc * 1.44269504089f);
+  float r = fma_f32(-n, 0.693359375f, xc);
+  r = fma_f32(-n, -2.12194440e-4f, r);
+  float p = 1.9875691500e-4f;
+  p = fma_f32(p, r, 1.3981999507e-3f);
+  p = fma_f32(p, r, 8.3334519073e-3f);
+  p = fma_f32(p, r, 4.1665795894e-2f);
+  p = fma_f32(p, r, 1.6666665459e-1f);
+  p = fma_f32(p, r, 5.0000001201e-1f);
+  p = fma_f32(p, r * r, r + 1.0f);
+  // p * 2^n; below 2^-125 in two exact-or-rounded-once steps (subnormal results).
+  const int32_t ni = static_cast<int32_t>(n);
+  const bool tiny = ni < -125;
+  const float scale = bits_float(static_cast<uint32_t>((tiny ? ni + 64 : ni) + 127) << 23);
+  float out = p * scale;
+  out = tiny ? out * 5.42101086e-20f : out;  // 2^-64, exact
+  out = x < -104.0f ? 0.0f : out;
+  out = x > 89.0f ? kInf : out;
+  return out;
+}
+
 // NaN -> -inf (never sampled), +inf -> float32 max, as reference/sampling.py's sanitize. The + 0.0f
 // turns -0 into +0 (equal values), so that order keys of equal values are equal too.
 SPECDEC_HD float sanitize(float z) {
@@ -93,5 +131,39 @@ SPECDEC_HD float key_value(uint32_t k) { return bits_float((k & 0x80000000u) ? (
 // Gumbel noise term of gumbel_argmax: log(-log(u)), rounded step by step exactly like the reference
 // (float32 log, negate, float32 log). The score is then logit - gumbel_log_term(u).
 SPECDEC_HD float gumbel_log_term(float u) { return log_f32(-log_f32(u)); }
+
+// --- Two-level Gumbel-max blocks (specdec_kernels/reference/gumbel.py) ----------------------------------
+
+constexpr int kBlock = 16;  // vocabulary entries per block
+
+// Sum of a block's 16 values in the fixed pairwise order that every backend's reduction follows:
+// c_i = w_i + w_{i+8}, d_i = c_i + c_{i+4}, then (d_0 + d_2) + (d_1 + d_3).
+SPECDEC_HD float block_sum16(const float* w) {
+  float c[8], d[4];
+  for (int i = 0; i < 8; ++i) c[i] = w[i] + w[i + 8];
+  for (int i = 0; i < 4; ++i) d[i] = c[i] + c[i + 4];
+  return (d[0] + d[2]) + (d[1] + d[3]);
+}
+
+SPECDEC_HD float block_max(const float* z) {
+  float m = -kInf;
+  for (int i = 0; i < kBlock; ++i) m = z[i] > m ? z[i] : m;
+  return m;
+}
+
+// Log-mass L = m + log(sum exp(z - m)) of a block of 16 log-weights (-inf padded); -inf if all are -inf.
+SPECDEC_HD float block_log_mass(const float* z) {
+  const float m = block_max(z);
+  if (m == -kInf) return -kInf;
+  float e[kBlock];
+  for (int i = 0; i < kBlock; ++i) e[i] = exp_fma_f32(z[i] - m);
+  return m + log_f32(block_sum16(e));
+}
+
+// Upper-bound margins of a block's score L - gumbel_log_term(u), which the searches use to rule blocks
+// out: L <= max + kLogBlockBound (each exp(z - max) <= 1, and log 16 = 2.7726) and
+// -gumbel_log_term(u) <= -log(1 - u) + kGumbelSlack (-log u >= 1 - u), both far above float32 rounding.
+constexpr float kGumbelSlack = 0.01f;
+constexpr float kLogBlockBound = 2.7725887f + kGumbelSlack;
 
 SPECDEC_NS_END

@@ -1,8 +1,10 @@
-// Philox4x32-10, bit-identical to Triton's tl.rand(seed, offset) and to
-// specdec_kernels/reference/philox.py (DESIGN.md §4):
-//   u = rand(seed, offset),  offset = (position << 32) | (stream << 30) | v.
-// Counter (offset_lo, offset_hi, 0, 0), key (seed_lo, seed_hi); the first output word is folded
+// Philox4x32-10, bit-identical to Triton's tl.rand4x / tl.randint4x and to
+// specdec_kernels/reference/philox.py (DESIGN.md §4): the uniform of draw index i on (seed, position,
+// stream) is word (i & 3) of the call with offset = (position << 32) | (stream << 30) | (i >> 2), i.e.
+// counter (offset_lo, offset_hi, 0, 0) and key (seed_lo, seed_hi); each word is folded
 // (w >= 2^31 -> 2^32 - 1 - w), converted to float32 and multiplied by float32 4.6566127342e-10.
+// Draw indices: the vocabulary index v for an entry's noise, kBlockDraws + b for vocabulary block b
+// (two-level Gumbel-max, gumbel.h), the sibling slot for acceptance coins (0 in chains).
 #pragma once
 
 #include "common.h"
@@ -26,6 +28,8 @@ constexpr uint32_t kPhiloxKeyA = 0x9E3779B9u;
 constexpr uint32_t kPhiloxKeyB = 0xBB67AE85u;
 constexpr float kUniformScale = 4.6566127342e-10f;
 
+constexpr uint32_t kBlockDraws = 1u << 30;  // draw index of vocabulary block 0 (reference BLOCK_DRAWS)
+
 constexpr int kStreamCoin = 0;
 constexpr int kStreamRecovery = 1;
 constexpr int kStreamBonus = 2;
@@ -43,9 +47,8 @@ SPECDEC_HD PhiloxKey philox_key(int64_t seed) {
   return key;
 }
 
-// First Philox word for counter (c0, c1, 0, 0). Written as straight-line integer code so that
-// compilers vectorise loops over c0 (one vocabulary index per lane).
-SPECDEC_HD uint32_t philox_word(const PhiloxKey& key, uint32_t c0, uint32_t c1) {
+// The four words of counter (c0, c1, 0, 0) (Triton's randint4x).
+SPECDEC_HD void philox_words(const PhiloxKey& key, uint32_t c0, uint32_t c1, uint32_t out[4]) {
   uint32_t c2 = 0, c3 = 0;
 #if defined(__CUDA_ARCH__)
 #pragma unroll
@@ -56,15 +59,23 @@ SPECDEC_HD uint32_t philox_word(const PhiloxKey& key, uint32_t c0, uint32_t c1) 
     const uint64_t pb = static_cast<uint64_t>(kPhiloxRoundB) * c2;
     const uint64_t pa = static_cast<uint64_t>(kPhiloxRoundA) * c0;
     const uint32_t n0 = static_cast<uint32_t>(pb >> 32) ^ c1 ^ key.k0[r];
-    const uint32_t n1 = static_cast<uint32_t>(pb);
     const uint32_t n2 = static_cast<uint32_t>(pa >> 32) ^ c3 ^ key.k1[r];
-    const uint32_t n3 = static_cast<uint32_t>(pa);
+    c1 = static_cast<uint32_t>(pb);
+    c3 = static_cast<uint32_t>(pa);
     c0 = n0;
-    c1 = n1;
     c2 = n2;
-    c3 = n3;
   }
-  return c0;
+  out[0] = c0;
+  out[1] = c1;
+  out[2] = c2;
+  out[3] = c3;
+}
+
+// First word of counter (c0, c1, 0, 0) (Triton's randint).
+SPECDEC_HD uint32_t philox_word(const PhiloxKey& key, uint32_t c0, uint32_t c1) {
+  uint32_t w[4];
+  philox_words(key, c0, c1, w);
+  return w[0];
 }
 
 // Triton's uint_to_uniform_float for 32-bit words.
@@ -73,18 +84,24 @@ SPECDEC_HD float philox_uniform(uint32_t word) {
   return static_cast<float>(static_cast<int32_t>(folded)) * kUniformScale;
 }
 
-// Low and high counter words of offset = (position << 32) | (stream << 30) | v.
-SPECDEC_HD uint32_t philox_offset_lo(int stream, uint32_t v) { return (static_cast<uint32_t>(stream) << 30) | v; }
+// Low and high counter words of draw index i: offset = (position << 32) | (stream << 30) | (i >> 2).
+SPECDEC_HD uint32_t philox_offset_lo(int stream, uint32_t i) { return (static_cast<uint32_t>(stream) << 30) | (i >> 2); }
 SPECDEC_HD uint32_t philox_offset_hi(int64_t position) { return static_cast<uint32_t>(position); }
 
-// u = rand(seed, (position << 32) | (stream << 30) | v).
-SPECDEC_HD float philox_rand(int64_t seed, int64_t position, int stream, uint32_t v) {
-  const PhiloxKey key = philox_key(seed);
-  return philox_uniform(philox_word(key, philox_offset_lo(stream, v), philox_offset_hi(position)));
+// Uniform of draw index i, given the key and the position word hi = philox_offset_hi(position).
+SPECDEC_HD float philox_draw(const PhiloxKey& key, uint32_t hi, int stream, uint32_t i) {
+  uint32_t w[4];
+  philox_words(key, philox_offset_lo(stream, i), hi, w);
+  return philox_uniform(w[i & 3]);
+}
+
+// u = uniform(seed, position, stream, i) (reference/philox.py).
+SPECDEC_HD float philox_rand(int64_t seed, int64_t position, int stream, uint32_t i) {
+  return philox_draw(philox_key(seed), philox_offset_hi(position), stream, i);
 }
 
 // Sequence-level coins of block and traversal verification (reference/philox.py sequence_coins):
-// u = rand(seed, ((position | 2^31) << 32) | index), position = the round's first position.
+// u = uniform(seed, position | 2^31, stream 0, index), position = the round's first position.
 constexpr int64_t kSequenceCoinFlag = int64_t{1} << 31;
 SPECDEC_HD float sequence_coin(int64_t seed, int64_t position, uint32_t index) {
   return philox_rand(seed, position | kSequenceCoinFlag, kStreamCoin, index);

@@ -54,10 +54,10 @@ SPECDEC_SIMD_INLINE i32v iota_i32() {
 }
 
 #if defined(__AVX512F__) || defined(__AVX2__)
-// Philox on 64-bit lanes (the even or the odd 32-bit lanes of a vector): one vpmuludq yields a whole
-// 64-bit product, so a round costs two multiplies, two shifts and two three-way XORs per register, with
-// no blends. The high halves of the state lanes carry garbage that only ever reaches high halves again
-// (multiplies read the low 32 bits; XOR is lane-local); the word is the low half of the result.
+// Philox on 64-bit lanes, one counter per lane: one vpmuludq yields a whole 64-bit product, so a round
+// costs two multiplies, two shifts and two three-way XORs per register and yields all four words. The
+// high halves of the state lanes carry garbage that only ever reaches high halves again (multiplies read
+// the low 32 bits; XOR is lane-local); the words are the low halves.
 #if defined(__AVX512F__)
 typedef __m512i q64v;
 SPECDEC_SIMD_INLINE q64v q_set1(uint32_t x) { return _mm512_set1_epi64(static_cast<long long>(x)); }
@@ -65,10 +65,6 @@ SPECDEC_SIMD_INLINE q64v q_mul(q64v a, q64v b) { return _mm512_mul_epu32(a, b); 
 SPECDEC_SIMD_INLINE q64v q_hi(q64v a) { return _mm512_srli_epi64(a, 32); }
 SPECDEC_SIMD_INLINE q64v q_xor3(q64v a, q64v b, q64v c) { return _mm512_ternarylogic_epi64(a, b, c, 0x96); }
 SPECDEC_SIMD_INLINE q64v q_xor(q64v a, q64v b) { return _mm512_xor_si512(a, b); }
-// Low halves of even's lanes into the even 32-bit lanes, of odd's into the odd ones.
-SPECDEC_SIMD_INLINE q64v q_pack(q64v even, q64v odd) {
-  return _mm512_mask_blend_epi32(0xAAAA, even, _mm512_slli_epi64(odd, 32));
-}
 #else
 typedef __m256i q64v;
 SPECDEC_SIMD_INLINE q64v q_set1(uint32_t x) { return _mm256_set1_epi64x(static_cast<long long>(x)); }
@@ -76,30 +72,14 @@ SPECDEC_SIMD_INLINE q64v q_mul(q64v a, q64v b) { return _mm256_mul_epu32(a, b); 
 SPECDEC_SIMD_INLINE q64v q_hi(q64v a) { return _mm256_srli_epi64(a, 32); }
 SPECDEC_SIMD_INLINE q64v q_xor3(q64v a, q64v b, q64v c) { return _mm256_xor_si256(_mm256_xor_si256(a, b), c); }
 SPECDEC_SIMD_INLINE q64v q_xor(q64v a, q64v b) { return _mm256_xor_si256(a, b); }
-SPECDEC_SIMD_INLINE q64v q_pack(q64v even, q64v odd) {
-  return _mm256_blend_epi32(even, _mm256_slli_epi64(odd, 32), 0xAA);
-}
 #endif
-SPECDEC_SIMD_INLINE u32v q_interleave(q64v even, q64v odd) {
-  const q64v w = q_pack(even, odd);
-  u32v out;
-  __builtin_memcpy(&out, &w, sizeof(out));
-  return out;
-}
-// The 32-bit lanes of v as 64-bit lanes (no data movement).
-SPECDEC_SIMD_INLINE q64v q_load(const u32v& v) {
-  q64v q;
-  __builtin_memcpy(&q, &v, sizeof(q));
-  return q;
-}
 
-// The ten rounds for counters (x, c1, 0, 0), x in the low halves of the lanes. Rounds 0 and 1 are
-// folded: round 0 multiplies only x (c2 = c3 = 0), round 1 multiplies a constant c0; the last round
-// needs only the product that feeds word 0.
-SPECDEC_SIMD_INLINE q64v philox_word_q(const PhiloxKey& key, q64v x, uint32_t c1) {
+// The four words of the counters (x, c1, 0, 0), x in the low halves of the lanes; out[w] holds word w.
+// Rounds 0 and 1 are folded: round 0 multiplies only x (c2 = c3 = 0), round 1 multiplies a constant c0.
+SPECDEC_SIMD_INLINE void philox_words_q(const PhiloxKey& key, q64v x, uint32_t c1, q64v out[4]) {
   const q64v ka = q_set1(kPhiloxRoundA), kb = q_set1(kPhiloxRoundB);
-  const uint32_t s0 = c1 ^ key.k0[0];  // word 0 after round 0
-  const uint64_t p1 = static_cast<uint64_t>(kPhiloxRoundA) * s0;  // round 1's c0 product (all lanes)
+  const uint32_t s0 = c1 ^ key.k0[0];
+  const uint64_t p1 = static_cast<uint64_t>(kPhiloxRoundA) * s0;
   q64v pa = q_mul(x, ka);
   q64v c2 = q_xor(q_hi(pa), q_set1(key.k1[0]));
   q64v c3 = pa;
@@ -109,7 +89,7 @@ SPECDEC_SIMD_INLINE q64v philox_word_q(const PhiloxKey& key, q64v x, uint32_t c1
   c2 = q_xor(c3, q_set1(static_cast<uint32_t>(p1 >> 32) ^ key.k1[1]));
   c3 = q_set1(static_cast<uint32_t>(p1));
 #pragma GCC unroll 8
-  for (int r = 2; r < kPhiloxRounds - 1; ++r) {
+  for (int r = 2; r < kPhiloxRounds; ++r) {
     pb = q_mul(c2, kb);
     pa = q_mul(c0, ka);
     c0 = q_xor3(q_hi(pb), c1v, q_set1(key.k0[r]));
@@ -117,47 +97,39 @@ SPECDEC_SIMD_INLINE q64v philox_word_q(const PhiloxKey& key, q64v x, uint32_t c1
     c1v = pb;
     c3 = pa;
   }
-  pb = q_mul(c2, kb);
-  return q_xor3(q_hi(pb), c1v, q_set1(key.k0[kPhiloxRounds - 1]));
+  out[0] = c0;
+  out[1] = c1v;
+  out[2] = c2;
+  out[3] = c3;
 }
 
-// philox_word for W counters c0 (same key and c1): even and odd lanes as two 64-bit-lane chains.
-SPECDEC_SIMD_INLINE u32v philox_word(const PhiloxKey& key, u32v c0, uint32_t c1_scalar) {
-  const q64v x = q_load(c0);
-  const q64v even = philox_word_q(key, x, c1_scalar);
-  const q64v odd = philox_word_q(key, q_hi(x), c1_scalar);
-  return q_interleave(even, odd);
+// The 32 words of counters counter0 ... counter0 + 7 (same key and c1), in order: out[4 i + w] is word w
+// of counter counter0 + i. The lanes hold the counters in the order that makes the final unpack a
+// plain low/high split.
+SPECDEC_SIMD_INLINE void philox_words32(const PhiloxKey& key, uint32_t counter0, uint32_t c1, uint32_t* out) {
+#if defined(__AVX512F__)
+  const q64v x = _mm512_add_epi64(_mm512_set1_epi64(counter0), _mm512_setr_epi64(0, 4, 1, 5, 2, 6, 3, 7));
+  q64v w[4];
+  philox_words_q(key, x, c1, w);
+  const q64v a = _mm512_mask_blend_epi32(0xAAAA, w[0], _mm512_slli_epi64(w[1], 32));
+  const q64v b = _mm512_mask_blend_epi32(0xAAAA, w[2], _mm512_slli_epi64(w[3], 32));
+  _mm512_storeu_si512(out, _mm512_unpacklo_epi64(a, b));
+  _mm512_storeu_si512(out + 16, _mm512_unpackhi_epi64(a, b));
+#else
+  for (int half = 0; half < 2; ++half) {
+    const q64v x = _mm256_add_epi64(_mm256_set1_epi64x(counter0 + 4 * half), _mm256_setr_epi64x(0, 2, 1, 3));
+    q64v w[4];
+    philox_words_q(key, x, c1, w);
+    const q64v a = _mm256_blend_epi32(w[0], _mm256_slli_epi64(w[1], 32), 0xAA);
+    const q64v b = _mm256_blend_epi32(w[2], _mm256_slli_epi64(w[3], 32), 0xAA);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 16 * half), _mm256_unpacklo_epi64(a, b));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 16 * half + 8), _mm256_unpackhi_epi64(a, b));
+  }
+#endif
 }
 #else
-// (hi, lo) words of a * c for every lane.
-SPECDEC_SIMD_INLINE void mulhilo(uint32_t a, u32v c, u32v& hi, u32v& lo) {
-  const u64v p = __builtin_convertvector(c, u64v) * static_cast<uint64_t>(a);
-  hi = __builtin_convertvector(p >> 32, u32v);
-  lo = __builtin_convertvector(p, u32v);
-}
-
-// philox_word for W counters c0 (same key and c1).
-SPECDEC_SIMD_INLINE u32v philox_word(const PhiloxKey& key, u32v c0, uint32_t c1_scalar) {
-  // Round 0 has c2 = c3 = 0, so its first product is zero.
-  u32v ha, la;
-  mulhilo(kPhiloxRoundA, c0, ha, la);
-  u32v c1 = c0 * 0u;  // lo(B * 0)
-  u32v c2 = ha ^ key.k1[0];
-  u32v c3 = la;
-  c0 = c1 + (c1_scalar ^ key.k0[0]);
-#pragma GCC unroll 9
-  for (int r = 1; r < kPhiloxRounds; ++r) {
-    u32v hb, lb;
-    mulhilo(kPhiloxRoundB, c2, hb, lb);
-    mulhilo(kPhiloxRoundA, c0, ha, la);
-    const u32v n0 = hb ^ c1 ^ key.k0[r];
-    const u32v n2 = ha ^ c3 ^ key.k1[r];
-    c0 = n0;
-    c1 = lb;
-    c2 = n2;
-    c3 = la;
-  }
-  return c0;
+SPECDEC_SIMD_INLINE void philox_words32(const PhiloxKey& key, uint32_t counter0, uint32_t c1, uint32_t* out) {
+  for (int i = 0; i < 8; ++i) philox_words(key, counter0 + i, c1, out + 4 * i);
 }
 #endif
 
@@ -268,6 +240,120 @@ SPECDEC_SIMD_INLINE f32v exp_f32(f32v x) {
   f32v out = __builtin_convertvector(p * scale, f32v);
   out = x < -110.0f ? 0.0f : out;
   out = x > 90.0f ? kInf : out;
+  return out;
+}
+
+SPECDEC_SIMD_INLINE f32v fma_v(f32v a, f32v b, f32v c) {
+#if defined(__AVX512F__)
+  __m512 x, y, z;
+  __builtin_memcpy(&x, &a, sizeof(x));
+  __builtin_memcpy(&y, &b, sizeof(y));
+  __builtin_memcpy(&z, &c, sizeof(z));
+  const __m512 r = _mm512_fmadd_ps(x, y, z);
+#elif defined(__AVX2__)
+  __m256 x, y, z;
+  __builtin_memcpy(&x, &a, sizeof(x));
+  __builtin_memcpy(&y, &b, sizeof(y));
+  __builtin_memcpy(&z, &c, sizeof(z));
+  const __m256 r = _mm256_fmadd_ps(x, y, z);
+#else
+  f32v r;
+  for (int l = 0; l < W; ++l) r[l] = fma_f32(a[l], b[l], c[l]);
+#endif
+  f32v out;
+  __builtin_memcpy(&out, &r, sizeof(out));
+  return out;
+}
+
+SPECDEC_SIMD_INLINE f32v max_v(f32v a, f32v b) {  // a > b ? a : b (b if either is NaN)
+#if defined(__AVX512F__)
+  __m512 x, y;
+  __builtin_memcpy(&x, &a, sizeof(x));
+  __builtin_memcpy(&y, &b, sizeof(y));
+  const __m512 r = _mm512_max_ps(x, y);
+#elif defined(__AVX2__)
+  __m256 x, y;
+  __builtin_memcpy(&x, &a, sizeof(x));
+  __builtin_memcpy(&y, &b, sizeof(y));
+  const __m256 r = _mm256_max_ps(x, y);
+#else
+  f32v r;
+  for (int l = 0; l < W; ++l) r[l] = a[l] > b[l] ? a[l] : b[l];
+#endif
+  f32v out;
+  __builtin_memcpy(&out, &r, sizeof(out));
+  return out;
+}
+
+SPECDEC_SIMD_INLINE f32v min_v(f32v a, f32v b) {  // a < b ? a : b (b if either is NaN)
+#if defined(__AVX512F__)
+  __m512 x, y;
+  __builtin_memcpy(&x, &a, sizeof(x));
+  __builtin_memcpy(&y, &b, sizeof(y));
+  const __m512 r = _mm512_min_ps(x, y);
+#elif defined(__AVX2__)
+  __m256 x, y;
+  __builtin_memcpy(&x, &a, sizeof(x));
+  __builtin_memcpy(&y, &b, sizeof(y));
+  const __m256 r = _mm256_min_ps(x, y);
+#else
+  f32v r;
+  for (int l = 0; l < W; ++l) r[l] = a[l] < b[l] ? a[l] : b[l];
+#endif
+  f32v out;
+  __builtin_memcpy(&out, &r, sizeof(out));
+  return out;
+}
+
+SPECDEC_SIMD_INLINE float lane_max_of(f32v x, float m) {
+  for (int l = 0; l < W; ++l) m = x[l] > m ? x[l] : m;
+  return m;
+}
+
+// exp(x) for x <= 0 (or -inf), the normalizer's terms: no overflow, and results below exp(-87) (which
+// cannot move a sum that holds exp(0) = 1) are those of exp(-87). Fewer operations than exp_fma; the
+// same on every ISA.
+SPECDEC_SIMD_INLINE f32v exp_nonpositive(f32v x) {
+  const f32v zero = {};
+  const f32v xc = max_v(x, zero - 87.0f);
+  const f32v n = (xc * 1.44269504089f + 12582912.0f) - 12582912.0f;
+  f32v r = fma_v(n, zero - 0.693359375f, xc);
+  r = fma_v(n, zero + 2.12194440e-4f, r);
+  f32v p = fma_v(zero + 1.9875691500e-4f, r, zero + 1.3981999507e-3f);
+  p = fma_v(p, r, zero + 8.3334519073e-3f);
+  p = fma_v(p, r, zero + 4.1665795894e-2f);
+  p = fma_v(p, r, zero + 1.6666665459e-1f);
+  p = fma_v(p, r, zero + 5.0000001201e-1f);
+  p = fma_v(p, r * r, r + 1.0f);
+  const i32v e = (__builtin_convertvector(n, i32v) + 127) << 23;
+  f32v scale;
+  __builtin_memcpy(&scale, &e, sizeof(scale));
+  return p * scale;
+}
+
+// exp_fma_f32 of math.h, lane-wise (same operations, same order).
+SPECDEC_SIMD_INLINE f32v exp_fma(f32v x) {
+  f32v xc = x < -104.0f ? -104.0f : x;
+  xc = xc > 89.0f ? 89.0f : xc;
+  const f32v n = (xc * 1.44269504089f + 12582912.0f) - 12582912.0f;
+  const f32v zero = {};
+  f32v r = fma_v(zero - n, zero + 0.693359375f, xc);
+  r = fma_v(zero - n, zero - 2.12194440e-4f, r);
+  f32v p = fma_v(zero + 1.9875691500e-4f, r, zero + 1.3981999507e-3f);
+  p = fma_v(p, r, zero + 8.3334519073e-3f);
+  p = fma_v(p, r, zero + 4.1665795894e-2f);
+  p = fma_v(p, r, zero + 1.6666665459e-1f);
+  p = fma_v(p, r, zero + 5.0000001201e-1f);
+  p = fma_v(p, r * r, r + 1.0f);
+  const i32v ni = __builtin_convertvector(n, i32v);
+  const i32v tiny = ni < -125;
+  const i32v e = ((tiny ? ni + 64 : ni) + 127) << 23;
+  f32v scale;
+  __builtin_memcpy(&scale, &e, sizeof(scale));
+  f32v out = p * scale;
+  out = tiny ? out * 5.42101086e-20f : out;
+  out = x < -104.0f ? 0.0f : out;
+  out = x > 89.0f ? kInf : out;
   return out;
 }
 

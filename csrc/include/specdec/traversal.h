@@ -112,7 +112,7 @@ void verify_tree_traversal_request(const RowKernels& K, const TreeArgs& a, int64
     if (wor) {
       const void* q = draft_row(local);
       float* qd = s.q.data() + static_cast<size_t>(d) * V;
-      for (int64_t v = 0; v < V; ++v) qd[v] = load_prob(q, a.probs_dtype, v);
+      for (int64_t v = 0; v < V; ++v) qd[v] = load_elem(q, a.probs_dtype, v);
     }
   };
 
@@ -129,7 +129,7 @@ void verify_tree_traversal_request(const RowKernels& K, const TreeArgs& a, int64
         if (!(x >= 0 && x < V)) continue;  // placeholders are skipped: no update
         s.cursor[d] = c + 1;
         const float num = r_at(d)[x] / s.divisor[d];
-        const float weight = ratio_weight(num, load_prob(q_at(d), q_dtype, x));
+        const float weight = ratio_weight(num, load_elem(q_at(d), q_dtype, x));
         enter(d + 1, s.tree.children[begin + c] - first, weight);
         ++d;
         descended = true;
@@ -166,16 +166,12 @@ void verify_tree_traversal_request(const RowKernels& K, const TreeArgs& a, int64
   const int64_t pos = position + d;
   int64_t token;
   if (s.deleted[d] && s.last_mass[d] > 0.0) {
-    const PhiloxKey key = philox_key(seed);
-    const float* r = r_at(d);
-    token = exec.argmax([&](int64_t v0, int64_t v1) {
-                  return K.log_gumbel_argmax(r, key, pos, kStreamRecovery, v0, v1);
-                }).index;
+    token = sample_weights(K, exec, r_at(d), V, seed, pos, kStreamRecovery);
   } else {
     const bool leaf = d >= D || s.tree.child_start[node + 1] == s.tree.child_start[node];
     const int stream = !s.deleted[d] && leaf ? kStreamBonus : kStreamRecovery;
     const ArgMax mx = prepare_row(K, exec, row_ptr(node), a.logits_dtype, temp, a.top_k, a.top_p, b, V, rs);
-    token = gumbel_sample(K, exec, rs.z.data(), mx, seed, pos, stream);
+    token = sample_prepared(K, exec, rs.z.data(), mx, V, seed, pos, stream);
   }
   for (int64_t i = 0; i < d; ++i) {
     out[i] = static_cast<int32_t>(tokens[first + s.path[i + 1]]);

@@ -9,6 +9,7 @@
 #include "common.h"
 #include "cuda_api.h"
 #include "cuda_common.cuh"
+#include "gumbel.cuh"
 #include "math.h"
 #include "philox.h"
 
@@ -61,19 +62,12 @@ __global__ void tree_walk_kernel(CudaTreeArgs a, float* workspace) {
     } else {
       const uint32_t lo_key = row_lo_key<D>(row, V, temp, a.top_k ? a.top_k[b] : 0, a.top_p ? a.top_p[b] : 1.0f,
                                             smem, amax);
-      if (a.draft_probs == nullptr || leaf) {
+      if (a.draft_probs == nullptr || leaf) {  // two-level Gumbel-max (gumbel.h)
         const int stream = leaf ? kStreamBonus : kStreamRecovery;
         const uint32_t hi = philox_offset_hi(pos);
-        DevArgMax best{-kInf, 0x7fffffff};
-        for_each_elem<D>(row, 0, V, [&](int64_t v, float x) {
-          const float z = truncated(x, temp, lo_key);
-          if (z != -kInf) {
-            const float u = philox_uniform(philox_word(key, philox_offset_lo(stream, static_cast<uint32_t>(v)), hi));
-            best = better(best, DevArgMax{z - gumbel_log_term(u), static_cast<int32_t>(v)});
-          }
-        });
-        best = block_argmax(best, amax);
-        y = best.value == -kInf ? 0 : best.index;
+        const TruncatedZ<D> src{row, temp, lo_key, V};
+        const DevArgMax best = block_argmax(block_pick(src, key, hi, stream, 0, V), amax);
+        y = sample_in_block(src, key, hi, stream, best.value == -kInf ? 0 : best.index);
       } else {
         // p = softmax(z), q = draft row of this node. The barrier first: every thread must have read the
         // previous node's p[x] and q[x] (its acceptance coin) before any thread overwrites them.
@@ -126,15 +120,11 @@ __global__ void tree_walk_kernel(CudaTreeArgs a, float* workspace) {
           }
           __syncthreads();
         }
-        if (slot < 0) {
+        if (slot < 0) {  // two-level Gumbel-max of norm(p) on the recovery stream
           const uint32_t hi = philox_offset_hi(pos);
-          DevArgMax best{-kInf, 0x7fffffff};
-          for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
-            const float u = philox_uniform(philox_word(key, philox_offset_lo(kStreamRecovery, static_cast<uint32_t>(v)), hi));
-            best = better(best, DevArgMax{log_f32(p[v]) - gumbel_log_term(u), static_cast<int32_t>(v)});
-          }
-          best = block_argmax(best, amax);
-          y = best.value == -kInf ? 0 : best.index;
+          const WeightSource src{p, V};
+          const DevArgMax best = block_argmax(block_pick(src, key, hi, kStreamRecovery, 0, V), amax);
+          y = sample_in_block(src, key, hi, kStreamRecovery, best.value == -kInf ? 0 : best.index);
         }
         decided = true;
       }

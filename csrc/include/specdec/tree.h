@@ -48,14 +48,6 @@ struct TreeScratch {
   std::vector<int64_t> child_start, children;  // children of each local node, in sibling order
 };
 
-inline float load_prob(const void* q, DType d, int64_t v) {
-  switch (d) {
-    case DType::kBFloat16: return bf16_to_float(static_cast<const uint16_t*>(q)[v]);
-    case DType::kFloat16: return fp16_to_float(static_cast<const uint16_t*>(q)[v]);
-    default: return static_cast<const float*>(q)[v];
-  }
-}
-
 // Sum of w[0, V) in double, rounded to float32 (the reference sums float32 rows).
 inline float row_sum(const float* w, int64_t V) {
   double acc[4] = {0, 0, 0, 0};
@@ -86,7 +78,7 @@ int64_t stochastic_tree_step(const RowKernels& K, Exec& exec, const float* z, Ar
     const float total = row_sum(p, V);
     for (int64_t v = 0; v < V; ++v) p[v] = p[v] / total;
   }
-  for (int64_t v = 0; v < V; ++v) q[v] = load_prob(q_row, q_dtype, v);
+  for (int64_t v = 0; v < V; ++v) q[v] = load_elem(q_row, q_dtype, v);
   for (int64_t slot = 0; slot < num_kids; ++slot) {
     const int64_t x = tokens[kids[slot]];
     if (!(x >= 0 && x < V)) continue;  // placeholders keep their slot but never update p or q
@@ -110,10 +102,7 @@ int64_t stochastic_tree_step(const RowKernels& K, Exec& exec, const float* z, Ar
       for (int64_t v = 0; v < V; ++v) p[v] = r[v] / rtotal;
     }
   }
-  const PhiloxKey key = philox_key(seed);
-  emitted = exec.argmax([&](int64_t v0, int64_t v1) {
-                  return K.log_gumbel_argmax(p, key, position, kStreamRecovery, v0, v1);
-                }).index;
+  emitted = sample_weights(K, exec, p, V, seed, position, kStreamRecovery);
   return -1;
 }
 
@@ -167,7 +156,7 @@ void verify_tree_request(const RowKernels& K, const TreeArgs& a, int64_t b, Exec
     } else {
       const ArgMax mx = prepare_row(K, exec, row, a.logits_dtype, temp, a.top_k, a.top_p, b, V, s.row);
       if (a.draft_probs == nullptr || leaf) {
-        y = gumbel_sample(K, exec, s.row.z.data(), mx, a.seed[b], pos, leaf ? kStreamBonus : kStreamRecovery);
+        y = sample_prepared(K, exec, s.row.z.data(), mx, V, a.seed[b], pos, leaf ? kStreamBonus : kStreamRecovery);
       } else {
         const void* q_row = static_cast<const char*>(a.draft_probs) + static_cast<size_t>(g) * V * q_elem;
         y = 0;

@@ -17,32 +17,54 @@ struct ArgMax {
 inline constexpr ArgMax kArgMaxInit{-__builtin_huge_valf(), 0};
 
 // Largest possible -log(-log u) for u <= 0.99999994 (the largest Philox uniform) is 16.64; the margin
-// keeps the chunk-skipping bound safe against last-ulp effects.
+// keeps the group-skipping bound safe against last-ulp effects (it also bounds -log(1 - u) + slack).
 inline constexpr float kGumbelBound = 16.75f;
 
 struct ResidualResult {
-  ArgMax best;
+  ArgMax best;        // {score, block} of the residual's level-1 search
   bool any_positive;  // some p_v - q_v > 0 (otherwise the reference samples from p itself)
 };
 
-// Hot vocabulary-range loops of one instruction-set build (csrc/include/specdec/row_ops.h).
+// Row max and sum exp(z - max) of a scaled row (the softmax normalizer).
+struct SoftmaxStats {
+  float max;
+  double sum;
+};
+
+// A stochastic row's residual max(0, p - q), p = exp(z - max) / total with z = sanitize(row / temperature)
+// (max = -inf: p one-hot at 0).
+struct ResidualArgs {
+  const void* row;
+  DType dtype;
+  float temperature;
+  float max;
+  float total;
+  const void* q;
+  DType q_dtype;
+  int64_t vocab;
+};
+
+// Hot vocabulary-range loops of one instruction-set build (csrc/include/specdec/row_ops.h). The
+// Gumbel-max searches are level 1 of two-level Gumbel-max (gumbel.h): {score, block} over the blocks of
+// [v0, v1) (v0 a multiple of 64), from `start`.
 struct RowKernels {
   ArgMax (*greedy_argmax)(const void* row, DType dtype, int64_t v0, int64_t v1);
   ArgMax (*scale_row)(const void* row, DType dtype, float temperature, float* z, int64_t v0, int64_t v1);
-  ArgMax (*gumbel_argmax)(const float* z, const PhiloxKey& key, int64_t position, int stream, int64_t v0,
-                          int64_t v1, ArgMax init);
-  // gumbel_argmax of z = sanitize(logit / temperature), computed on the fly from the row.
-  ArgMax (*gumbel_argmax_logits)(const void* row, DType dtype, float temperature, const PhiloxKey& key,
-                                 int64_t position, int stream, int64_t v0, int64_t v1, ArgMax init);
-  // Overwrites z with exp(z - m) and returns the sum (double).
+  // Blocks of z = sanitize(row / temperature) (a prepared float32 row: kFloat32 and temperature 1).
+  ArgMax (*gumbel_blocks)(const void* row, DType dtype, float temperature, int64_t vocab, const PhiloxKey& key,
+                          uint32_t hi, int stream, int64_t v0, int64_t v1, ArgMax start);
+  SoftmaxStats (*softmax_stats)(const void* row, DType dtype, float temperature, int64_t v0, int64_t v1);
+  // Blocks of the residual (recovery stream).
+  ResidualResult (*residual_blocks)(const ResidualArgs& r, const PhiloxKey& key, uint32_t hi, int64_t v0,
+                                    int64_t v1);
+  // Blocks of nonnegative weights w.
+  ArgMax (*weight_blocks)(const float* w, int64_t vocab, const PhiloxKey& key, uint32_t hi, int stream, int64_t v0,
+                          int64_t v1);
+  // Overwrites a prepared row z with exp(z - m) and returns the sum (double): the softmax numerators of
+  // block and traversal verification (block.h, traversal.h).
   double (*softmax_weights)(float* z, float m, int64_t v0, int64_t v1);
-  // w = softmax_weights' output (nullptr: the all -inf row, p one-hot at 0).
-  ResidualResult (*residual_argmax)(const float* w, float total, const void* q, DType q_dtype, const PhiloxKey& key,
-                                    int64_t position, int64_t v0, int64_t v1);
-  ArgMax (*log_gumbel_argmax)(const float* w, const PhiloxKey& key, int64_t position, int stream, int64_t v0,
-                              int64_t v1);
   // out = max(0, w * (e / total) - q) (q = nullptr: 0) and its sum (double): the residual rows of block
-  // and traversal verification (block.h, traversal.h).
+  // and traversal verification.
   double (*weighted_residual)(const float* e, float total, float w, const void* q, DType q_dtype, float* out,
                               int64_t v0, int64_t v1);
 };

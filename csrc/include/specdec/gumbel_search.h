@@ -1,0 +1,351 @@
+// Level 1 of two-level Gumbel-max (gumbel.h) over a range of vocabulary blocks, at memory speed: one
+// instruction-set build per host (csrc/cpu/row_ops.cpp).
+//
+// The search walks groups of kGroupBlocks = 32 blocks (512 entries, one 8-counter Philox batch). For each
+// group a source's bounds() gives an upper bound ub_b >= L_b of every block's log-mass (logits: the block
+// maximum + log 16 + slack, which needs no exp; weights: the exact log of the block sum). A block can beat
+// the best score so far only if ub_b - log(1 - u_b) + slack reaches it (-log(-log u) <= -log(1 - u)), so
+// the exact score L_b - log(-log u_b) (16 exps for logits) is computed only for those few candidates,
+// found with one integer compare of each block's Philox word against a per-group threshold; a group
+// whose largest bound plus the largest possible noise stays below the best score draws no Philox words. Every bound is computed with the rounding of the exact score it bounds, so a
+// dropped block's exact score is provably below a real candidate's: the result is the exact argmax.
+#pragma once
+
+#include <cstdint>
+
+#include "common.h"
+#include "gumbel.h"
+#include "math.h"
+#include "philox.h"
+#include "simd.h"
+#include "types.h"
+
+SPECDEC_NS_BEGIN
+
+inline constexpr int kGroupBlocks = 32;
+inline constexpr int kGroup = kGroupBlocks * kBlock;
+static_assert(kGroupBlocks % simd::W == 0, "groups hold whole SIMD vectors of blocks");
+
+// W consecutive elements of a row from index v, as float32.
+template <DType D>
+SPECDEC_SIMD_INLINE simd::f32v load_v(const void* row, int64_t v) {
+  simd::f32v out;
+#if defined(__AVX512F__)
+  if constexpr (D == DType::kFloat32) {
+    out = simd::load(static_cast<const float*>(row) + v);
+  } else {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(row) + v));
+    __m512 f;
+    if constexpr (D == DType::kBFloat16) {
+      f = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    } else {
+      f = _mm512_cvtph_ps(h);
+    }
+    __builtin_memcpy(&out, &f, sizeof(out));
+  }
+#elif defined(__AVX2__)
+  if constexpr (D == DType::kFloat32) {
+    out = simd::load(static_cast<const float*>(row) + v);
+  } else if constexpr (D == DType::kBFloat16) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(row) + v));
+    const __m256 f = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    __builtin_memcpy(&out, &f, sizeof(out));
+  } else {
+    const auto* p = static_cast<const uint16_t*>(row) + v;
+    for (int l = 0; l < simd::W; ++l) out[l] = fp16_to_float(p[l]);
+  }
+#else
+  const auto* p = static_cast<const typename Elem<D>::type*>(row) + v;
+  for (int l = 0; l < simd::W; ++l) out[l] = Elem<D>::load(p, l);
+#endif
+  return out;
+}
+
+SPECDEC_SIMD_INLINE simd::f32v sanitize_v(simd::f32v z) {
+  z = z != z ? -kInf : z;
+  return (z > kFloat32Max ? kFloat32Max : z) + 0.0f;
+}
+
+#if defined(__AVX512F__)
+// r[j] holds block j's 16 entries; returns the 16 block reductions in block order, by the pairwise tree
+// of math.h's block_sum16 (c_i = w_i + w_{i+8}, d_i = c_i + c_{i+4}, (d_0 + d_2) + (d_1 + d_3)), for
+// Op = add or max, with 46 shuffles and ops for all 16 blocks.
+template <class Op>
+SPECDEC_SIMD_INLINE __m512 tree16(const __m512* r, Op op) {
+  __m512 t[8], u[4], v[2];
+  for (int k = 0; k < 8; ++k) {  // lanes 0-7: c of block 2k, 8-15: c of block 2k + 1
+    t[k] = op(_mm512_shuffle_f32x4(r[2 * k], r[2 * k + 1], 0x44), _mm512_shuffle_f32x4(r[2 * k], r[2 * k + 1], 0xEE));
+  }
+  for (int m = 0; m < 4; ++m) {  // quarter q: d_0..3 of block 4m + q
+    u[m] = op(_mm512_shuffle_f32x4(t[2 * m], t[2 * m + 1], 0x88), _mm512_shuffle_f32x4(t[2 * m], t[2 * m + 1], 0xDD));
+  }
+  for (int n = 0; n < 2; ++n) {  // quarter q: e_0, e_1 of blocks 8n + q, 8n + 4 + q
+    v[n] = op(_mm512_shuffle_ps(u[2 * n], u[2 * n + 1], 0x44), _mm512_shuffle_ps(u[2 * n], u[2 * n + 1], 0xEE));
+  }
+  // lane 4q + j: block q + 4j
+  const __m512 f = op(_mm512_shuffle_ps(v[0], v[1], 0x88), _mm512_shuffle_ps(v[0], v[1], 0xDD));
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  return _mm512_permutexvar_ps(order, f);
+}
+
+struct AddOp {
+  SPECDEC_SIMD_INLINE __m512 operator()(__m512 a, __m512 b) const { return _mm512_add_ps(a, b); }
+};
+struct MaxOp {
+  SPECDEC_SIMD_INLINE __m512 operator()(__m512 a, __m512 b) const { return _mm512_max_ps(a, b); }
+};
+
+SPECDEC_SIMD_INLINE __m512 to_m512(simd::f32v x) {
+  __m512 m;
+  __builtin_memcpy(&m, &x, sizeof(m));
+  return m;
+}
+SPECDEC_SIMD_INLINE simd::f32v from_m512(__m512 m) {
+  simd::f32v x;
+  __builtin_memcpy(&x, &m, sizeof(x));
+  return x;
+}
+#endif
+
+SPECDEC_SIMD_INLINE float lane_max(simd::f32v x) { return simd::lane_max_of(x, -kInf); }
+
+// --- Sources' bounds over one group ------------------------------------------------------------------
+// bounds(b0, nb, ub): ub[j] for blocks b0 + j, j < nb (-inf for j >= nb); returns the largest.
+
+template <DType D>
+struct ZBounds {
+  static constexpr bool kExact = false;
+  ZSource src;
+
+  float bounds(int64_t b0, int nb, float* ub) const {
+#if defined(__AVX512F__)
+    if (nb == kGroupBlocks && (b0 + kGroupBlocks) * kBlock <= src.vocab) {
+      const __m512 neg_inf = _mm512_set1_ps(-kInf);
+      __m512 best = neg_inf;
+      for (int half = 0; half < 2; ++half) {
+        __m512 r[16];
+        const int64_t base = (b0 + 16 * half) * kBlock;
+        for (int j = 0; j < 16; ++j) {
+          r[j] = _mm512_max_ps(to_m512(load_v<D>(src.row, base + 16 * j)), neg_inf);  // NaN -> -inf
+        }
+        const simd::f32v m = sanitize_v(from_m512(tree16(r, MaxOp{})) / src.temperature);
+        const __m512 b = to_m512(m + kLogBlockBound);
+        _mm512_storeu_ps(ub + 16 * half, b);
+        best = _mm512_max_ps(b, best);
+      }
+      return _mm512_reduce_max_ps(best);
+    }
+#endif
+    float best = -kInf;
+    for (int j = 0; j < kGroupBlocks; ++j) {
+      ub[j] = -kInf;
+      if (j >= nb) continue;
+      float z[kBlock];
+      src.block(b0 + j, z);
+      ub[j] = block_max(z) + kLogBlockBound;
+      best = ub[j] > best ? ub[j] : best;
+    }
+    return best;
+  }
+  float log_mass(int64_t b) const { return src.log_mass(b); }
+  void prefetch(int64_t b) const {
+    if (b * kBlock >= src.vocab) return;
+    const char* p = static_cast<const char*>(src.row) + b * kBlock * static_cast<int64_t>(sizeof(typename Elem<D>::type));
+    for (int i = 0; i < kGroup * static_cast<int>(sizeof(typename Elem<D>::type)); i += 64) __builtin_prefetch(p + i);
+  }
+};
+
+// Weight bounds: the exact log block sums of weights computed lane-wise into a staging group.
+template <class Fill>
+inline float weight_group_bounds(int64_t b0, int nb, int64_t vocab, float* ub, Fill fill) {
+  alignas(64) float w[kGroup];
+  const int64_t first = b0 * kBlock;
+  const int n = static_cast<int>(vocab - first < kGroup ? vocab - first : kGroup);
+  fill(first, n, w);  // w[0, n) = weights; the caller pads nothing
+  for (int i = n; i < kGroup; ++i) w[i] = 0.0f;
+#if defined(__AVX512F__)
+  __m512 best = _mm512_set1_ps(-kInf);
+  for (int half = 0; half < 2; ++half) {
+    __m512 r[16];
+    for (int j = 0; j < 16; ++j) r[j] = _mm512_loadu_ps(w + (16 * half + j) * kBlock);
+    const simd::f32v s = from_m512(tree16(r, AddOp{}));
+    const __m512 l = to_m512(simd::log_f32(s));
+    _mm512_storeu_ps(ub + 16 * half, l);
+    best = _mm512_max_ps(l, best);
+  }
+  for (int j = nb; j < kGroupBlocks; ++j) ub[j] = -kInf;
+  return _mm512_reduce_max_ps(best);
+#else
+  float best = -kInf;
+  for (int j = 0; j < kGroupBlocks; ++j) {
+    ub[j] = j < nb ? log_f32(block_sum16(w + j * kBlock)) : -kInf;
+    best = ub[j] > best ? ub[j] : best;
+  }
+  return best;
+#endif
+}
+
+template <DType D, DType Q>
+struct ResidualBounds {
+  static constexpr bool kExact = true;
+  ResidualSource src;
+  mutable bool any_positive = false;
+
+  float bounds(int64_t b0, int nb, float* ub) const {
+    const float best = weight_group_bounds(b0, nb, src.target.vocab, ub, [this](int64_t first, int n, float* w) {
+      int i = 0;
+      if (src.max != -kInf) {
+        const float t = src.target.temperature, m = src.max, total = src.total;
+        for (; i + simd::W <= n; i += simd::W) {
+          const simd::f32v z = sanitize_v(load_v<D>(src.target.row, first + i) / t);
+          const simd::f32v d = simd::exp_fma(z - m) / total - load_v<Q>(src.q, first + i);
+          simd::store(w + i, d > 0.0f ? d : 0.0f);
+        }
+      }
+      for (; i < n; ++i) w[i] = src.residual(first + i);
+    });
+    any_positive = any_positive || best != -kInf;
+    return best;
+  }
+  float log_mass(int64_t b) const { return src.log_mass(b); }
+  void prefetch(int64_t b) const {
+    if (b * kBlock >= src.target.vocab) return;
+    const int64_t first = b * kBlock;
+    const char* p = static_cast<const char*>(src.target.row) + first * static_cast<int64_t>(sizeof(typename Elem<D>::type));
+    const char* q = static_cast<const char*>(src.q) + first * static_cast<int64_t>(sizeof(typename Elem<Q>::type));
+    for (int i = 0; i < kGroup * static_cast<int>(sizeof(typename Elem<D>::type)); i += 64) __builtin_prefetch(p + i);
+    for (int i = 0; i < kGroup * static_cast<int>(sizeof(typename Elem<Q>::type)); i += 64) __builtin_prefetch(q + i);
+  }
+};
+
+struct WeightBounds {
+  static constexpr bool kExact = true;
+  WeightSource src;
+
+  float bounds(int64_t b0, int nb, float* ub) const {
+    return weight_group_bounds(b0, nb, src.vocab, ub, [this](int64_t first, int n, float* w) {
+      for (int i = 0; i < n; ++i) w[i] = src.w[first + i];
+    });
+  }
+  float log_mass(int64_t b) const { return src.log_mass(b); }
+  void prefetch(int64_t) const {}
+};
+
+// --- The search ----------------------------------------------------------------------------------------
+
+// Folded Philox words below this threshold cannot lift a block whose bound is at most group_max to
+// `bound`: a block needs -log(1 - u) >= e = bound - group_max - slack, i.e. u >= 1 - exp(-e). The test is
+// made looser by 0.01 in e (far above float32 rounding of the scores) and by 1024 words (float(word)
+// rounds by at most 64 and kUniformScale is 2^-31 to 1e-7), so every block that passes the exact per-block
+// test below passes this one.
+inline uint32_t word_threshold(float bound, float group_max) {
+  const float e = bound - group_max - kGumbelSlack - 0.01f;
+  if (!(e > 0.0f)) return 0;
+  const double t = (1.0 - static_cast<double>(exp_fma_f32(-e))) * 2147483648.0 - 1024.0;
+  return t > 0.0 ? static_cast<uint32_t>(t) : 0u;
+}
+
+// argmax_b L_b - log(-log u_b) over the blocks of entries [v0, v1) (v0 a multiple of 4 blocks), starting
+// from `start` (a real candidate anywhere in the row, or kArgMaxInit). Returns {score, block}.
+template <class Bounds>
+ArgMax search_blocks(const Bounds& src, const PhiloxKey& key, uint32_t hi, int stream, int64_t v0, int64_t v1,
+                     ArgMax start) {
+  ArgMax best = start;
+  float bound = start.value;
+  alignas(64) float ub[kGroupBlocks];
+  alignas(64) uint32_t words[kGroupBlocks];
+  const int64_t b_end = (v1 + kBlock - 1) / kBlock;
+  for (int64_t b0 = v0 / kBlock; b0 < b_end; b0 += kGroupBlocks) {
+    src.prefetch(b0 + 2 * kGroupBlocks);
+    const int nb = static_cast<int>(b_end - b0 < kGroupBlocks ? b_end - b0 : kGroupBlocks);
+    const float group_max = src.bounds(b0, nb, ub);
+    if (group_max == -kInf || group_max + kGumbelBound < bound) continue;  // nothing here can reach the bound
+    simd::philox_words32(key, philox_offset_lo(stream, kBlockDraws + static_cast<uint32_t>(b0)), hi, words);
+    const uint32_t threshold = word_threshold(bound, group_max);
+    for (int j0 = 0; j0 < nb; j0 += simd::W) {
+      simd::u32v w;
+      __builtin_memcpy(&w, words + j0, sizeof(w));
+      uint32_t hit = simd::ge_mask(simd::fold(w), threshold);
+      if (nb - j0 < simd::W) hit &= (1u << (nb - j0)) - 1u;
+      while (hit != 0) {
+        const int j = j0 + __builtin_ctz(hit);
+        hit &= hit - 1;
+        const float u = philox_uniform(words[j]);
+        // The exact test: the block's bound plus -log(1 - u) + slack reaches the best score so far.
+        if (ub[j] == -kInf || ub[j] + (kGumbelSlack - log_f32(1.0f - u)) < bound) continue;
+        const int64_t b = b0 + j;
+        const float mass = Bounds::kExact ? ub[j] : src.log_mass(b);
+        best = better(best, ArgMax{mass - gumbel_log_term(u), b});
+        bound = best.value > bound ? best.value : bound;
+      }
+    }
+  }
+  return best;
+}
+
+// Softmax statistics (max, sum exp(z - max)) of z = sanitize(row / temperature) over [v0, v1), online over
+// chunks of 256 entries seen as 16 lanes x 16 steps (lane l sums entries 16 i + l in order; float within a
+// chunk, double across chunks), so that the sum is the same for every SIMD width. The terms use
+// row * (1 / temperature): the normalizer is a sum, so that rounding moves it by ~1e-7 relative, like
+// any summation order (the reference's own sum included).
+template <DType D>
+SoftmaxStats softmax_stats_t(const void* row, float temperature, int64_t v0, int64_t v1) {
+  constexpr int kSub = 16 / simd::W;  // registers per 16-lane step
+  const float inv_t = 1.0f / temperature;
+  const simd::f32v neg_inf = simd::f32v{} - kInf;
+  const simd::f32v big = simd::f32v{} + kFloat32Max;
+  simd::f32v lane_m[kSub];
+  simd::f64v lane_s[kSub];  // each lane's sum, relative to its lane_m
+  for (int k = 0; k < kSub; ++k) {
+    lane_m[k] = neg_inf;
+    lane_s[k] = simd::f64v{};
+  }
+  int64_t v = v0;
+  for (; v + 256 <= v1; v += 256) {
+    simd::f32v z[16][kSub];
+    simd::f32v mc[kSub];
+    for (int k = 0; k < kSub; ++k) mc[k] = neg_inf;
+    for (int i = 0; i < 16; ++i) {
+      for (int k = 0; k < kSub; ++k) {
+        // NaN -> -inf, +inf -> float32 max (max_v / min_v return their second operand on NaN)
+        const simd::f32v x = simd::max_v(load_v<D>(row, v + 16 * i + k * simd::W) * inv_t, neg_inf);
+        z[i][k] = simd::min_v(x, big);
+        mc[k] = simd::max_v(z[i][k], mc[k]);
+      }
+    }
+    for (int k = 0; k < kSub; ++k) {
+      const simd::f32v shift = mc[k] == -kInf ? 0.0f : mc[k];
+      simd::f32v sum = {};
+      for (int i = 0; i < 16; ++i) sum += simd::exp_nonpositive(z[i][k] - shift);
+      const simd::f32v m_new = simd::max_v(mc[k], lane_m[k]);
+      const simd::f32v shift_new = m_new == -kInf ? 0.0f : m_new;
+      const simd::f32v old_scale = lane_m[k] == -kInf ? 0.0f : simd::exp_nonpositive(lane_m[k] - shift_new);
+      const simd::f32v chunk_scale = mc[k] == -kInf ? 0.0f : simd::exp_nonpositive(mc[k] - shift_new);
+      lane_s[k] = lane_s[k] * __builtin_convertvector(old_scale, simd::f64v) +
+                  __builtin_convertvector(sum * chunk_scale, simd::f64v);
+      lane_m[k] = m_new;
+    }
+  }
+  // The 16 lanes in order, then the tail (scalar online softmax in double).
+  float m = -kInf;
+  for (int k = 0; k < kSub; ++k) m = simd::lane_max_of(lane_m[k], m);
+  double total = 0.0;
+  for (int k = 0; k < kSub; ++k) {
+    for (int l = 0; l < simd::W; ++l) {
+      if (lane_m[k][l] != -kInf) total += lane_s[k][l] * static_cast<double>(exp_fma_f32(lane_m[k][l] - m));
+    }
+  }
+  for (; v < v1; ++v) {
+    const float z = sanitize(load_elem(row, D, v) * inv_t);
+    if (z == -kInf) continue;
+    if (z > m) {
+      total = (m == -kInf ? 0.0 : total * static_cast<double>(exp_fma_f32(m - z))) + 1.0;
+      m = z;
+    } else {
+      total += static_cast<double>(exp_fma_f32(z - m));
+    }
+  }
+  return {m, total};
+}
+
+SPECDEC_NS_END
