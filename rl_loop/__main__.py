@@ -10,6 +10,7 @@ from dataclasses import replace
 from .checks import check_values
 from .config import POLICY_PRESETS, REQUIRED_SUMMARY_KEYS, RunConfig, tiny_config
 from .decode import DECODE_PATHS
+from .rollouts import VERIFY_METHODS
 from .train import run
 from .usage import UsageError
 
@@ -38,6 +39,9 @@ def parse_args(argv: list[str] | None = None) -> RunConfig:
     p.add_argument("--drafter", choices=("eagle3", "mtp", "draft_model"), default=d.drafter,
                    help="specdec_kernels.drafters head: EAGLE-3 (vLLM serves it as its eagle3 speculator), MTP, "
                         "or a one-layer draft model")
+    p.add_argument("--verify", choices=VERIFY_METHODS, default=d.verify,
+                   help="verification method: token (token level, chains and trees), block (block verification "
+                        "of --spec chain) or traversal (traversal verification of --spec tree); all lossless")
     p.add_argument("--k", type=int, default=d.k, help="draft tokens per verification round")
     p.add_argument("--backend", choices=("own", "vllm"), default=d.backend, help="rollout engine")
     p.add_argument("--steps", type=int, default=d.steps, help="GRPO steps")
@@ -75,6 +79,7 @@ def parse_args(argv: list[str] | None = None) -> RunConfig:
         base = replace(base, model=POLICY_PRESETS[a.policy]())
     return replace(
         base, pipeline=a.pipeline, spec=a.spec, drafter=a.drafter, k=a.k, backend=a.backend, steps=steps,
+        verify=a.verify,
         seed=a.seed, out=a.out, temperature=a.temperature, verify_backend=a.verify_backend, resume=a.resume,
         decode=a.decode, num_threads=a.threads, rollout_workers=a.rollout_workers, dump_rollouts=a.dump_rollouts,
         equivalence=not a.no_equivalence, plots=base.plots and not a.no_plots,

@@ -46,12 +46,13 @@ def sweep(run_dir: str, ks: list[int], repeats: int = 3, num_requests: int = 64,
     prompts = [tok.encode(p.prompt, bos=True) for p in problems]
     seeds = request_seeds(cfg.seed, 10_000, len(prompts))
     base = cfg.generation() if temperature is None else cfg.generation(temperature=temperature)
+    chain_verify = "block" if base.verify == "block" else "token"  # the run's chain method (a tree run's: token)
     rows = []
     for k in ks:
         ratios, taus, acc = [], [], None
         for _ in range(repeats):
             ar = engine.generate(prompts, seeds, replace(base, spec="none"))
-            sp = engine.generate(prompts, seeds, replace(base, spec="chain", k=k))
+            sp = engine.generate(prompts, seeds, replace(base, spec="chain", k=k, verify=chain_verify))
             ratios.append(sp.stats.tokens_per_s / ar.stats.tokens_per_s)
             taus.append(sp.stats.mean_accepted_length)
             acc = sp.stats.acceptance_by_position

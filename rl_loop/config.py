@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 from specdec_kernels.models import ModelConfig
 
 from .decode import DECODE_PATHS
-from .rollouts import GenerationConfig, TreeShape, resolve_verify_backend
+from .rollouts import VERIFY_METHODS, VERIFY_SPEC, GenerationConfig, TreeShape, resolve_verify_backend
 from .task import TaskConfig
 
 REQUIRED_SUMMARY_KEYS = (
@@ -63,6 +63,8 @@ class RunConfig:
     k: int = 3
     backend: str = "own"  # own | vllm
     verify_backend: str = "default"  # specdec_kernels backend; "default": native if built, else reference
+    # verification method: token (either spec) | block (--spec chain) | traversal (--spec tree)
+    verify: str = "token"
     # The policy's decode path for BOTH arms (``decode.py``); "auto": the fastest measured here (native).
     decode: str = "auto"
     model: ModelConfig = field(default_factory=default_policy)
@@ -131,10 +133,16 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         choices = {"pipeline": PIPELINES, "spec": SPECS, "drafter": DRAFTERS, "backend": BACKENDS,
-                   "decode": DECODE_PATHS}
+                   "decode": DECODE_PATHS, "verify": VERIFY_METHODS}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        needs = VERIFY_SPEC.get(self.verify)
+        if needs is not None and self.spec != needs:
+            other = {"chain": "block", "tree": "traversal"}.get(self.spec)
+            hint = f"; --spec {self.spec} takes --verify token or {other}" if other else ""
+            raise ValueError(f"--verify {self.verify} verifies draft {'chains' if needs == 'chain' else 'trees'}: "
+                             f"it needs --spec {needs}, got --spec {self.spec}{hint}")
         if not self.temperature > 0:
             raise ValueError(f"temperature must be > 0 for RL rollouts, got {self.temperature}")
         if self.steps < 0 or self.k < 1 or self.group_size < 2 or self.prompts_per_step < 1:
@@ -148,7 +156,7 @@ class RunConfig:
         return GenerationConfig(
             max_new_tokens=self.max_new_tokens, spec=self.spec if spec is None else spec, k=self.k,
             temperature=self.temperature if temperature is None else temperature, max_batch=self.max_batch,
-            backend=resolve_verify_backend(self.verify_backend), tree=TreeShape.for_k(self.k),
+            backend=resolve_verify_backend(self.verify_backend), tree=TreeShape.for_k(self.k), verify=self.verify,
         )
 
 

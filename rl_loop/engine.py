@@ -93,7 +93,8 @@ class RolloutEngine:
         ``strategy`` replaces the one ``config`` names (the equivalence check's planted lossy control)."""
         req = _Requests(prompts, seeds, min(config.max_batch, len(prompts)))
         if strategy is None:
-            strategy = strategy_for(config.spec, self.drafter, config.k, config.tree_shape, config.temperature)
+            strategy = strategy_for(config.spec, self.drafter, config.k, config.tree_shape, config.temperature,
+                                    config.verify)
         self.policy.eval()
         t_start = time.perf_counter()
         num_slots = len(req.slot_req)

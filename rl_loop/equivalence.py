@@ -165,7 +165,8 @@ def check_equivalence(
     drafter = getattr(engine, "drafter", None)
     if drafter is not None and hasattr(engine, "policy_step"):  # our engine: plant the lossy verifier
         planted = LossyChain(drafter, sample_cfg.k, sample_cfg.temperature)
-        lossy_out = engine.generate(prompts, seeds[2], replace(sample_cfg, spec="chain"), strategy=planted)
+        lossy_out = engine.generate(prompts, seeds[2], replace(sample_cfg, spec="chain", verify="token"),
+                                    strategy=planted)
         lossy = {**control_of(lossy_out), "verifier": "verify_chain with the target's probabilities as draft_probs",
                  "mean_accepted_length": lossy_out.stats.mean_accepted_length}
     temperature_control = None

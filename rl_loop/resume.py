@@ -28,6 +28,8 @@ REQUIRED_KEYS = frozenset({"state", "config", "policy", "opt", "drafter", "draft
 # set the float reduction order) shapes the trajectory, and a resume must continue the same one.
 RESUMABLE = frozenset({"out", "steps", "resume", "verify_backend", "checkpoint_every", "equivalence",
                        "equivalence_prompts", "equivalence_samples", "plots", "progress", "dump_rollouts"})
+# Trajectory fields added since checkpoints were first written, with the value every earlier run had.
+ADDED_FIELDS = {"verify": "token"}
 
 
 def checkpoint_path(cfg: RunConfig) -> str:
@@ -84,7 +86,7 @@ def read_checkpoint(cfg: RunConfig) -> dict:
     :class:`UsageError` (one line) when its trajectory fields differ from ``cfg``'s (named) or it already holds
     ``cfg.steps`` steps."""
     ckpt = load_checkpoint_file(cfg)
-    diff = _differences(asdict(cfg), ckpt["config"])
+    diff = _differences(asdict(cfg), {**ADDED_FIELDS, **ckpt["config"]})
     if diff:
         raise UsageError(f"--resume: the run asked for differs from the checkpoint's in {'; '.join(diff)}")
     step = ckpt["state"]["step"]

@@ -8,6 +8,10 @@ from dataclasses import dataclass, field
 import specdec_kernels as sk
 
 SPEC_MODES = ("none", "chain", "tree")
+# How speculative rounds are verified: "token" (token level, either spec), "block" (chains: block
+# verification, Sun et al.), "traversal" (trees: traversal verification, Weng et al.). All are lossless.
+VERIFY_METHODS = ("token", "block", "traversal")
+VERIFY_SPEC = {"block": "chain", "traversal": "tree"}  # the one spec each optimal method verifies
 
 
 @dataclass(frozen=True)
@@ -50,10 +54,18 @@ class GenerationConfig:
     max_batch: int = 32
     backend: str = "default"  # verify_chain / verify_tree backend; "default": see resolve_verify_backend
     tree: TreeShape | None = None  # spec="tree": the draft tree (None: TreeShape.for_k(k))
+    # verification method of the speculative rounds (VERIFY_METHODS); spec="none" has no drafts and
+    # ignores it, so a run's autoregressive arm is ``replace(gen, spec="none")`` whatever its method
+    verify: str = "token"
 
     def __post_init__(self) -> None:
         if self.spec not in SPEC_MODES:
             raise ValueError(f"spec must be one of {SPEC_MODES}, got {self.spec!r}")
+        if self.verify not in VERIFY_METHODS:
+            raise ValueError(f"verify must be one of {VERIFY_METHODS}, got {self.verify!r}")
+        if self.spec != "none" and VERIFY_SPEC.get(self.verify, self.spec) != self.spec:
+            raise ValueError(f"verify={self.verify!r} verifies spec={VERIFY_SPEC[self.verify]!r} rounds, "
+                             f"got spec={self.spec!r}")
         if self.k < 1:
             raise ValueError(f"k must be >= 1, got {self.k}")
         if self.max_new_tokens < 1:

@@ -163,6 +163,7 @@ def finish_run(s: Session, t_run: float, extra: dict | None = None) -> dict:
         "eval_samples": cfg.eval_samples,
         "k": cfg.k,
         "spec": cfg.spec, "drafter": cfg.drafter, "pipeline": cfg.pipeline, "backend": cfg.backend,
+        "verify": cfg.verify,
         "verify_backend": gen.backend, "steps": cfg.steps, "seed": cfg.seed,
         **figures,
         **protocol,

@@ -14,6 +14,11 @@ strategies of one loop, ``propose -> one policy forward -> verify -> commit``.
   cached prefix and its ancestors); ``verify_tree`` picks the path (greedy: target-only walk; sampled:
   recursive rejection sampling over siblings drawn without replacement); the accepted nodes' keys/values
   move to contiguous slots.
+- ``--verify block`` / ``--verify traversal`` (``GenerationConfig.verify``): chains verify with
+  ``method="block"``, trees with ``method="traversal"`` (sequence-level, optimal for one draft block / a
+  fixed tree, lossless too). Rollouts sample (T > 0), so every drafter passes its q and the drafts are
+  stochastic; the greedy requests of evaluation and of the equivalence check carry deterministic drafts, for
+  which both kernels run token level (no verifier beats it there).
 
 Randomness (DESIGN.md §4): every draw is keyed by the request's seed and an absolute position. The
 drafter samples drafts / siblings on Philox stream 3 at the positions they decide; verification row j of
@@ -29,6 +34,7 @@ from typing import NamedTuple
 import torch
 
 import specdec_kernels as sk
+from specdec_kernels.api import CHAIN_METHODS, TREE_METHODS
 from specdec_kernels.drafters import CachedDrafter
 from specdec_kernels.drafters.tree_builder import tree_attention_mask
 from specdec_kernels.models import KVCache
@@ -124,12 +130,16 @@ class _Drafting:
 
 
 class ChainSpeculation(_Drafting):
-    """``k`` drafts per request per round, verified with ``verify_chain``."""
+    """``k`` drafts per request per round, verified with ``verify_chain(method=method)``: "token" (token
+    level) or "block" (block verification: at least as many accepted drafts, same law)."""
 
-    def __init__(self, drafter: CachedDrafter, k: int, temperature: float) -> None:
+    def __init__(self, drafter: CachedDrafter, k: int, temperature: float, method: str = "token") -> None:
         super().__init__(drafter, temperature)
+        if method not in CHAIN_METHODS:
+            raise ValueError(f"chain verification method must be one of {CHAIN_METHODS}, got {method!r}")
         self.depth = k
         self.width = k + 1
+        self.method = method
 
     def propose(self, rows: torch.Tensor, last: torch.Tensor, temperature: torch.Tensor, seed: torch.Tensor,
                 position: torch.Tensor) -> Proposal:
@@ -141,8 +151,8 @@ class ChainSpeculation(_Drafting):
         tokens, cu, probs = proposal.drafts.flat()
         r, n, v = logits.shape
         res = sk.verify_chain(logits.reshape(r * n, v), tokens, cu, draft_probs=probs, temperature=temperature,
-                              seed=seed, position=position, backend=backend, max_draft_len=self.depth,
-                              validate=False)
+                              seed=seed, position=position, backend=backend, method=self.method,
+                              max_draft_len=self.depth, validate=False)
         return Verified(res.output_token_ids, res.num_accepted, None)
 
     def compact(self, cache: KVCache, rows: torch.Tensor, start: torch.Tensor, verified: Verified) -> None:
@@ -150,11 +160,16 @@ class ChainSpeculation(_Drafting):
 
 
 class TreeSpeculation(_Drafting):
-    """A draft tree of :class:`TreeShape` per request per round, verified with ``verify_tree``."""
+    """A draft tree of :class:`TreeShape` per request per round, verified with ``verify_tree(method=method)``:
+    "token" (root-to-leaf walks) or "traversal" (traversal verification, leaf to root: at least as many
+    accepted nodes, same law)."""
 
-    def __init__(self, drafter: CachedDrafter, shape: TreeShape, temperature: float) -> None:
+    def __init__(self, drafter: CachedDrafter, shape: TreeShape, temperature: float, method: str = "token") -> None:
         super().__init__(drafter, temperature)
+        if method not in TREE_METHODS:
+            raise ValueError(f"tree verification method must be one of {TREE_METHODS}, got {method!r}")
         self.shape = shape
+        self.method = method
         self.depth = shape.depth
         self.width = shape.num_nodes
 
@@ -172,7 +187,7 @@ class TreeSpeculation(_Drafting):
         res = sk.verify_tree(logits.reshape(r * n, v), nodes, parent, cu, draft_probs=probs,
                              temperature=temperature, seed=seed, position=position,
                              sibling_sampling="iid" if probs is None else "without_replacement", backend=backend,
-                             max_depth=self.depth, validate=False)
+                             method=self.method, max_depth=self.depth, validate=False)
         return Verified(res.output_token_ids, res.num_accepted, res.accepted_nodes.long())
 
     def compact(self, cache: KVCache, rows: torch.Tensor, start: torch.Tensor, verified: Verified) -> None:
@@ -184,15 +199,16 @@ class TreeSpeculation(_Drafting):
         cache.gather_positions(rows, src, start[:, None] + j[None, :])
 
 
-def strategy_for(spec: str, drafter: CachedDrafter | None, k: int, tree: TreeShape, temperature: float
-                 ) -> Autoregressive | ChainSpeculation | TreeSpeculation:
-    """The strategy of ``spec`` ("none" | "chain" | "tree") with ``drafter``."""
+def strategy_for(spec: str, drafter: CachedDrafter | None, k: int, tree: TreeShape, temperature: float,
+                 verify: str = "token") -> Autoregressive | ChainSpeculation | TreeSpeculation:
+    """The strategy of ``spec`` ("none" | "chain" | "tree") with ``drafter``, verifying with ``verify``
+    ("token"; "block" for chains, "traversal" for trees; ignored without drafts)."""
     if spec == "none":
         return Autoregressive()
     if drafter is None:
         raise ValueError(f"spec={spec!r} needs a drafter")
     if spec == "chain":
-        return ChainSpeculation(drafter, k, temperature)
+        return ChainSpeculation(drafter, k, temperature, verify)
     if spec == "tree":
-        return TreeSpeculation(drafter, tree, temperature)
+        return TreeSpeculation(drafter, tree, temperature, verify)
     raise ValueError(f"spec must be 'none', 'chain' or 'tree', got {spec!r}")

@@ -13,6 +13,10 @@ tokens come from:
   ``--drafter draft_model`` saves the small Qwen3 for vLLM's ``draft_model`` method. vLLM has no method for
   our MTP head, so ``--drafter mtp`` is refused with an error naming the option (never a substitute).
   ``summary.json`` records the method vLLM used (``vllm_spec_method``).
+- ``--verify block`` sets the plugin's ``SPECDEC_VLLM_METHOD=block`` (read at every verification call, in
+  this process): vLLM passes the draft probabilities of probabilistic drafting, which both served methods
+  use here (``draft_sample_method="probabilistic"``), so the chains are block-verified. ``summary.json``
+  records it (``vllm_verify_method``). ``--verify traversal`` needs trees, which vLLM does not verify.
 - ``spec="none"`` requests (autoregressive baselines, the equivalence check) go to a second ``vllm.LLM``
   without speculative decoding, created on first use: vLLM fixes speculation per engine.
 - Weight sync: after each training step (and the drafter's online adaptation) the policy and the drafter,
@@ -53,6 +57,7 @@ VLLM_ENV = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # engines in this process: weight pushes are plain calls
 }
 METHODS = {"eagle3": "eagle3", "draft_model": "draft_model"}  # --drafter -> vLLM speculative method
+VERIFY_METHODS = ("token", "block")  # --verify values the plugin serves (SPECDEC_VLLM_METHOD)
 
 
 @dataclass(frozen=True)
@@ -62,6 +67,7 @@ class VllmOptions:
     workdir: str  # checkpoints pushed to vLLM live here
     k: int = 3
     method: str = "eagle3"  # eagle3 | draft_model
+    verify: str = "token"  # the plugin's verify_chain method (SPECDEC_VLLM_METHOD): token | block
     max_model_len: int = 256
     max_num_seqs: int = 64
     seed: int = 0
@@ -71,6 +77,8 @@ class VllmOptions:
             raise ValueError(f"method must be one of {sorted(METHODS.values())}, got {self.method!r}")
         if self.k < 1:
             raise ValueError(f"k must be >= 1, got {self.k}")
+        if self.verify not in VERIFY_METHODS:
+            raise ValueError(f"verify must be one of {VERIFY_METHODS} (vLLM verifies chains), got {self.verify!r}")
 
 
 def spec_method(kind: str) -> str:
@@ -119,6 +127,7 @@ class VllmRolloutEngine:
                              f"options ask for {options.method!r}")
         for name, value in VLLM_ENV.items():
             os.environ.setdefault(name, value)
+        os.environ["SPECDEC_VLLM_METHOD"] = options.verify  # the run's --verify, whatever the environment said
         from specdec_kernels.integrations.vllm import plugin
 
         # The engines run in this process, so registering here is what vLLM's entry point would do
@@ -201,7 +210,8 @@ class VllmRolloutEngine:
 
     def summary(self) -> dict:
         """What served the rollouts (``summary.json``)."""
-        return {"vllm_spec_method": self.method, "vllm_version": _vllm_version(),
+        return {"vllm_spec_method": self.method, "vllm_verify_method": self.options.verify,
+                "vllm_version": _vllm_version(),
                 "vllm_plugin_active": self.plugin_active, "vllm_syncs": self.syncs, "vllm_sync_s": self.sync_s,
                 "vllm_weights_version": self.version}
 
@@ -301,11 +311,12 @@ def make_vllm_engine(cfg: RunConfig, policy: Qwen3, drafter: CachedDrafter | Non
     method = spec_method(cfg.drafter) if drafter is not None else "eagle3"
     options = VllmOptions(workdir=os.path.join(cfg.out, "vllm_weights"), k=cfg.k, method=method,
                           max_model_len=policy.config.max_position_embeddings, max_num_seqs=cfg.max_batch,
-                          seed=cfg.seed)
+                          seed=cfg.seed, verify=cfg.verify)
     engine = VllmRolloutEngine(policy, drafter, tokenizer, options)
     os.makedirs(cfg.out, exist_ok=True)
     with open(os.path.join(cfg.out, "vllm_backend.json"), "w") as f:
-        json.dump({"spec_method": engine.method, "k": options.k, "plugin_active": engine.plugin_active,
+        json.dump({"spec_method": engine.method, "verify_method": options.verify, "k": options.k,
+                   "plugin_active": engine.plugin_active,
                    "vllm_version": _vllm_version()}, f, indent=1)
     return engine
 

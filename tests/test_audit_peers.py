@@ -19,7 +19,7 @@ from specdec_kernels.testing.audit import AuditOptions, AuditTarget
 from specdec_kernels.testing.audit import flashinfer_target as fi
 from specdec_kernels.testing.audit import sglang_target as sg
 from specdec_kernels.testing.audit.checks import run_family
-from specdec_kernels.testing.audit.peer_common import effective_lengths, row_target_probs
+from specdec_kernels.testing.audit.peer_common import effective_lengths, group_chains, row_target_probs
 from specdec_kernels.testing.audit.targets import reference_verifier
 
 QUICK = AuditOptions(tv=0.25, mutant_tv=0.25)
@@ -81,6 +81,23 @@ def test_chains_are_cut_at_the_first_placeholder():
     drafts = torch.tensor([3, -1, 2, 1, 9, 0])
     cu = torch.tensor([0, 3, 3, 6])
     assert effective_lengths(drafts, cu, vocab_size=5) == [1, 0, 1]
+
+
+def test_group_chains_groups_by_cut_length_and_pads_the_outputs():
+    g = torch.Generator().manual_seed(1)
+    cu = torch.tensor([0, 2, 2, 4, 5])
+    drafts = torch.tensor([1, 2, 0, -1, 3])  # chain lengths after the cut: 2, 0, 1, 1
+    logits = torch.randn(int(cu[-1]) + 4, 5, generator=g)
+    seed = torch.tensor([3, 4, 5, 6])
+    batch = group_chains(logits, drafts, cu, torch.ones(4), None, None, seed, None)
+    assert batch.groups == [(0, [1]), (1, [2, 3]), (2, [0])]
+    assert batch.out.shape == (4, 3) and (batch.out == -1).all() and (batch.accepted == 0).all()
+    assert batch.position.tolist() == [0, 0, 0, 0] and batch.cu.dtype == torch.int64
+    torch.testing.assert_close(batch.probs, row_target_probs(logits, cu, torch.ones(4), None, None))
+    a, b = (batch.generator([2, 3], torch.device("cpu")) for _ in range(2))
+    assert torch.equal(torch.rand(3, generator=a), torch.rand(3, generator=b))
+    other = batch.generator([0], torch.device("cpu"))
+    assert not torch.equal(torch.rand(3, generator=other), torch.rand(3, generator=batch.generator([2, 3], "cpu")))
 
 
 def test_row_target_probs_greedy_is_onehot_and_sampled_rows_are_the_reference_law():

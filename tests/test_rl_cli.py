@@ -27,7 +27,7 @@ def test_help_lists_the_documented_flags():
     out = subprocess.run([sys.executable, "-m", "rl_loop", "--help"], capture_output=True, text=True, env=env,
                          cwd=ROOT, timeout=120)
     assert out.returncode == 0, out.stderr
-    for flag in ("--pipeline", "--spec", "--drafter", "--k", "--backend", "--steps", "--seed", "--out"):
+    for flag in ("--pipeline", "--spec", "--drafter", "--k", "--backend", "--steps", "--seed", "--out", "--verify"):
         assert flag in out.stdout
     assert "runs/latest" in out.stdout
 

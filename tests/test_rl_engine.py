@@ -102,17 +102,24 @@ def test_requests_sharing_a_prompt_reuse_its_prefill(policy, monkeypatch):
     assert shared.response_ids == [alone[0]] * 5 + [alone[1]] * 3
 
 
-@pytest.mark.parametrize("spec", ["chain", "tree"])
-@pytest.mark.parametrize("kind", ["eagle3", "mtp", "draft_model"])
-@pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_rollouts_are_batch_invariant(policy, kind, spec, temperature):
+# token level: every drafter, greedy and sampled; block / traversal: sampled drafts (greedy requests carry
+# deterministic drafts, which both methods verify at token level) of the EAGLE-3 head and the draft model
+INVARIANCE_CASES = [(spec, "token", kind, t) for spec in ("chain", "tree") for kind in ("eagle3", "mtp", "draft_model")
+                    for t in (0.0, 1.0)]
+INVARIANCE_CASES += [(spec, verify, kind, 1.0) for spec, verify in (("chain", "block"), ("tree", "traversal"))
+                     for kind in ("eagle3", "draft_model")]
+
+
+@pytest.mark.parametrize("spec, verify, kind, temperature", INVARIANCE_CASES)
+def test_rollouts_are_batch_invariant(policy, kind, spec, verify, temperature):
     """A request's tokens are the same alone, in a batch, with another max_batch and in another slot
-    (drafts, tree siblings and verification all drawn by the request's seed and absolute position)."""
+    (drafts, tree siblings and verification all drawn by the request's seed and absolute position), with
+    every verification method."""
     engine = RolloutEngine(policy, _drafter(kind, policy), EOS)
     prompts = _prompts(8, seed=2)
     seeds = [1000 + 37 * i for i in range(8)]
     cfg = GenerationConfig(spec=spec, k=3, temperature=temperature, max_new_tokens=10, max_batch=8,
-                           tree=TreeShape(3, top_k=2, beam=2))
+                           tree=TreeShape(3, top_k=2, beam=2), verify=verify)
     batch = engine.generate(prompts, seeds, cfg).response_ids
     assert engine.generate(prompts, seeds, GenerationConfig(**{**cfg.__dict__, "max_batch": 3})).response_ids == batch
     order = [5, 2, 7, 0, 3, 6, 1, 4]  # other slots, other neighbours

@@ -20,7 +20,8 @@ pytestmark = [pytest.mark.rl, pytest.mark.stat]
 torch.set_num_threads(1)
 
 
-def test_check_equivalence_passes_with_power_and_a_rejecting_control():
+@pytest.mark.parametrize("spec, verify", [("chain", "token"), ("chain", "block"), ("tree", "traversal")])
+def test_check_equivalence_passes_with_power_and_a_rejecting_control(spec, verify):
     torch.manual_seed(0)
     tok = CharTokenizer()
     policy = Qwen3(ModelConfig(num_hidden_layers=2, intermediate_size=96)).eval()
@@ -35,7 +36,8 @@ def test_check_equivalence_passes_with_power_and_a_rejecting_control():
     engine = RolloutEngine(policy, DraftModelDrafter(draft), tok.eos_id)
     _, val = make_splits(TaskConfig(num_train=10, num_val=4))
     cfg = EquivalenceConfig(num_prompts=4, samples_per_prompt=100, positions=4, control_temperature=2.0,
-                            generation=GenerationConfig(max_new_tokens=6, k=3, max_batch=128))
+                            generation=GenerationConfig(max_new_tokens=6, k=3, max_batch=128, spec=spec,
+                                                        verify=verify))
     res = check_equivalence(engine, val, tok, cfg)
     assert res["greedy_identical"] and res["law_pass"]
     assert res["pass"] is res["control_rejected"]  # pass needs the planted lossy control rejected too

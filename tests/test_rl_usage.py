@@ -54,6 +54,8 @@ def _one_line_error(capsys, argv: list[str]) -> str:
     (["--seed", str(2**70)], "--seed"), (["--seed", "-1"], "--seed"),
     (["--verify-backend", "nosuch"], "--verify-backend"), (["--k", "100000"], "--k"),
     (["--tiny", "--spec", "tree", "--k", "25"], "--k"), (["--rollout-workers", "0"], "--rollout-workers"),
+    (["--verify", "optimal"], "--verify"), (["--verify", "traversal"], "--verify traversal"),
+    (["--spec", "tree", "--verify", "block"], "--verify block"), (["--spec", "none", "--verify", "block"], "--spec chain"),
 ])
 def test_flag_mistakes_fail_in_one_line_before_any_work(capsys, no_work, tmp_path, argv, named):
     err = _one_line_error(capsys, [*argv, "--out", str(tmp_path / "run")])

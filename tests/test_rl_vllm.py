@@ -10,7 +10,9 @@ vLLM engines are started in subprocesses (one engine start per process keeps the
   its acceptance counters equal our engine's on the same schedule (vLLM proposes with our drafter), a
   drafter-only push changes vLLM's acceptance (to ours with the new drafter) and a policy push its tokens
   (to ours with the new policy);
-- a drafter vLLM cannot serve (``--drafter mtp``) is refused with an error naming the option.
+- a drafter vLLM cannot serve (``--drafter mtp``) is refused with an error naming the option;
+- ``--verify block`` becomes the plugin's ``SPECDEC_VLLM_METHOD=block`` for the run's process, recorded in
+  ``summary.json`` / ``vllm_backend.json``; ``traversal`` (trees) is not a vLLM method.
 """
 
 from __future__ import annotations
@@ -33,9 +35,10 @@ from rl_loop.vllm_backend import (
     VllmRolloutEngine,
     check_config,
     drafter_kind,
+    make_vllm_engine,
     spec_method,
 )
-from specdec_kernels.integrations.vllm import plugin
+from specdec_kernels.integrations.vllm import plugin, runtime
 from specdec_kernels.models import ModelConfig, Qwen3
 
 pytestmark = [pytest.mark.vllm, pytest.mark.rl]
@@ -81,12 +84,22 @@ def test_config_checks_and_drafter_mapping(tmp_path, monkeypatch):
     # environment and patches vLLM's sampler for this process: both are undone for the tests that follow.
     for name, value in VLLM_ENV.items():
         monkeypatch.setenv(name, os.environ.get(name, value))
+    monkeypatch.setenv("SPECDEC_VLLM_METHOD", "token")
+    with pytest.raises(ValueError, match="verify"):
+        VllmOptions(workdir=str(tmp_path), verify="traversal")
+    check_config(replace(tiny_config(), backend="vllm", verify="block"))
     was_applied = plugin.is_applied()
     try:
         untrained = VllmRolloutEngine(policy, build_drafter("eagle3", policy), CharTokenizer(),
                                       VllmOptions(workdir=str(tmp_path / "w")))
         with pytest.raises(ValueError, match="untrained"):
             untrained.llm(True)
+        assert runtime.chain_method() == "token" and untrained.summary()["vllm_verify_method"] == "token"
+        # --verify block: the plugin's method for this process (it reads SPECDEC_VLLM_METHOD at every call)
+        cfg = replace(tiny_config(out=str(tmp_path / "block")), backend="vllm", verify="block")
+        block = make_vllm_engine(cfg, policy, build_drafter("eagle3", policy), CharTokenizer())
+        assert runtime.chain_method() == "block" and block.summary()["vllm_verify_method"] == "block"
+        assert json.loads((tmp_path / "block" / "vllm_backend.json").read_text())["verify_method"] == "block"
     finally:
         if not was_applied:
             plugin.revert()

@@ -1,6 +1,7 @@
 """``python -m specdec_kernels.testing.audit TARGET``: audit a verifier, write a Markdown + JSON report.
 
-TARGET is a built-in name (``reference``, ``cpu``, ``triton``, ``cuda``, ``vllm-v1-cpu``, ``vllm-v1-triton``,
+TARGET is a built-in name (``reference``, ``cpu``, ``triton``, ``cuda``, ``cuda-emulated`` (our CUDA kernels
+through the CUDA host emulation, on CPU), ``vllm-v1-cpu``, ``vllm-v1-triton``,
 ``vllm-v1-cpu-expand-fixed``, ``vllm-v1-cpu-fixed`` (diagnostics), ``vllm-v1-plugin``, ``vllm-v2-triton``, ``flashinfer``, ``sglang``) or ``package.module:function`` naming a
 verifier with ``specdec_kernels.verify_chain``'s positional signature (or an ``AuditTarget``).
 

@@ -20,10 +20,9 @@ import importlib
 
 import torch
 
-from ...reference.chain import ChainResult
 from ..mutants import mutant_verifier
 from ..toy_models import Verifier
-from .peer_common import check_parameters, effective_lengths, group_seed, row_target_probs
+from .peer_common import check_parameters, group_chains
 from .targets import AuditTarget, reference_verifier
 
 __all__ = ["chain_adapter", "contract_double", "target", "PARAMETERS"]
@@ -39,25 +38,18 @@ def chain_adapter(chain_speculative_sampling, device: torch.device | str = "cuda
 
     def verify(target_logits, draft_token_ids, cu_num_draft_tokens, draft_probs=None, temperature=None,
                top_k=None, top_p=None, seed=None, position=None):
-        num_reqs = cu_num_draft_tokens.numel() - 1
         vocab = target_logits.shape[-1]
-        cu = cu_num_draft_tokens.to(torch.int64)
-        seed = torch.zeros(num_reqs, dtype=torch.int64) if seed is None else seed
-        position = torch.zeros(num_reqs, dtype=torch.int64) if position is None else position
-        probs = row_target_probs(target_logits.float(), cu, temperature, top_k, top_p)
-        ks = effective_lengths(draft_token_ids, cu, vocab)
-        width = int((cu[1:] - cu[:-1]).max()) + 1 if num_reqs else 1
-        out = torch.full((num_reqs, width), -1, dtype=torch.int32)
-        accepted = torch.zeros(num_reqs, dtype=torch.int32)
-        for n in sorted(set(ks)):
-            members = [b for b in range(num_reqs) if ks[b] == n]
+        batch = group_chains(target_logits, draft_token_ids, cu_num_draft_tokens, temperature, top_k, top_p, seed,
+                             position)
+        cu, probs = batch.cu, batch.probs
+        for n, members in batch.groups:
             drafts = torch.stack([draft_token_ids[int(cu[b]):int(cu[b]) + n] for b in members]).to(torch.int32)
             target = torch.stack([probs[int(cu[b]) + b:int(cu[b]) + b + n + 1] for b in members])
             if draft_probs is None:
                 q = torch.nn.functional.one_hot(drafts.long(), vocab).float()
             else:
                 q = torch.stack([draft_probs[int(cu[b]):int(cu[b]) + n].float() for b in members])
-            generator = torch.Generator(device).manual_seed(group_seed(seed, position, members))
+            generator = batch.generator(members, device)
             emitted = torch.zeros(len(members), dtype=torch.int32, device=device)
             result = chain_speculative_sampling(
                 q.to(device), drafts.to(device), target.to(device),
@@ -67,9 +59,9 @@ def chain_adapter(chain_speculative_sampling, device: torch.device | str = "cuda
             if isinstance(result, tuple) and len(result) == 3:
                 emitted = result[2]
             idx = torch.tensor(members)
-            out[idx, : n + 1] = tokens.cpu().to(torch.int32)
-            accepted[idx] = emitted.cpu().to(torch.int32)
-        return ChainResult(out, accepted)
+            batch.out[idx, : n + 1] = tokens.cpu().to(torch.int32)
+            batch.accepted[idx] = emitted.cpu().to(torch.int32)
+        return batch.result()
 
     return verify
 

@@ -12,12 +12,14 @@ one call per group.
 from __future__ import annotations
 
 import inspect
+from dataclasses import dataclass
 
 import torch
 
 from ...reference import sampling
+from ...reference.chain import ChainResult
 
-__all__ = ["row_target_probs", "effective_lengths", "check_parameters", "group_seed"]
+__all__ = ["row_target_probs", "effective_lengths", "check_parameters", "group_seed", "ChainGroups", "group_chains"]
 
 
 def row_target_probs(target_logits, cu, temperature, top_k, top_p) -> torch.Tensor:
@@ -72,3 +74,45 @@ def group_seed(seed, position, members: list[int]) -> int:
     for b in members:
         value = (value * 1_000_003 + int(seed[b]) * 7919 + int(position[b])) % (1 << 62)
     return value
+
+
+@dataclass
+class ChainGroups:
+    """One verifier call translated for a peer with rectangular batches: each request's target law and
+    chain length, the requests grouped by that length, and the (-1 padded) output buffers the groups fill.
+
+    ``probs`` [T + B, V] float32 (:func:`row_target_probs`); ``cu`` int64; ``groups``: (chain length,
+    request indices) in ascending length; ``out`` [B, K_max + 1] int32; ``accepted`` [B] int32."""
+
+    cu: torch.Tensor
+    probs: torch.Tensor
+    seed: torch.Tensor
+    position: torch.Tensor
+    groups: list[tuple[int, list[int]]]
+    out: torch.Tensor
+    accepted: torch.Tensor
+
+    def generator(self, members: list[int], device: torch.device | str) -> torch.Generator:
+        """The one generator of a group call, keyed by its members' seeds and positions."""
+        return torch.Generator(device).manual_seed(group_seed(self.seed, self.position, members))
+
+    def result(self) -> ChainResult:
+        return ChainResult(self.out, self.accepted)
+
+
+def group_chains(target_logits, draft_token_ids, cu_num_draft_tokens, temperature, top_k, top_p, seed,
+                 position) -> ChainGroups:
+    """The shared first half of the FlashInfer / SGLang adapters: target probabilities, chains cut at
+    their first placeholder, requests grouped by chain length, outputs allocated (seed / position 0 when
+    not given)."""
+    num_reqs = cu_num_draft_tokens.numel() - 1
+    vocab = target_logits.shape[-1]
+    cu = cu_num_draft_tokens.to(torch.int64)
+    seed = torch.zeros(num_reqs, dtype=torch.int64) if seed is None else seed
+    position = torch.zeros(num_reqs, dtype=torch.int64) if position is None else position
+    probs = row_target_probs(target_logits.float(), cu, temperature, top_k, top_p)
+    ks = effective_lengths(draft_token_ids, cu, vocab)
+    width = int((cu[1:] - cu[:-1]).max()) + 1 if num_reqs else 1
+    groups = [(k, [b for b in range(num_reqs) if ks[b] == k]) for k in sorted(set(ks))]
+    return ChainGroups(cu, probs, seed, position, groups, torch.full((num_reqs, width), -1, dtype=torch.int32),
+                       torch.zeros(num_reqs, dtype=torch.int32))

@@ -24,10 +24,9 @@ import inspect
 
 import torch
 
-from ...reference.chain import ChainResult
 from ..mutants import mutant_verifier
 from ..toy_models import Verifier
-from .peer_common import check_parameters, effective_lengths, group_seed, row_target_probs
+from .peer_common import check_parameters, group_chains
 from .targets import AuditTarget, reference_verifier
 
 __all__ = ["tree_adapter", "contract_double", "target", "PARAMETERS", "chain_tree"]
@@ -57,24 +56,16 @@ def tree_adapter(tree_fn, device: torch.device | str = "cuda") -> Verifier:
 
     def verify(target_logits, draft_token_ids, cu_num_draft_tokens, draft_probs=None, temperature=None,
                top_k=None, top_p=None, seed=None, position=None):
-        num_reqs = cu_num_draft_tokens.numel() - 1
-        vocab = target_logits.shape[-1]
-        cu = cu_num_draft_tokens.to(torch.int64)
-        seed = torch.zeros(num_reqs, dtype=torch.int64) if seed is None else seed
-        position = torch.zeros(num_reqs, dtype=torch.int64) if position is None else position
-        probs = row_target_probs(target_logits.float(), cu, temperature, top_k, top_p)
-        ks = effective_lengths(draft_token_ids, cu, vocab)
-        width = int((cu[1:] - cu[:-1]).max()) + 1 if num_reqs else 1
-        out = torch.full((num_reqs, width), -1, dtype=torch.int32)
-        accepted = torch.zeros(num_reqs, dtype=torch.int32)
-        for k in sorted(set(ks)):
-            members = [b for b in range(num_reqs) if ks[b] == k]
+        batch = group_chains(target_logits, draft_token_ids, cu_num_draft_tokens, temperature, top_k, top_p, seed,
+                             position)
+        cu, probs = batch.cu, batch.probs
+        for k, members in batch.groups:
             g, n = len(members), k + 1
             candidates = torch.zeros((g, n), dtype=torch.int64)
             for row, b in enumerate(members):
                 candidates[row, 1:] = draft_token_ids[int(cu[b]):int(cu[b]) + k]
             target = torch.stack([probs[int(cu[b]) + b:int(cu[b]) + b + n] for b in members]).to(device)
-            generator = torch.Generator(device).manual_seed(group_seed(seed, position, members))
+            generator = batch.generator(members, device)
             coins = torch.rand((g, n), generator=generator, device=device)
             final_coins = torch.rand((g,), generator=generator, device=device)
             predicts = torch.full((g * n,), -1, dtype=torch.int32, device=device)
@@ -89,9 +80,9 @@ def tree_adapter(tree_fn, device: torch.device | str = "cuda") -> Verifier:
             predicts, accept_index, accept_num = predicts.cpu(), accept_index.cpu(), accept_num.cpu()
             for row, b in enumerate(members):
                 m = int(accept_num[row])
-                out[b, : m + 1] = predicts[accept_index[row, : m + 1].long()]
-                accepted[b] = m
-        return ChainResult(out, accepted)
+                batch.out[b, : m + 1] = predicts[accept_index[row, : m + 1].long()]
+                batch.accepted[b] = m
+        return batch.result()
 
     return verify
 

@@ -22,7 +22,7 @@ from ..mutants import mutant_verifier
 from ..toy_models import Verifier
 
 __all__ = ["AuditTarget", "TargetError", "BUILTIN_TARGETS", "resolve_target", "ours_target", "device_verifier",
-           "reference_verifier"]
+           "reference_verifier", "cuda_emulated_target"]
 
 FEATURES = ("min_p", "per_request_seed", "validation", "method")
 """``supports`` entries: ``min_p`` (takes a ``min_p=`` keyword), ``per_request_seed`` (a request's tokens
@@ -113,6 +113,37 @@ def ours_target(backend: str, method: str = "token") -> AuditTarget:
                        value_arguments=ALL_ARGUMENTS)
 
 
+EMULATED_SCHEDULE = "random"
+"""Thread interleaving of the ``cuda-emulated`` target: a random ready thread at every step (the strongest
+of the emulation's schedules at exposing a missing barrier), seeded by :data:`EMULATED_SCHEDULE_SEED`."""
+EMULATED_SCHEDULE_SEED = 17
+
+
+def cuda_emulated_target(method: str = "token", arch: str = "h200", schedule: str = EMULATED_SCHEDULE,
+                         schedule_seed: int = EMULATED_SCHEDULE_SEED) -> AuditTarget:
+    """Our CUDA kernels (``csrc/cuda/``, ``csrc/include/specdec/*.cuh``) through the CUDA host emulation
+    (:mod:`specdec_kernels.testing.cuda_host`) on CPU tensors: the launch configurations of ``arch``, real
+    barriers and warp exchanges under ``schedule``. Mutants run as for our other backends (on the CPU)."""
+    from .. import cuda_host
+
+    description = (f"Our CUDA kernels (csrc/cuda, csrc/include/specdec/*.cuh, method={method!r}) compiled for the host "
+                   f"and run through the CUDA host emulation (specdec_kernels.testing.cuda_host.verify_chain): "
+                   f"{arch} launch configurations, every block as cooperative fibers with real __syncthreads and "
+                   f"warp exchanges, schedule {schedule!r} (seed {schedule_seed}), poisoned shared memory and "
+                   "workspace, fenced outputs; the public API's argument checks.")
+    if not cuda_host.available():
+        return AuditTarget("cuda-emulated", description, None,
+                           refusal="the CUDA host emulation is not built (run setup.py build_ext --inplace)")
+    if arch not in cuda_host.ARCHS:
+        raise ValueError(f"arch must be one of {sorted(cuda_host.ARCHS)}, got {arch!r}")
+    verify = functools.partial(cuda_host.verify_chain, method=method, arch=cuda_host.ARCHS[arch], schedule=schedule,
+                               schedule_seed=schedule_seed)
+    return AuditTarget("cuda-emulated", description, verify,
+                       supports=frozenset({"per_request_seed", "validation", "method"}), mutant=mutant_verifier,
+                       mutant_base=reference_verifier, value_arguments=ALL_ARGUMENTS,
+                       versions={"emulated_device": f"{arch} (sm_{cuda_host.ARCHS[arch]})", "schedule": schedule})
+
+
 def _vllm(name: str) -> Callable[[], AuditTarget]:
     def build() -> AuditTarget:
         module = importlib.import_module(".vllm_targets", __package__)
@@ -133,6 +164,7 @@ BUILTIN_TARGETS: dict[str, Callable[[], AuditTarget]] = {
     "cpu": functools.partial(ours_target, "cpu"),
     "triton": functools.partial(ours_target, "triton"),
     "cuda": functools.partial(ours_target, "cuda"),
+    "cuda-emulated": cuda_emulated_target,
     "vllm-v1-cpu": _vllm("vllm-v1-cpu"),
     "vllm-v1-cpu-expand-fixed": _vllm("vllm-v1-cpu-expand-fixed"),
     "vllm-v1-cpu-fixed": _vllm("vllm-v1-cpu-fixed"),
@@ -143,6 +175,8 @@ BUILTIN_TARGETS: dict[str, Callable[[], AuditTarget]] = {
     "sglang": _peer("sglang_target"),
 }
 """Built-in TARGET names (anything with a colon is ``module:function``)."""
+OURS = ("reference", "cpu", "triton", "cuda", "cuda-emulated")
+"""The built-in targets that are our own backends (they take ``--method``)."""
 
 
 def _from_object(spec: str, obj) -> AuditTarget:
@@ -169,9 +203,9 @@ def resolve_target(spec: str, method: str = "token") -> AuditTarget:
             names = ", ".join(BUILTIN_TARGETS)
             raise TargetError(f"unknown target {spec!r}; use one of {names}, or module:function")
         if method != "token":
-            if spec not in ("reference", "cpu", "triton", "cuda"):
+            if spec not in OURS:
                 raise TargetError(f"--method {method} applies to our own backends only, not {spec}")
-            return ours_target(spec, method)
+            return cuda_emulated_target(method) if spec == "cuda-emulated" else ours_target(spec, method)
         return BUILTIN_TARGETS[spec]()
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
