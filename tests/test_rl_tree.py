@@ -18,8 +18,9 @@ from rl_loop.engine import RolloutEngine
 from rl_loop.rollouts import GenerationConfig, TreeShape
 from rl_loop.train import run
 from specdec_kernels.drafters.training import DrafterTrainer, TrainConfig
-from specdec_kernels.models import KVCache, ModelConfig, Qwen3
+from specdec_kernels.models import KVCache, ModelConfig
 from specdec_kernels.testing.stats import two_sample_chi2
+from specdec_kernels.testing.tiny_models import spread_qwen3
 
 pytestmark = [pytest.mark.rl, pytest.mark.usefixtures("one_thread")]
 
@@ -37,12 +38,7 @@ def policy_and_drafter():
     """A random policy with spread-out next-token distributions and an EAGLE-3 head distilled on its own
     samples, so trees are accepted at several depths and off the first branch."""
     torch.set_num_threads(1)
-    g = torch.Generator().manual_seed(0)
-    policy = Qwen3(CFG)
-    with torch.no_grad():
-        for name, p in policy.named_parameters():
-            if "norm" not in name:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.12)
+    policy = spread_qwen3(CFG)
     policy.eval()
     for p in policy.parameters():
         p.requires_grad_(False)

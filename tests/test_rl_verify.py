@@ -27,7 +27,8 @@ from rl_loop.strategies import ChainSpeculation, TreeSpeculation, Verified, stra
 from rl_loop.train import run
 from rl_loop.usage import UsageError
 from specdec_kernels.drafters import DraftModelDrafter
-from specdec_kernels.models import ModelConfig, Qwen3
+from specdec_kernels.models import ModelConfig
+from specdec_kernels.testing.tiny_models import spread_qwen3
 
 pytestmark = [pytest.mark.rl, pytest.mark.usefixtures("one_thread")]
 
@@ -40,11 +41,7 @@ def engine() -> RolloutEngine:
     """A random policy with spread-out next-token distributions and a perturbed copy of it as the draft model:
     stochastic drafts accepted at every depth, rejected often enough for the methods to differ."""
     g = torch.Generator().manual_seed(0)
-    policy = Qwen3(CFG)
-    with torch.no_grad():
-        for name, p in policy.named_parameters():
-            if "norm" not in name:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.12)
+    policy = spread_qwen3(CFG, g)
     draft = copy.deepcopy(policy)
     with torch.no_grad():
         for p in draft.parameters():

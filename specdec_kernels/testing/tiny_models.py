@@ -36,6 +36,22 @@ class TinyQwen3Spec:
     seed: int = 0
 
 
+def spread_qwen3(config, generator: torch.Generator | None = None, std: float = 0.12) -> torch.nn.Module:
+    """A ``specdec_kernels.models.Qwen3`` of ``config`` with every weight but the norms drawn from
+    N(0, ``std``^2) by ``generator`` (default: one seeded with 0; a caller's generator goes on from where
+    the model left it): next-token distributions spread over many tokens, so sampled drafts are accepted
+    at several depths and rejected often enough to tell verifiers apart."""
+    from specdec_kernels.models import Qwen3
+
+    g = torch.Generator().manual_seed(0) if generator is None else generator
+    model = Qwen3(config)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" not in name:
+                p.copy_(torch.randn(p.shape, generator=g) * std)
+    return model
+
+
 def tiny_qwen3(vocab_size: int = 256, hidden_size: int = 64, num_layers: int = 4, num_heads: int = 2,
                num_kv_heads: int = 1, head_dim: int = 64, intermediate_size: int = 128, seed: int = 0,
                dtype: torch.dtype = torch.float32, max_position: int = 2048, tie_word_embeddings: bool = True,
