@@ -58,14 +58,16 @@ WORKLOADS = {
 
 
 def with_workload(cfg: RunConfig, name: str) -> RunConfig:
-    """``cfg`` on the task mix ``name`` (:data:`WORKLOADS`): its problems and, but for the default mix (which
-    keeps ``cfg``'s), its ``max_new_tokens``; the split sizes and seed of ``cfg.task`` are kept."""
+    """``cfg`` on the task mix ``name`` (:data:`WORKLOADS`): its problems and ``max_new_tokens``, the split
+    sizes and seed of ``cfg.task`` kept. ``"default"`` keeps ``cfg``'s own task and budget (a shortened
+    configuration such as ``tiny_config`` keeps its difficulties)."""
     if name not in WORKLOADS:
         raise ValueError(f"workload must be one of {tuple(WORKLOADS)}, got {name!r}")
+    if name == "default":
+        return replace(cfg, workload=name)
     task, max_new = WORKLOADS[name]
     task = replace(cfg.task, families=task.families, difficulties=task.difficulties)
-    return replace(cfg, workload=name, task=task,
-                   max_new_tokens=cfg.max_new_tokens if name == "default" else max_new)
+    return replace(cfg, workload=name, task=task, max_new_tokens=max_new)
 
 
 @dataclass(frozen=True)

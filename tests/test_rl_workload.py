@@ -55,6 +55,9 @@ def test_workloads_set_the_task_mix_and_keep_the_default_run():
     assert TaskConfig().families == DEFAULT_FAMILIES and "search" not in DEFAULT_FAMILIES
     d = RunConfig()
     assert with_workload(d, "default") == d
+    # the CLI applies --workload to --tiny too: the default mix must keep the tiny task (difficulty 1 only)
+    assert with_workload(tiny_config(), "default") == tiny_config()
+    assert parse_args(["--tiny"]).task == tiny_config().task
     s = with_workload(tiny_config(), "search")
     assert s.workload == "search" and s.task.families == ("search",) and s.max_new_tokens == WORKLOADS["search"][1]
     assert s.task.num_train == tiny_config().task.num_train  # split sizes kept
