@@ -25,6 +25,7 @@ from .chain import (
     _KEY_NEG_INF,
     _greedy_argmax,
     _gumbel_argmax,
+    _request_sampling,
     _softmax_stats,
     _target_prob,
     _top_k_threshold,
@@ -160,21 +161,8 @@ def _verify_chain_block_kernel(
     draft_end = tl.minimum(tl.maximum(tl.load(cu_ptr + b + 1), draft_start), total_drafts)
     num_drafts = tl.minimum(draft_end - draft_start, out_width - 1)
     first_row = draft_start + b
-    temperature = tl.load(temperature_ptr + b)
-    greedy = temperature == 0.0
-    temperature = tl.where(greedy, 1.0, temperature)
-    seed = tl.load(seed_ptr + b)
-    position = tl.load(position_ptr + b)
-    use_top_k = False
-    top_k = tl.zeros((), tl.int64)
-    if HAS_TOP_K:
-        top_k = tl.load(top_k_ptr + b).to(tl.int64)
-        use_top_k = (top_k > 0) & (top_k < vocab_size)
-    use_top_p = False
-    top_p = 1.0
-    if HAS_TOP_P:
-        top_p = tl.load(top_p_ptr + b)
-        use_top_p = top_p < 1.0
+    temperature, greedy, seed, position, use_top_k, top_k, use_top_p, top_p = _request_sampling(
+        b, temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr, position_ptr, vocab_size, HAS_TOP_K, HAS_TOP_P)
 
     # The block ends at its first placeholder.
     block_len = num_drafts

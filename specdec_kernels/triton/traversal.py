@@ -19,7 +19,7 @@ from ..reference.philox import STREAM_BONUS, STREAM_RECOVERY
 from ..reference.tree import TreeResult, tree_layout
 from . import gumbel
 from .block import _probs, _ratio_weight, _sequence_coin, _softmax_stats, _threshold
-from .chain import _greedy_argmax, _gumbel_argmax, chain_config
+from .chain import _greedy_argmax, _gumbel_argmax, _request_sampling, chain_config
 from .tree import verify_tree as verify_tree_token
 
 __all__ = ["verify_tree_traversal"]
@@ -123,21 +123,8 @@ def _traversal_kernel(
     # does; a request left without nodes verifies nothing (its outputs stay -1, 0 accepted).
     root = tl.minimum(tl.maximum(tl.load(cu_ptr + b), 0), num_nodes)
     end = tl.minimum(tl.maximum(tl.load(cu_ptr + b + 1), root), num_nodes)
-    temperature = tl.load(temperature_ptr + b)
-    greedy = temperature == 0.0
-    temperature = tl.where(greedy, 1.0, temperature)
-    seed = tl.load(seed_ptr + b)
-    position = tl.load(position_ptr + b)
-    use_top_k = False
-    top_k = tl.zeros((), tl.int64)
-    if HAS_TOP_K:
-        top_k = tl.load(top_k_ptr + b).to(tl.int64)
-        use_top_k = (top_k > 0) & (top_k < vocab_size)
-    use_top_p = False
-    top_p = 1.0
-    if HAS_TOP_P:
-        top_p = tl.load(top_p_ptr + b)
-        use_top_p = top_p < 1.0
+    temperature, greedy, seed, position, use_top_k, top_k, use_top_p, top_p = _request_sampling(
+        b, temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr, position_ptr, vocab_size, HAS_TOP_K, HAS_TOP_P)
 
     if end > root:
         idx = tl.arange(0, BLOCK_D).to(tl.int64)
