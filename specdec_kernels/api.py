@@ -173,6 +173,12 @@ def _check_width(name: str, value) -> int:
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
+def _as(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``x`` as a contiguous ``dtype`` tensor; ``x`` itself, with no tensor op, when it already is one (the
+    unvalidated call of a kernel is a handful of these, and each op a cold cache makes cost tens of us)."""
+    return x if x.dtype == dtype and x.is_contiguous() else x.to(dtype).contiguous()
+
+
 def normalize_sampling_params(
     num_reqs: int,
     device: torch.device,
@@ -193,21 +199,21 @@ def normalize_sampling_params(
     if temperature is None:
         temperature = torch.zeros(num_reqs, dtype=torch.float32, device=device)
     _check_per_request("temperature", temperature, num_reqs, FLOAT_DTYPES, device)
-    temperature = temperature.float().contiguous()
+    temperature = _as(temperature, torch.float32)
     if top_k is not None:
         _check_per_request("top_k", top_k, num_reqs, INDEX_DTYPES, device)
         top_k = top_k.to(torch.int64)
     if top_p is not None:
         _check_per_request("top_p", top_p, num_reqs, FLOAT_DTYPES, device)
-        top_p = top_p.float().contiguous()
+        top_p = _as(top_p, torch.float32)
     if seed is None:
         seed = torch.randint(-(2**63), 2**63 - 1, (num_reqs,), dtype=torch.int64, device=device)
     _check_per_request("seed", seed, num_reqs, INDEX_DTYPES, device)
-    seed = seed.to(torch.int64).contiguous()
+    seed = _as(seed, torch.int64)
     if position is None:
         position = torch.zeros(num_reqs, dtype=torch.int64, device=device)
     _check_per_request("position", position, num_reqs, INDEX_DTYPES, device)
-    position = position.to(torch.int64).contiguous()
+    position = _as(position, torch.int64)
     own = checks is None
     if validate and num_reqs > 0:
         checks = ValueChecks(device) if own else checks
@@ -361,10 +367,11 @@ def checked_chain_args(
     temperature, top_k, top_p, seed, position = normalize_sampling_params(
         num_reqs, device, temperature, top_k, top_p, seed, position, validate, checks
     )
-    cu = cu_num_draft_tokens.to(torch.int64).contiguous()
+    cu = _as(cu_num_draft_tokens, torch.int64)
     # Chain lengths as the kernels read them (reference.chain.chain_spans: clamped into [0, T]), so the
-    # widths and sums below stay in range on any cu; equal to cu[1:] - cu[:-1] on a valid cu.
-    lengths = _ref_chain.chain_spans(cu, num_drafts)[1]
+    # widths and sums below stay in range on any cu; equal to cu[1:] - cu[:-1] on a valid cu. Only the
+    # checks and max_draft_len=None read them.
+    lengths = _ref_chain.chain_spans(cu, num_drafts)[1] if validate or max_draft_len is None else None
     if validate:
         checks.fail_if(cu[:1] != 0, "cu_num_draft_tokens must start at 0")
         checks.fail_if(cu[1:] < cu[:-1], "cu_num_draft_tokens must be non-decreasing")
@@ -382,7 +389,7 @@ def checked_chain_args(
     if max_draft_len is None:
         max_draft_len = values[longest] if longest is not None else 0
     return (
-        target_logits.contiguous(), draft_token_ids.to(torch.int64).contiguous(), cu, draft_probs,
+        target_logits.contiguous(), _as(draft_token_ids, torch.int64), cu, draft_probs,
         temperature, top_k, top_p, seed, position, max_draft_len,
     )
 
@@ -545,7 +552,7 @@ def checked_tree_args(
     temperature, top_k, top_p, seed, position = normalize_sampling_params(
         num_reqs, device, temperature, top_k, top_p, seed, position, validate, checks
     )
-    cu = cu_num_nodes.to(torch.int64).contiguous()
+    cu = _as(cu_num_nodes, torch.int64)
     if max_depth is not None:
         max_depth = _check_width("max_depth", max_depth)
     depth = None
@@ -568,6 +575,6 @@ def checked_tree_args(
     if max_depth is None:
         max_depth = values[deepest]
     return (
-        target_logits.contiguous(), node_token_ids.to(torch.int64).contiguous(), parent.to(torch.int64).contiguous(),
+        target_logits.contiguous(), _as(node_token_ids, torch.int64), _as(parent, torch.int64),
         cu, draft_probs, temperature, top_k, top_p, seed, position, sibling_sampling, max_depth,
     )

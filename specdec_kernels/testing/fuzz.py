@@ -109,12 +109,20 @@ def _cu(draw, kind: str, num_reqs: int, total: int, g: torch.Generator, strict: 
 
 
 def _draft_probs(draw, rows: int, vocab: int, g: torch.Generator) -> torch.Tensor:
-    """Normalised random draft distributions; sometimes a row of NaN, inf, negative or zero entries."""
+    """Normalised random draft distributions; sometimes a row of NaN, inf, negative or zero entries.
+
+    A negative probability is garbage like a negative temperature (the CPU residual search bounds a block's
+    residual by the target's mass there, which a negative q breaks): such calls owe memory safety only, not
+    agreement in chains (:func:`_probs_sane`)."""
     probs = torch.rand(rows, vocab, generator=g)
     probs = probs / probs.sum(-1, keepdim=True).clamp(min=1e-30)
     if rows and draw(st.booleans()):
         probs[draw(st.integers(0, rows - 1))] = draw(st.sampled_from([float("nan"), float("inf"), -0.5, 0.0]))
     return probs
+
+
+def _probs_sane(probs: torch.Tensor | None) -> bool:
+    return probs is None or not bool((probs < 0).any())
 
 
 def _sampling(draw, num_reqs: int, vocab: int, g: torch.Generator) -> tuple[dict, bool]:
@@ -167,6 +175,7 @@ def chain_call(draw, max_batch: int = 4, max_drafts: int = 8, vocab_sizes: tuple
         probs = _draft_probs(draw, num_drafts, vocab, g)
     kw.update(target_logits=logits, draft_token_ids=ids, cu_num_draft_tokens=cu, draft_probs=probs,
               max_draft_len=width, validate=False)
+    sane = sane and _probs_sane(probs)
     return FuzzCall("chain", kw, vocab, num_drafts + num_reqs, width, cu_kind in ("valid", "monotone") and sane,
                     guard if _guard_holds(kw) else None, {"cu": cu_kind, "sampling": "sane" if sane else "garbage"})
 

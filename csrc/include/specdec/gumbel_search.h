@@ -11,6 +11,7 @@
 // dropped block's exact score is provably below a real candidate's: the result is the exact argmax.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "common.h"
@@ -110,42 +111,43 @@ SPECDEC_SIMD_INLINE simd::f32v from_m512(__m512 m) {
 SPECDEC_SIMD_INLINE float lane_max(simd::f32v x) { return simd::lane_max_of(x, -kInf); }
 
 // --- Sources' bounds over one group ------------------------------------------------------------------
-// bounds(b0, nb, ub): ub[j] for blocks b0 + j, j < nb (-inf for j >= nb); returns the largest.
+// bounds(b0, nb, ub): returns an upper bound of every block bound of blocks b0 .. b0 + nb - 1, the largest
+// of them (exact sources also write ub[j] for j < nb, -inf beyond); block_bound(b, ub, j): block b = b0 + j's
+// own bound ub_j >= L_b.
+
+// sanitize(max entry / T) over the blocks b0 .. b0 + nb - 1 of a row of logits (sanitize and the division
+// are monotone, so this is the largest z there exactly): one max per loaded vector, at memory speed.
+template <DType D>
+SPECDEC_SIMD_INLINE float z_group_max(const ZSource& src, int64_t b0, int nb) {
+  const int64_t first = b0 * kBlock;
+  const int64_t last = std::min<int64_t>(first + static_cast<int64_t>(nb) * kBlock, src.vocab);
+  const simd::f32v neg_inf = simd::f32v{} - kInf;
+  simd::f32v acc[4] = {neg_inf, neg_inf, neg_inf, neg_inf};
+  int64_t v = first;
+  for (; v + 4 * simd::W <= last; v += 4 * simd::W) {
+    for (int k = 0; k < 4; ++k) acc[k] = simd::max_v(load_v<D>(src.row, v + k * simd::W), acc[k]);  // NaN -> -inf
+  }
+  for (; v + simd::W <= last; v += simd::W) acc[0] = simd::max_v(load_v<D>(src.row, v), acc[0]);
+  float m = lane_max(simd::max_v(simd::max_v(acc[0], acc[1]), simd::max_v(acc[2], acc[3])));
+  for (; v < last; ++v) {
+    const float x = load_elem(src.row, D, v);
+    m = x > m ? x : m;
+  }
+  return sanitize(m / src.temperature);
+}
 
 template <DType D>
 struct ZBounds {
   static constexpr bool kExact = false;
   ZSource src;
 
-  float bounds(int64_t b0, int nb, float* ub) const {
-#if defined(__AVX512F__)
-    if (nb == kGroupBlocks && (b0 + kGroupBlocks) * kBlock <= src.vocab) {
-      const __m512 neg_inf = _mm512_set1_ps(-kInf);
-      __m512 best = neg_inf;
-      for (int half = 0; half < 2; ++half) {
-        __m512 r[16];
-        const int64_t base = (b0 + 16 * half) * kBlock;
-        for (int j = 0; j < 16; ++j) {
-          r[j] = _mm512_max_ps(to_m512(load_v<D>(src.row, base + 16 * j)), neg_inf);  // NaN -> -inf
-        }
-        const simd::f32v m = sanitize_v(from_m512(tree16(r, MaxOp{})) / src.temperature);
-        const __m512 b = to_m512(m + kLogBlockBound);
-        _mm512_storeu_ps(ub + 16 * half, b);
-        best = _mm512_max_ps(b, best);
-      }
-      return _mm512_reduce_max_ps(best);
-    }
-#endif
-    float best = -kInf;
-    for (int j = 0; j < kGroupBlocks; ++j) {
-      ub[j] = -kInf;
-      if (j >= nb) continue;
-      float z[kBlock];
-      src.block(b0 + j, z);
-      ub[j] = block_max(z) + kLogBlockBound;
-      best = ub[j] > best ? ub[j] : best;
-    }
-    return best;
+  // The group's bound only, max_j ub_j = z_group_max + kLogBlockBound; the few blocks that a Philox word
+  // makes candidates get their own bound from block_bound.
+  float bounds(int64_t b0, int nb, float*) const { return z_group_max<D>(src, b0, nb) + kLogBlockBound; }
+  float block_bound(int64_t b, const float*, int) const {
+    float z[kBlock];
+    src.block(b, z);
+    return block_max(z) + kLogBlockBound;
   }
   float log_mass(int64_t b) const { return src.log_mass(b); }
   void prefetch(int64_t b) const {
@@ -207,6 +209,7 @@ struct ResidualBounds {
     any_positive = any_positive || best != -kInf;
     return best;
   }
+  float block_bound(int64_t, const float* ub, int j) const { return ub[j]; }
   float log_mass(int64_t b) const { return src.log_mass(b); }
   void prefetch(int64_t b) const {
     if (b * kBlock >= src.target.vocab) return;
@@ -218,6 +221,30 @@ struct ResidualBounds {
   }
 };
 
+// Residual bounds without an exp per entry (valid draft probabilities, q >= 0 or NaN, and a finite row
+// max M): every residual entry max(0, p_v - q_v) <= p_v = exp(z_v - M) / total, so a block's log residual
+// mass is at most d + log 16 - log(total) + slack with d = z_max - M, its largest z's computed difference
+// (the same rounding as its exact term, and z_v <= z_max rounds to z_v - M <= d). Groups cost one max per
+// loaded vector of logits; q and the exact masses are read only for candidate blocks. A negative q breaks
+// the bound: validation rejects it, and with validation off it is garbage in (testing/fuzz.py).
+template <DType D, DType Q>
+struct LazyResidualBounds {
+  static constexpr bool kExact = false;
+  ResidualSource src;
+  float log_shift;  // kLogBlockBound - log(total)
+
+  LazyResidualBounds(const ResidualSource& s) : src(s), log_shift(kLogBlockBound - log_f32(s.total)) {}
+  float bound_of(float z_max) const { return z_max == -kInf ? -kInf : (z_max - src.max) + log_shift; }
+  float bounds(int64_t b0, int nb, float*) const { return bound_of(z_group_max<D>(src.target, b0, nb)); }
+  float block_bound(int64_t b, const float*, int) const {
+    float z[kBlock];
+    src.target.block(b, z);
+    return bound_of(block_max(z));
+  }
+  float log_mass(int64_t b) const { return src.log_mass(b); }
+  void prefetch(int64_t) const {}
+};
+
 struct WeightBounds {
   static constexpr bool kExact = true;
   WeightSource src;
@@ -227,6 +254,7 @@ struct WeightBounds {
       for (int i = 0; i < n; ++i) w[i] = src.w[first + i];
     });
   }
+  float block_bound(int64_t, const float* ub, int j) const { return ub[j]; }
   float log_mass(int64_t b) const { return src.log_mass(b); }
   void prefetch(int64_t) const {}
 };
@@ -271,10 +299,11 @@ ArgMax search_blocks(const Bounds& src, const PhiloxKey& key, uint32_t hi, int s
         const int j = j0 + __builtin_ctz(hit);
         hit &= hit - 1;
         const float u = philox_uniform(words[j]);
-        // The exact test: the block's bound plus -log(1 - u) + slack reaches the best score so far.
-        if (ub[j] == -kInf || ub[j] + (kGumbelSlack - log_f32(1.0f - u)) < bound) continue;
         const int64_t b = b0 + j;
-        const float mass = Bounds::kExact ? ub[j] : src.log_mass(b);
+        // The exact test: the block's bound plus -log(1 - u) + slack reaches the best score so far.
+        const float ub_j = src.block_bound(b, ub, j);
+        if (ub_j == -kInf || ub_j + (kGumbelSlack - log_f32(1.0f - u)) < bound) continue;
+        const float mass = Bounds::kExact ? ub_j : src.log_mass(b);
         best = better(best, ArgMax{mass - gumbel_log_term(u), b});
         bound = best.value > bound ? best.value : bound;
       }

@@ -41,17 +41,37 @@ struct LaneArgMax {
   }
 };
 
-// Greedy: argmax of the sanitized logits over [v0, v1).
+// Greedy: argmax of the sanitized logits over [v0, v1) (first maximum). Chunks of 256 entries are reduced
+// with plain maxes on four independent registers (NaN is skipped, as sanitize makes it -inf); only a chunk
+// whose sanitized max beats the best so far is scanned again, from L1, for the first index of its max:
+// the same argmax as a lane-wise running argmax, without its compare-and-blend chain on every vector.
 template <DType D>
 ArgMax greedy_argmax_t(const void* row, int64_t v0, int64_t v1) {
-  LaneArgMax acc;
+  constexpr int64_t kChunk = 256;
+  static_assert(kChunk % (4 * simd::W) == 0, "chunks hold whole groups of four vectors");
+  const simd::f32v neg_inf = simd::f32v{} - kInf;
+  ArgMax best = kArgMaxInit;
   int64_t v = v0;
-  for (; v + simd::W <= v1; v += simd::W) acc.update(sanitize_v(load_v<D>(row, v)), static_cast<int32_t>(v));
-  ArgMax best = acc.result();
+  for (; v + kChunk <= v1; v += kChunk) {
+    simd::f32v acc[4] = {neg_inf, neg_inf, neg_inf, neg_inf};
+    for (int64_t i = 0; i < kChunk; i += 4 * simd::W) {
+      for (int k = 0; k < 4; ++k) acc[k] = simd::max_v(load_v<D>(row, v + i + k * simd::W), acc[k]);
+    }
+    const float m = sanitize(lane_max(simd::max_v(simd::max_v(acc[0], acc[1]), simd::max_v(acc[2], acc[3]))));
+    if (!(m > best.value)) continue;
+    for (int64_t i = 0;; i += simd::W) {
+      const uint32_t hit = simd::eq_mask(sanitize_v(load_v<D>(row, v + i)), m);
+      if (hit != 0) {
+        best = {m, v + i + __builtin_ctz(hit)};
+        break;
+      }
+    }
+  }
   for (; v < v1; ++v) {
     const float x = sanitize(load_elem(row, D, v));
     if (x > best.value) best = {x, v};
   }
+  if (best.value == -kInf) best.index = 0;  // nothing beat -inf: the reference's argmax of an all -inf row is 0
   return best;
 }
 
@@ -82,7 +102,12 @@ ArgMax gumbel_blocks_t(const void* row, float temperature, int64_t vocab, const 
 
 template <DType D, DType Q>
 ResidualResult residual_blocks_t(const ResidualArgs& r, const PhiloxKey& key, uint32_t hi, int64_t v0, int64_t v1) {
-  const ResidualBounds<D, Q> src{ResidualSource{ZSource{r.row, D, r.temperature, r.vocab}, r.max, r.total, r.q, Q}};
+  const ResidualSource residual{ZSource{r.row, D, r.temperature, r.vocab}, r.max, r.total, r.q, Q};
+  if (r.max != -kInf && r.total > 0.0f) {  // bounds from the logits alone; some mass is positive iff a block wins
+    const ArgMax best = search_blocks(LazyResidualBounds<D, Q>(residual), key, hi, kStreamRecovery, v0, v1, kArgMaxInit);
+    return {best, best.value != -kInf};
+  }
+  const ResidualBounds<D, Q> src{residual};
   const ArgMax best = search_blocks(src, key, hi, kStreamRecovery, v0, v1, kArgMaxInit);
   return {best, src.any_positive};
 }
