@@ -144,11 +144,7 @@ struct ZBounds {
   // The group's bound only, max_j ub_j = z_group_max + kLogBlockBound; the few blocks that a Philox word
   // makes candidates get their own bound from block_bound.
   float bounds(int64_t b0, int nb, float*) const { return z_group_max<D>(src, b0, nb) + kLogBlockBound; }
-  float block_bound(int64_t b, const float*, int) const {
-    float z[kBlock];
-    src.block(b, z);
-    return block_max(z) + kLogBlockBound;
-  }
+  float block_bound(int64_t b, const float*, int) const { return z_group_max<D>(src, b, 1) + kLogBlockBound; }
   float log_mass(int64_t b) const { return src.log_mass(b); }
   void prefetch(int64_t b) const {
     if (b * kBlock >= src.vocab) return;
@@ -236,11 +232,7 @@ struct LazyResidualBounds {
   LazyResidualBounds(const ResidualSource& s) : src(s), log_shift(kLogBlockBound - log_f32(s.total)) {}
   float bound_of(float z_max) const { return z_max == -kInf ? -kInf : (z_max - src.max) + log_shift; }
   float bounds(int64_t b0, int nb, float*) const { return bound_of(z_group_max<D>(src.target, b0, nb)); }
-  float block_bound(int64_t b, const float*, int) const {
-    float z[kBlock];
-    src.target.block(b, z);
-    return bound_of(block_max(z));
-  }
+  float block_bound(int64_t b, const float*, int) const { return bound_of(z_group_max<D>(src.target, b, 1)); }
   float log_mass(int64_t b) const { return src.log_mass(b); }
   void prefetch(int64_t) const {}
 };

@@ -316,7 +316,18 @@ SPECDEC_SIMD_INLINE float lane_max_of(f32v x, float m) {
 SPECDEC_SIMD_INLINE f32v exp_nonpositive(f32v x) {
   const f32v zero = {};
   const f32v xc = max_v(x, zero - 87.0f);
+#if defined(__AVX512F__)
+  // round-to-nearest-even of xc * log2(e) (what the magic-number sum computes) and p * 2^n, in one
+  // instruction each: the same bits.
+  __m512 t, xm;
+  const f32v prod = xc * 1.44269504089f;
+  __builtin_memcpy(&xm, &prod, sizeof(xm));
+  t = _mm512_roundscale_ps(xm, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  f32v n;
+  __builtin_memcpy(&n, &t, sizeof(n));
+#else
   const f32v n = (xc * 1.44269504089f + 12582912.0f) - 12582912.0f;
+#endif
   f32v r = fma_v(n, zero - 0.693359375f, xc);
   r = fma_v(n, zero + 2.12194440e-4f, r);
   f32v p = fma_v(zero + 1.9875691500e-4f, r, zero + 1.3981999507e-3f);
@@ -325,10 +336,19 @@ SPECDEC_SIMD_INLINE f32v exp_nonpositive(f32v x) {
   p = fma_v(p, r, zero + 1.6666665459e-1f);
   p = fma_v(p, r, zero + 5.0000001201e-1f);
   p = fma_v(p, r * r, r + 1.0f);
+#if defined(__AVX512F__)
+  __m512 pm;
+  __builtin_memcpy(&pm, &p, sizeof(pm));
+  const __m512 out = _mm512_scalef_ps(pm, t);
+  f32v res;
+  __builtin_memcpy(&res, &out, sizeof(res));
+  return res;
+#else
   const i32v e = (__builtin_convertvector(n, i32v) + 127) << 23;
   f32v scale;
   __builtin_memcpy(&scale, &e, sizeof(scale));
   return p * scale;
+#endif
 }
 
 // exp_fma_f32 of math.h, lane-wise (same operations, same order).
