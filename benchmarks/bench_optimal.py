@@ -45,7 +45,7 @@ from .bench_chain import BENCH_TEMPERATURE, ChainCase, make_inputs
 from .common import CsvWriter, default_csv_path, parse_int_list, provenance, time_fn
 
 COST_COLUMNS = ("op", "method", "batch", "k", "vocab", "dtype", "threads", "lo_ms", "hi_ms", "rounds",
-                "mean_accepted", "rows_visited", "ms_per_row")
+                "mean_accepted", "rows_visited", "ms_per_row", "command")
 
 TREE_SHAPE = [(0,), (1,), (0, 0), (0, 1), (1, 0), (1, 1)]  # width 2, depth 2: 7 nodes
 
@@ -109,7 +109,7 @@ def run_cost(args: argparse.Namespace) -> Path:
         raise SystemExit("bench_optimal cost: the native extension (specdec_kernels._C) is not built")
     torch.set_num_threads(args.threads)
     out = args.out or default_csv_path("optimal_cost", device)
-    prov = provenance(device)
+    prov = {**provenance(device), "command": args.command_line}
     with CsvWriter(out, COST_COLUMNS) as writer:
         for vocab in args.vocab:
             for batch in args.batch:
@@ -320,6 +320,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> Path:
     args = build_parser().parse_args(argv)
+    args.command_line = "python -m benchmarks.bench_optimal " + " ".join(sys.argv[1:] if argv is None else argv)
     if args.command == "cost":
         if args.quick:
             args.batch, args.k, args.vocab, args.rounds, args.repeats = [1, 16], [3], [32000], 3, 3
