@@ -37,6 +37,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import torch
@@ -55,6 +56,12 @@ PROVIDERS = ("torch", "torch_compile", "native")
 CASE_COLUMNS = ("head", "requests", "new_tokens", "context", "threads")
 RESULT_COLUMNS = ("max_ms", "rounds", "vs_torch", "vs_torch_min", "vs_torch_max", "vs_best_torch",
                   "vs_best_torch_min", "vs_best_torch_max", "max_abs_diff", "command")
+
+
+def allow_compiled_cases() -> AbstractContextManager:
+    """One graph per case is compiled from the same function: without this dynamo would fall back to eager
+    torch after 8 shapes (its recompile limit) and the ``torch_compile`` rows would time eager torch."""
+    return torch._dynamo.config.patch(recompile_limit=1024, fail_on_recompile_limit_hit=True)
 
 
 @dataclass
@@ -163,6 +170,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
+    with allow_compiled_cases():
+        return run(a, argv)
+
+
+def run(a: argparse.Namespace, argv: list[str] | None) -> int:
     if "native" in a.providers and not native.has_op("decoder_step", "cpu"):
         raise SystemExit("specdec_kernels._C is not built with decoder_step (pip install --no-build-isolation -e .)")
     torch.set_num_threads(a.threads)
