@@ -11,7 +11,8 @@ replacement with recursive rejection sampling (no closed form here: measured onl
 Protocol: ``--sets`` independent request sets per workload (set s: its own uniform contexts, sibling and
 verification seeds; the workload's tables are fixed), ``--requests`` requests each. A cell gives the mean
 accepted length over all requests of all sets, its 95 % percentile-bootstrap interval over requests
-(1000 resamples), the lowest and highest set mean, and the exact expectation. All trees of one set share
+(1000 resamples), the lowest and highest set mean, the exact expectation, and measured - exact with the
+bootstrap interval of the per-request difference (the contexts' spread cancels in it). All trees of one set share
 contexts and seeds (common random numbers), so differences between columns are less noisy than each value.
 
 Usage (the committed files)::
@@ -41,7 +42,8 @@ WORKLOADS = {"toy": ("toy Markov model", 32, 4.0, 1.0), "random": ("random logit
 DETERMINISTIC = ("chain", "static", "dynamic")
 STOCHASTIC = ("iid", "without_replacement")
 CASE_COLUMNS = ("workload", "vocab", "nodes", "tree", "sibling_sampling", "temperature", "sets", "requests")
-RESULT_COLUMNS = ("mean_accepted", "ci95_low", "ci95_high", "set_min", "set_max", "exact", "command")
+RESULT_COLUMNS = ("mean_accepted", "ci95_low", "ci95_high", "set_min", "set_max", "exact", "minus_exact",
+                  "minus_exact_ci95_low", "minus_exact_ci95_high", "command")
 
 
 def rank_acceptance(target: torch.Tensor, draft: torch.Tensor, max_rank: int) -> torch.Tensor:
@@ -119,13 +121,25 @@ def run_workload(key: str, sets: int, requests: int, budgets: list[int]) -> tupl
                      "sibling_sampling": name if name in STOCHASTIC else "top-k", "temperature": 1, "sets": sets,
                      "requests": requests, "mean_accepted": f"{float(pooled.mean()):.4f}", "ci95_low": f"{lo:.4f}",
                      "ci95_high": f"{hi:.4f}", "set_min": f"{min(set_means):.4f}", "set_max": f"{max(set_means):.4f}",
-                     "exact": f"{float(torch.cat(exact[budget, name]).mean()):.4f}" if (budget, name) in exact else ""})
+                     **(_minus_exact(pooled, torch.cat(exact[budget, name])) if (budget, name) in exact else {})})
     return rows, str([round(float(a), 3) for a in alpha])
+
+
+def _minus_exact(measured: torch.Tensor, exact: torch.Tensor) -> dict:
+    """The exact mean and the measured - exact difference with its 95 % bootstrap interval over requests (paired
+    per request: the contexts' spread cancels, only the verification's own randomness is left)."""
+    diff = measured - exact
+    lo, hi = bootstrap_ci(diff, seed=1)
+    return {"exact": f"{float(exact.mean()):.4f}", "minus_exact": f"{float(diff.mean()):+.4f}",
+            "minus_exact_ci95_low": f"{lo:+.4f}", "minus_exact_ci95_high": f"{hi:+.4f}"}
 
 
 def _cell(row: dict) -> str:
     text = f"{float(row['mean_accepted']):.3f} [{float(row['ci95_low']):.3f}, {float(row['ci95_high']):.3f}]"
-    return text + (f" / {float(row['exact']):.3f}" if row["exact"] else "")
+    if not row.get("exact"):
+        return text
+    return text + (f" / {float(row['exact']):.3f} ({float(row['minus_exact']):+.3f} "
+                   f"[{float(row['minus_exact_ci95_low']):+.3f}, {float(row['minus_exact_ci95_high']):+.3f}])")
 
 
 def markdown(rows: list[dict], alphas: dict[str, str], info: dict, sets: int, requests: int) -> str:
@@ -133,8 +147,9 @@ def markdown(rows: list[dict], alphas: dict[str, str], info: dict, sets: int, re
              f"Written by that command: {info['device']}, torch {info['torch']}, commit {info['git_commit']}, "
              f"{info['date_utc']}. Mean accepted length per verification step (bonus token excluded), temperature 1, "
              f"reference backend; {sets} independent request sets x {requests} requests per workload. A cell: mean "
-             "over all requests [95 % bootstrap interval] / exact expectation given the same contexts and trees; "
-             "the lowest and highest set mean are in the CSV beside this file.", ""]
+             "over all requests [95 % bootstrap interval over requests] / exact expectation given the same contexts and "
+             "trees (measured - exact [95 % bootstrap interval of the per-request difference]); the lowest and "
+             "highest set mean are in the CSV beside this file.", ""]
     for key, (title, vocab, _, _) in WORKLOADS.items():
         mine = [r for r in rows if r["workload"] == key]
         if not mine:
@@ -143,7 +158,7 @@ def markdown(rows: list[dict], alphas: dict[str, str], info: dict, sets: int, re
         cell = {(int(r["nodes"]), r["sibling_sampling"] if r["sibling_sampling"] != "top-k" else r["tree"]): r
                 for r in mine}
         lines += [f"## {title}: V = {vocab}; per-rank acceptance {alphas[key]}", "",
-                  "| nodes | chain: measured [95 % CI] / exact | static tree | dynamic tree (EAGLE-2) |",
+                  "| nodes | chain: measured [95 % CI] / exact (measured - exact [95 % CI]) | static tree | dynamic tree (EAGLE-2) |",
                   "|---|---|---|---|"]
         lines += [f"| {b} | " + " | ".join(_cell(cell[b, t]) for t in DETERMINISTIC) + " |" for b in budgets]
         lines += ["", "Stochastic trees (static shape above, siblings drawn from q), mean accepted length [95 % CI]:",

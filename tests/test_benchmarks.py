@@ -122,6 +122,10 @@ def test_bench_tree_writes_sets_intervals_and_exact_with_command(tmp_path):
         assert float(row["ci95_low"]) <= mean <= float(row["ci95_high"]), row
         assert float(row["set_min"]) <= mean <= float(row["set_max"]) <= 3, row
         assert (row["exact"] != "") == (row["sibling_sampling"] == "top-k"), row
+        if row["exact"]:
+            diff = float(row["minus_exact"])
+            assert diff == pytest.approx(mean - float(row["exact"]), abs=2e-4), row
+            assert float(row["minus_exact_ci95_low"]) <= diff <= float(row["minus_exact_ci95_high"]), row
     chain = next(r for r in rows if r["tree"] == "chain")
     assert 0 < float(chain["exact"]) < 3
     text = out.with_suffix(".md").read_text()
