@@ -54,18 +54,82 @@ def test_chain_min_bytes_counts_decided_rows():
     assert roofline.achieved_fraction(10**9, 1000.0, 2.0) == pytest.approx(0.5)
 
 
+def _check_rounds(row: dict, rounds: str) -> None:
+    assert row["status"] == "ok", row
+    assert row["rounds"] == rounds and float(row["min_ms"]) <= float(row["median_ms"]) <= float(row["max_ms"]), row
+    assert float(row["vs_torch_min"]) <= float(row["vs_torch"]) <= float(row["vs_torch_max"]), row
+
+
 @pytest.mark.skipif(not native.has_op("decoder_step", "cpu"), reason="specdec_kernels._C not built")
-def test_bench_decoder_step_writes_csv_with_provenance(tmp_path):
+def test_bench_decoder_step_writes_interleaved_rounds_with_command(tmp_path):
     from benchmarks import bench_decoder_step
 
     out = tmp_path / "step.csv"
-    bench_decoder_step.main(["--heads", "rl_loop", "--requests", "4", "--new-tokens", "1,3", "--context", "8",
-                             "--reps", "2", "--out", str(out)])
+    argv = ["--heads", "rl_loop", "--requests", "4", "--new-tokens", "1,3", "--context", "8", "--rounds", "2",
+            "--reps", "1", "--providers", "torch,native", "--out", str(out)]
+    bench_decoder_step.main(argv)
     rows = read_csv([out])
     assert set(BASE_COLUMNS) <= set(rows[0])
     assert sorted((r["provider"], r["new_tokens"]) for r in rows) == [
         ("native", "1"), ("native", "3"), ("torch", "1"), ("torch", "3")]
-    assert all(float(r["max_abs_diff"]) < 1e-4 and float(r["median_ms"]) > 0 for r in rows)
+    for row in rows:
+        _check_rounds(row, "2")
+        assert row["command"] == "python -m benchmarks.bench_decoder_step " + " ".join(argv)
+        assert float(row["max_abs_diff"]) < 1e-4  # the native step's logits are eager torch's
+        assert float(row["vs_best_torch_min"]) <= float(row["vs_best_torch"]) <= float(row["vs_best_torch_max"])
+
+
+@pytest.mark.skipif(not native.has_op("decoder_step", "cpu"), reason="specdec_kernels._C not built")
+def test_bench_drafter_writes_interleaved_rounds_with_command(tmp_path):
+    from benchmarks import bench_drafter
+
+    out = tmp_path / "drafter.csv"
+    argv = ["--heads", "rl_loop", "--rows", "2", "--k", "2", "--context", "4", "--rounds", "2", "--reps", "1",
+            "--providers", "torch,native,triton", "--out", str(out)]
+    bench_drafter.main(argv)
+    rows = read_csv([out])
+    assert set(BASE_COLUMNS) <= set(rows[0])
+    ops = [*bench_drafter.OPS, "eagle3_propose_k2"]
+    assert sorted((r["op"], r["provider"]) for r in rows) == sorted(
+        [(op, "torch") for op in ops] + [(op, "triton") for op in ops] + [("eagle3_propose_k2", "native")])
+    for row in rows:
+        assert row["command"] == "python -m benchmarks.bench_drafter " + " ".join(argv)
+        if row["provider"] == "triton":
+            assert row["status"].startswith("skipped"), row  # CPU: the interpreter is not timed
+            continue
+        _check_rounds(row, "2")
+        assert row["temperature"] == ("1" if row["op"] in ("lm_head_sample_q", "eagle3_propose_k2") else "")
+        if row["op"] == "norm_fc":
+            assert float(row["max_abs_diff"]) == 0.0
+        else:
+            assert row["matches_torch"] == "yes", row  # native head steps draft eager torch's tokens
+
+
+def test_bench_tree_writes_sets_intervals_and_exact_with_command(tmp_path):
+    from benchmarks import bench_tree
+
+    out = tmp_path / "tree.csv"
+    argv = ["--requests", "30", "--sets", "2", "--budgets", "3", "--workloads", "toy", "--out", str(out)]
+    bench_tree.main(argv)
+    rows = read_csv([out])
+    command = "python -m benchmarks.bench_tree " + " ".join(argv)
+    assert sorted((r["tree"], r["sibling_sampling"]) for r in rows) == [
+        ("chain", "top-k"), ("dynamic", "top-k"), ("static", "iid"), ("static", "top-k"),
+        ("static", "without_replacement")]
+    for row in rows:
+        assert row["command"] == command and row["sets"] == "2" and row["temperature"] == "1"
+        mean = float(row["mean_accepted"])
+        assert float(row["ci95_low"]) <= mean <= float(row["ci95_high"]), row
+        assert float(row["set_min"]) <= mean <= float(row["set_max"]) <= 3, row
+        assert (row["exact"] != "") == (row["sibling_sampling"] == "top-k"), row
+        if row["exact"]:
+            diff = float(row["minus_exact"])
+            assert diff == pytest.approx(mean - float(row["exact"]), abs=2e-4), row
+            assert float(row["minus_exact_ci95_low"]) <= diff <= float(row["minus_exact_ci95_high"]), row
+    chain = next(r for r in rows if r["tree"] == "chain")
+    assert 0 < float(chain["exact"]) < 3
+    text = out.with_suffix(".md").read_text()
+    assert command in text and text.count("| 3 |") == 2
 
 
 @pytest.mark.skipif(not native.has_device("cpu"), reason="specdec_kernels._C not built")
