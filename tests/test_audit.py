@@ -158,6 +158,16 @@ def test_mutants_run_through_the_target_and_are_caught():
     twin = AuditTarget("twin", "mutant path = reference", target.verify, mutant=lambda bug: reference_verifier,
                        mutant_base=reference_verifier)
     assert _one(twin, "mutants", "greedy_sampled").verdict == "inert"
+    # Adapters that call verify_chain unvalidated (the vLLM drop-ins) pass validate= to the twin as well.
+    unvalidated = lambda *a, **kw: reference_verifier(*a, validate=False, **kw)  # noqa: E731
+    quiet = AuditTarget("quiet-twin", "the twin called as the vLLM drop-ins call verify_chain", target.verify,
+                        mutant=lambda bug: unvalidated, mutant_base=unvalidated)
+    assert _one(quiet, "mutants", "greedy_sampled").verdict == "inert"
+    # A twin that cannot run leaves the bug missed, and the report says why.
+    broken = AuditTarget("broken-twin", "the twin raises", target.verify, mutant=lambda bug: reference_verifier,
+                         mutant_base=lambda *a, **kw: 1 / 0)
+    missed = _one(broken, "mutants", "greedy_sampled")
+    assert missed.verdict == "MISSED" and "did not run" in missed.detail
 
 
 def test_refused_target_writes_a_report_and_exit_code_2(tmp_path, capsys):

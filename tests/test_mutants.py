@@ -76,3 +76,21 @@ def test_mutant_cases_are_suite_cases():
     for name in MUTANT_CASES.values():
         case = case_by_name(name)
         assert case in FIRST_TOKEN_CASES or case.name.startswith("seq-")
+
+
+def test_draft_temperature_bug_is_inert_at_temperature_one():
+    """Stochastic drafts at temperature 1 (what a path that hands processed logits, like the vLLM V2 drop-in,
+    verifies): the missing draft temperature changes nothing, so the audit can report the bug inert there
+    instead of missed; at temperature 2 it acts."""
+    g = torch.Generator().manual_seed(4)
+    b, k, v = 256, 3, 9
+    logits = torch.randn(b * (k + 1), v, generator=g)
+    q = torch.softmax(torch.randn(b * k, v, generator=g), -1)
+    drafts = torch.multinomial(q, 1, generator=g).squeeze(1)
+    cu = torch.arange(b + 1) * k
+    mutant = mutants.mutant_verifier("draft_temperature_missing")
+    for t, same in ((1.0, True), (2.0, False)):
+        kwargs = dict(draft_probs=q, temperature=torch.full((b,), t), seed=torch.arange(b))
+        ref = sk.verify_chain(logits, drafts, cu, backend="reference", **kwargs)
+        mut = mutant(logits, drafts, cu, **kwargs)
+        assert torch.equal(ref.output_token_ids, mut.output_token_ids) == same

@@ -144,8 +144,12 @@ def mutant_chain(
         if num_rows > num_reqs:
             q = torch.where(has_draft[:, None], draft_probs.float()[layout.draft_index], q)
         if bug == "draft_temperature_missing":
-            q = q ** row_temp[:, None]
-            q = q / q.sum(-1, keepdim=True).clamp(min=1e-30)
+            tempered = q ** row_temp[:, None]
+            tempered = tempered / tempered.sum(-1, keepdim=True).clamp(min=1e-30)
+            # At temperature 1 the bug is a no-op: keep q's own bits there (renormalising would move a few
+            # coin comparisons by rounding, so a path that hands processed logits at temperature 1, like the
+            # vLLM V2 drop-in, could not tell the bug inert from missed).
+            q = torch.where((row_temp == 1.0)[:, None], q, tempered)
         p_x = p.gather(-1, safe_draft[:, None]).squeeze(-1)
         q_x = q.gather(-1, safe_draft[:, None]).squeeze(-1)
         if bug == "ratio_inverted":

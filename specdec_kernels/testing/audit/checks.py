@@ -428,7 +428,9 @@ def _mutant_outcomes(target: AuditTarget, opts: AuditOptions) -> Iterator[Outcom
         if outcome.verdict == MISSED and target.mutant_base is not None:
             # Same path, same seeds, the unmutated verification: identical counts mean the bug is inert here.
             base, base_result = _run_law("mutants", case, check, target.mutant_base, design, name=bug)
-            if base_result is not None and torch.equal(base_result.observed, result.observed):
+            if base_result is None:
+                outcome.detail += f"; the unmutated twin of this path did not run ({base.detail})"
+            elif torch.equal(base_result.observed, result.observed):
                 outcome.verdict = INERT
                 outcome.detail += "; the unmutated path emits the very same counts: the bug cannot act here"
             outcome.seconds += base.seconds

@@ -72,6 +72,7 @@ def reference_verifier(*args, **kwargs):
     from ... import verify_chain
 
     kwargs.pop("backend", None)
+    kwargs.pop("validate", None)  # adapters that call verify_chain unvalidated (the vLLM drop-ins) pass it too
     return verify_chain(*args, backend="reference", validate=False, **kwargs)
 
 
