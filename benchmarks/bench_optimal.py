@@ -212,30 +212,11 @@ def sk_cfg():
 
 def conditional_accepted(inputs) -> dict[str, torch.Tensor]:
     """[B] float64 expected accepted length of each request given its drafts, exactly (the coins integrated
-    out): token level sum_i prod_{j <= i} min(1, p_j / q_j); block sum_i i h_i prod_{j > i} (1 - h_j)."""
+    out): ``exact_verify.chain_conditional_accepted`` on bench_chain's inputs."""
     case = inputs.case
     b, k = case.batch, case.k
-    p = target_probs(inputs.target_logits.float(), inputs.temperature.repeat_interleave(k + 1)).double()
-    p = p.view(b, k + 1, -1)
-    q = inputs.draft_probs.double().view(b, k, -1)
-    x = inputs.draft_token_ids.view(b, k, 1)
-    ratio = (p[:, :k].gather(2, x) / q.gather(2, x)).squeeze(2)
-    token = torch.cumprod(ratio.clamp(max=1.0), dim=1).sum(1)
-    w = torch.ones(b, k + 1, dtype=torch.float64)
-    for j in range(k):
-        w[:, j + 1] = torch.clamp(w[:, j] * ratio[:, j], max=1.0)
-    h = torch.zeros(b, k + 1, dtype=torch.float64)
-    for j in range(1, k):
-        mass = torch.clamp(w[:, j, None] * p[:, j] - q[:, j], min=0.0).sum(-1)
-        denom = mass + 1 - w[:, j]
-        h[:, j] = torch.where(denom > 0, mass / torch.where(denom > 0, denom, 1.0), 0.0)
-    h[:, k] = w[:, k]
-    block = torch.zeros(b, dtype=torch.float64)
-    later = torch.ones(b, dtype=torch.float64)
-    for j in range(k, 0, -1):
-        block = block + j * h[:, j] * later
-        later = later * (1 - h[:, j])
-    return {"token": token, "block": block}
+    p = target_probs(inputs.target_logits.float(), inputs.temperature.repeat_interleave(k + 1)).view(b, k + 1, -1)
+    return ev.chain_conditional_accepted(p, inputs.draft_probs.view(b, k, -1), inputs.draft_token_ids.view(b, k))
 
 
 def random_logit_rows(batch: int, vocab: int, ks: list[int]) -> list[dict]:

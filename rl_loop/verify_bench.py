@@ -16,7 +16,11 @@ requests; arms are interleaved, in one order on even rounds and the reverse on o
 warm-up pass of every arm. Per arm: the mean accepted length (tokens per verification round, pooled over the
 rounds), tokens per second, and the rollout speedup (the arm's tokens/s over the autoregressive tokens/s,
 pooled over the rounds), each with its per-round values and a 95 % percentile bootstrap interval over rounds;
-and the paired gains block - token (chains) and traversal - token (trees) in accepted length. Writes
+and the paired gains block - token (chains) and traversal - token (trees) in accepted length. Then an untimed
+pass reruns the chain_token arm on every round's requests with each stochastic chain verification also scored
+exactly: the expected number of accepted drafts given the drafts, for token level and for block verification
+on the very same drafts (``exact_verify.chain_conditional_accepted``; the coins integrated out). Its gain is
+the measured gain without the coins' noise, which at high acceptance hides a small gain. Writes
 ``DIR/verify_methods.json`` (or ``--out``) with the settings and provenance (commit, date, CPU, threads,
 command). Timings are only meaningful alone on the machine.
 """
@@ -28,9 +32,14 @@ import json
 import os
 import sys
 from dataclasses import replace
+from unittest import mock
 
 import numpy as np
 import torch
+
+import specdec_kernels as sk
+from specdec_kernels.reference.sampling import target_probs
+from specdec_kernels.testing.exact_verify import chain_conditional_accepted
 
 from .batch import step_requests
 from .bench import load_run_config
@@ -92,6 +101,49 @@ def summarize(stats: dict[str, list[RolloutStats]]) -> dict:
     return {"arms": arms, "gains": gains}
 
 
+class ConditionalRecorder:
+    """Stands in for ``specdec_kernels.verify_chain`` during the untimed pass: every call with stochastic drafts
+    is scored exactly (expected accepted drafts given the drafts, token level and block) before the real call
+    runs. ``sums`` = (token, block, chains scored); greedy requests (temperature 0) are not scored."""
+
+    def __init__(self, real) -> None:
+        self.real = real
+        self.sums = np.zeros(3)
+
+    def __call__(self, target_logits, draft_token_ids, cu_num_draft_tokens, draft_probs=None, temperature=None,
+                 top_k=None, top_p=None, seed=None, position=None, backend="auto", **kwargs):
+        if draft_probs is not None and temperature is not None and cu_num_draft_tokens.numel() > 1:
+            self._score(target_logits, draft_token_ids, cu_num_draft_tokens.to(torch.int64), draft_probs,
+                        temperature, top_k, top_p)
+        return self.real(target_logits, draft_token_ids, cu_num_draft_tokens, draft_probs, temperature, top_k, top_p,
+                         seed, position, backend, **kwargs)
+
+    def _score(self, logits, drafts, cu, q, temperature, top_k, top_p) -> None:
+        b = cu.numel() - 1
+        k = int(cu[1] - cu[0])
+        if k == 0 or not bool(((cu[1:] - cu[:-1]) == k).all()):
+            raise ValueError("ConditionalRecorder scores chains of one length per call (rl_loop's chains)")
+        sampled = temperature > 0
+        if not bool(sampled.any()):
+            return
+        rows = lambda x: None if x is None else x[sampled].repeat_interleave(k + 1)  # noqa: E731
+        p = target_probs(logits.view(b, k + 1, -1)[sampled].reshape(-1, logits.shape[-1]).float(),
+                         rows(temperature), rows(top_k), rows(top_p)).view(-1, k + 1, logits.shape[-1])
+        exp = chain_conditional_accepted(p, q.view(b, k, -1)[sampled], drafts.view(b, k)[sampled])
+        self.sums += [float(exp["token"].sum()), float(exp["block"].sum()), int(sampled.sum())]
+
+
+def summarize_conditional(per_round: np.ndarray) -> dict:
+    """Rows (token sum, block sum, chains) per round: pooled means, the block - token gain and 95 % intervals."""
+    mean = lambda col: lambda d: float(d[:, col].sum() / max(d[:, 2].sum(), 1))  # noqa: E731
+    gain = lambda d: float((d[:, 1].sum() - d[:, 0].sum()) / max(d[:, 2].sum(), 1))  # noqa: E731
+    return {"token_expected_accepted_drafts": mean(0)(per_round), "token_ci": bootstrap_ci(per_round, mean(0)),
+            "block_expected_accepted_drafts": mean(1)(per_round), "block_ci": bootstrap_ci(per_round, mean(1)),
+            "block_minus_token": gain(per_round), "block_minus_token_ci": bootstrap_ci(per_round, gain),
+            "chains_scored": int(per_round[:, 2].sum()),
+            "per_round": [[float(x) for x in row] for row in per_round]}
+
+
 def _pooled(rows: list[RolloutStats]) -> RolloutStats:
     total = RolloutStats()
     for s in rows:
@@ -130,9 +182,17 @@ def measure(run_dir: str, rounds: int = 20, threads: int | None = None, verify_b
         _, prompts, seeds = step_requests(cfg, s.train, s.tok, FIRST_ROUND_STEP + r)
         for name in order if r % 2 == 0 else order[::-1]:
             stats[name].append(s.engine.generate(prompts, seeds, configs[name]).stats)
+    scored = []
+    for r in range(rounds):  # untimed: the chain_token arm again, each stochastic verification scored exactly
+        _, prompts, seeds = step_requests(cfg, s.train, s.tok, FIRST_ROUND_STEP + r)
+        recorder = ConditionalRecorder(sk.verify_chain)
+        with mock.patch.object(sk, "verify_chain", recorder):
+            s.engine.generate(prompts, seeds, configs["chain_token"])
+        scored.append(recorder.sums.copy())
     gen = configs["tree_token"]
     return {
         **summarize(stats),
+        "conditional_chain": summarize_conditional(np.array(scored)),
         "settings": {"rounds": rounds, "requests_per_round": len(prompts), "prompts_per_round": cfg.prompts_per_step,
                      "group_size": cfg.group_size, "temperature": gen.temperature, "k": gen.k,
                      "tree": {"depth": gen.tree_shape.depth, "top_k": gen.tree_shape.top_k,
@@ -159,6 +219,12 @@ def table(report: dict) -> str:
                      f"{a['rollout_speedup']:.3f}x{ci(a['rollout_speedup_ci'], '.3f')} |")
     for key, g in report["gains"].items():
         lines.append(f"{key}: {g['accepted_length_gain']:+.4f}{ci(g['ci'], '+.4f')} tokens per round")
+    c = report.get("conditional_chain")
+    if c:
+        lines.append(f"given the drafts (chain_token arm, {c['chains_scored']} chains): token "
+                     f"{c['token_expected_accepted_drafts']:.4f}{ci(c['token_ci'], '.4f')}, block "
+                     f"{c['block_expected_accepted_drafts']:.4f}{ci(c['block_ci'], '.4f')} expected accepted drafts; "
+                     f"block - token {c['block_minus_token']:+.5f}{ci(c['block_minus_token_ci'], '+.5f')}")
     return "\n".join(lines)
 
 

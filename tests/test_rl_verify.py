@@ -18,6 +18,7 @@ from scipy import stats as scipy_stats
 
 import rl_loop.strategies as strategies
 import rl_loop.sync_pipeline as sync_pipeline
+import specdec_kernels as sk
 from rl_loop import verify_bench
 from rl_loop.__main__ import parse_args
 from rl_loop.config import RunConfig, tiny_config
@@ -28,6 +29,8 @@ from rl_loop.train import run
 from rl_loop.usage import UsageError
 from specdec_kernels.drafters import DraftModelDrafter
 from specdec_kernels.models import ModelConfig
+from specdec_kernels.reference.sampling import target_probs
+from specdec_kernels.testing.exact_verify import chain_conditional_accepted
 from specdec_kernels.testing.tiny_models import spread_qwen3
 
 pytestmark = [pytest.mark.rl, pytest.mark.usefixtures("one_thread")]
@@ -215,6 +218,13 @@ def test_verify_bench_reports_every_method_on_one_snapshot(block_run, tmp_path, 
             lo, hi = arm["rollout_speedup_ci"]
             assert 0 < lo <= hi
     assert set(report["gains"]) == {"block_minus_token", "traversal_minus_token"}
+    cond = report["conditional_chain"]
+    assert cond["chains_scored"] > 0 and len(cond["per_round"]) == 3
+    for key in ("token", "block"):
+        lo, hi = cond[f"{key}_ci"]
+        assert 0.0 <= lo <= cond[f"{key}_expected_accepted_drafts"] <= hi <= 3.0
+    assert cond["block_minus_token"] == pytest.approx(
+        cond["block_expected_accepted_drafts"] - cond["token_expected_accepted_drafts"])
     settings = report["settings"]
     assert (settings["rounds"], settings["k"], settings["temperature"]) == (3, 3, 1.0)
     assert settings["requests_per_round"] == 8 and settings["run_verify"] == "block"
@@ -242,3 +252,25 @@ def test_verify_bench_needs_a_speculative_checkpoint(block_run, tmp_path, capsys
     torch.save(ckpt, tmp_path / "checkpoint.pt")
     assert verify_bench.main(["--run", str(tmp_path)]) == 2
     assert "no drafter" in capsys.readouterr().err
+
+
+def test_conditional_recorder_scores_each_stochastic_call_and_returns_the_real_result():
+    """The recorder adds the exact draft-conditional expectations of every sampled chain it sees (greedy requests
+    are skipped) and hands back the real verifier's result unchanged; rl_loop's chains have one length per call."""
+    g = torch.Generator().manual_seed(2)
+    b, k, v = 5, 3, 11
+    logits = torch.randn(b * (k + 1), v, generator=g)
+    q = torch.softmax(torch.randn(b * k, v, generator=g), -1)
+    drafts = torch.multinomial(q, 1, generator=g).squeeze(1)
+    cu = torch.arange(b + 1) * k
+    temperature = torch.tensor([1.0, 0.7, 0.0, 1.3, 1.0])
+    recorder = verify_bench.ConditionalRecorder(sk.verify_chain)
+    got = recorder(logits, drafts, cu, q, temperature, seed=torch.arange(b), backend="reference")
+    want = sk.verify_chain(logits, drafts, cu, q, temperature, seed=torch.arange(b), backend="reference")
+    assert torch.equal(got.output_token_ids, want.output_token_ids)
+    keep = temperature > 0
+    p = target_probs(logits.view(b, k + 1, v)[keep].reshape(-1, v), temperature[keep].repeat_interleave(k + 1))
+    exp = chain_conditional_accepted(p.view(-1, k + 1, v), q.view(b, k, v)[keep], drafts.view(b, k)[keep])
+    assert recorder.sums == pytest.approx([float(exp["token"].sum()), float(exp["block"].sum()), 4])
+    with pytest.raises(ValueError, match="one length per call"):
+        recorder(logits[:-1], drafts[:-1], torch.tensor([0, 3, 5, 8, 11, 14]), q[:-1], temperature)

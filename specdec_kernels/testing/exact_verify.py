@@ -49,6 +49,7 @@ __all__ = [
     "hu_optimal_acceptance",
     "coupling_bound",
     "gain_condition",
+    "chain_conditional_accepted",
 ]
 
 SIBLING_MODES = ("iid", "without_replacement", "deterministic")
@@ -467,3 +468,38 @@ def coupling_bound(step: ToyStep) -> float:
     if res.status != 0:
         raise RuntimeError(f"coupling_bound: the linear program failed: {res.message}")
     return float(-res.fun) / scale
+
+
+def chain_conditional_accepted(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Expected number of accepted drafts of each chain given its drafts, exactly (the coins integrated out).
+
+    ``p`` [B, k + 1, V]: the target distribution of each row (after temperature / truncation; row k is the
+    bonus row), ``q`` [B, k, V] the draft distributions and ``drafts`` [B, k] the drafted ids (a negative id
+    is a placeholder, never accepted). Token level: sum_i prod_{j <= i} min(1, p_j(x_j) / q_j(x_j)). Block
+    (Sun et al.): with weights w_0 = 1, w_{j+1} = min(1, w_j p_j(x_j) / q_j(x_j)) and stop probabilities
+    h_j = m_j / (m_j + 1 - w_j), m_j = sum_v max(0, w_j p_j - q_j) (h_k = w_k), block accepts i drafts with
+    probability h_i prod_{j > i} (1 - h_j). Both in float64, [B] each: the same draft-conditional estimate of
+    the accepted length that a run's measured mean estimates with the coins' noise on top.
+    """
+    p, q = p.double(), q.double()
+    b, k = drafts.shape
+    x = drafts.clamp(min=0)[..., None]
+    p_x = p[:, :k].gather(2, x).squeeze(2)
+    q_x = q.gather(2, x).squeeze(2)
+    ratio = torch.where((drafts >= 0) & (q_x > 0), p_x / torch.where(q_x > 0, q_x, 1.0), 0.0)
+    token = torch.cumprod(ratio.clamp(max=1.0), dim=1).sum(1)
+    w = torch.ones(b, k + 1, dtype=torch.float64, device=p.device)
+    for j in range(k):
+        w[:, j + 1] = torch.clamp(w[:, j] * ratio[:, j], max=1.0)
+    h = torch.zeros(b, k + 1, dtype=torch.float64, device=p.device)
+    for j in range(1, k):
+        mass = torch.clamp(w[:, j, None] * p[:, j] - q[:, j], min=0.0).sum(-1)
+        denom = mass + 1 - w[:, j]
+        h[:, j] = torch.where(denom > 0, mass / torch.where(denom > 0, denom, 1.0), 0.0)
+    h[:, k] = w[:, k]
+    block = torch.zeros(b, dtype=torch.float64, device=p.device)
+    later = torch.ones(b, dtype=torch.float64, device=p.device)
+    for j in range(k, 0, -1):
+        block = block + j * h[:, j] * later
+        later = later * (1 - h[:, j])
+    return {"token": token, "block": block}
