@@ -68,11 +68,11 @@ SPECDEC_SIMD_INLINE simd::f32v sanitize_v(simd::f32v z) {
 }
 
 #if defined(__AVX512F__)
-// r[j] holds block j's 16 entries; returns the 16 block reductions in block order, by the pairwise tree
-// of math.h's block_sum16 (c_i = w_i + w_{i+8}, d_i = c_i + c_{i+4}, (d_0 + d_2) + (d_1 + d_3)), for
-// Op = add or max, with 46 shuffles and ops for all 16 blocks.
-template <class Op>
-SPECDEC_SIMD_INLINE __m512 tree16(const __m512* r, Op op) {
+// r[j] holds block j's 16 entries; returns the 16 block sums in block order, by the pairwise tree of
+// math.h's block_sum16 (c_i = w_i + w_{i+8}, d_i = c_i + c_{i+4}, (d_0 + d_2) + (d_1 + d_3)), with 46
+// shuffles and adds for all 16 blocks.
+SPECDEC_SIMD_INLINE __m512 tree16_sum(const __m512* r) {
+  const auto op = [](__m512 a, __m512 b) { return _mm512_add_ps(a, b); };
   __m512 t[8], u[4], v[2];
   for (int k = 0; k < 8; ++k) {  // lanes 0-7: c of block 2k, 8-15: c of block 2k + 1
     t[k] = op(_mm512_shuffle_f32x4(r[2 * k], r[2 * k + 1], 0x44), _mm512_shuffle_f32x4(r[2 * k], r[2 * k + 1], 0xEE));
@@ -89,23 +89,6 @@ SPECDEC_SIMD_INLINE __m512 tree16(const __m512* r, Op op) {
   return _mm512_permutexvar_ps(order, f);
 }
 
-struct AddOp {
-  SPECDEC_SIMD_INLINE __m512 operator()(__m512 a, __m512 b) const { return _mm512_add_ps(a, b); }
-};
-struct MaxOp {
-  SPECDEC_SIMD_INLINE __m512 operator()(__m512 a, __m512 b) const { return _mm512_max_ps(a, b); }
-};
-
-SPECDEC_SIMD_INLINE __m512 to_m512(simd::f32v x) {
-  __m512 m;
-  __builtin_memcpy(&m, &x, sizeof(m));
-  return m;
-}
-SPECDEC_SIMD_INLINE simd::f32v from_m512(__m512 m) {
-  simd::f32v x;
-  __builtin_memcpy(&x, &m, sizeof(x));
-  return x;
-}
 #endif
 
 SPECDEC_SIMD_INLINE float lane_max(simd::f32v x) { return simd::lane_max_of(x, -kInf); }
@@ -166,8 +149,8 @@ inline float weight_group_bounds(int64_t b0, int nb, int64_t vocab, float* ub, F
   for (int half = 0; half < 2; ++half) {
     __m512 r[16];
     for (int j = 0; j < 16; ++j) r[j] = _mm512_loadu_ps(w + (16 * half + j) * kBlock);
-    const simd::f32v s = from_m512(tree16(r, AddOp{}));
-    const __m512 l = to_m512(simd::log_f32(s));
+    const simd::f32v s = simd::bits_as<simd::f32v>(tree16_sum(r));
+    const __m512 l = simd::bits_as<__m512>(simd::log_f32(s));
     _mm512_storeu_ps(ub + 16 * half, l);
     best = _mm512_max_ps(l, best);
   }

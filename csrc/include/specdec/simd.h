@@ -34,6 +34,15 @@ typedef double f64v __attribute__((vector_size(8 * W)));
 typedef int64_t i64v __attribute__((vector_size(8 * W)));
 typedef uint64_t u64v __attribute__((vector_size(8 * W)));
 
+// The bits of `from` as a To of the same size: between the vector-extension types and the intrinsics' types.
+template <class To, class From>
+SPECDEC_SIMD_INLINE To bits_as(const From& from) {
+  static_assert(sizeof(To) == sizeof(From), "bits_as: the types differ in size");
+  To to;
+  __builtin_memcpy(&to, &from, sizeof(to));
+  return to;
+}
+
 SPECDEC_SIMD_INLINE f32v load(const float* p) {
   f32v v;
   __builtin_memcpy(&v, p, sizeof(v));
@@ -245,64 +254,38 @@ SPECDEC_SIMD_INLINE f32v exp_f32(f32v x) {
 
 SPECDEC_SIMD_INLINE f32v fma_v(f32v a, f32v b, f32v c) {
 #if defined(__AVX512F__)
-  __m512 x, y, z;
-  __builtin_memcpy(&x, &a, sizeof(x));
-  __builtin_memcpy(&y, &b, sizeof(y));
-  __builtin_memcpy(&z, &c, sizeof(z));
-  const __m512 r = _mm512_fmadd_ps(x, y, z);
+  return bits_as<f32v>(_mm512_fmadd_ps(bits_as<__m512>(a), bits_as<__m512>(b), bits_as<__m512>(c)));
 #elif defined(__AVX2__)
-  __m256 x, y, z;
-  __builtin_memcpy(&x, &a, sizeof(x));
-  __builtin_memcpy(&y, &b, sizeof(y));
-  __builtin_memcpy(&z, &c, sizeof(z));
-  const __m256 r = _mm256_fmadd_ps(x, y, z);
+  return bits_as<f32v>(_mm256_fmadd_ps(bits_as<__m256>(a), bits_as<__m256>(b), bits_as<__m256>(c)));
 #else
   f32v r;
   for (int l = 0; l < W; ++l) r[l] = fma_f32(a[l], b[l], c[l]);
+  return r;
 #endif
-  f32v out;
-  __builtin_memcpy(&out, &r, sizeof(out));
-  return out;
 }
 
 SPECDEC_SIMD_INLINE f32v max_v(f32v a, f32v b) {  // a > b ? a : b (b if either is NaN)
 #if defined(__AVX512F__)
-  __m512 x, y;
-  __builtin_memcpy(&x, &a, sizeof(x));
-  __builtin_memcpy(&y, &b, sizeof(y));
-  const __m512 r = _mm512_max_ps(x, y);
+  return bits_as<f32v>(_mm512_max_ps(bits_as<__m512>(a), bits_as<__m512>(b)));
 #elif defined(__AVX2__)
-  __m256 x, y;
-  __builtin_memcpy(&x, &a, sizeof(x));
-  __builtin_memcpy(&y, &b, sizeof(y));
-  const __m256 r = _mm256_max_ps(x, y);
+  return bits_as<f32v>(_mm256_max_ps(bits_as<__m256>(a), bits_as<__m256>(b)));
 #else
   f32v r;
   for (int l = 0; l < W; ++l) r[l] = a[l] > b[l] ? a[l] : b[l];
+  return r;
 #endif
-  f32v out;
-  __builtin_memcpy(&out, &r, sizeof(out));
-  return out;
 }
 
 SPECDEC_SIMD_INLINE f32v min_v(f32v a, f32v b) {  // a < b ? a : b (b if either is NaN)
 #if defined(__AVX512F__)
-  __m512 x, y;
-  __builtin_memcpy(&x, &a, sizeof(x));
-  __builtin_memcpy(&y, &b, sizeof(y));
-  const __m512 r = _mm512_min_ps(x, y);
+  return bits_as<f32v>(_mm512_min_ps(bits_as<__m512>(a), bits_as<__m512>(b)));
 #elif defined(__AVX2__)
-  __m256 x, y;
-  __builtin_memcpy(&x, &a, sizeof(x));
-  __builtin_memcpy(&y, &b, sizeof(y));
-  const __m256 r = _mm256_min_ps(x, y);
+  return bits_as<f32v>(_mm256_min_ps(bits_as<__m256>(a), bits_as<__m256>(b)));
 #else
   f32v r;
   for (int l = 0; l < W; ++l) r[l] = a[l] < b[l] ? a[l] : b[l];
+  return r;
 #endif
-  f32v out;
-  __builtin_memcpy(&out, &r, sizeof(out));
-  return out;
 }
 
 SPECDEC_SIMD_INLINE float lane_max_of(f32v x, float m) {
@@ -319,12 +302,9 @@ SPECDEC_SIMD_INLINE f32v exp_nonpositive(f32v x) {
 #if defined(__AVX512F__)
   // round-to-nearest-even of xc * log2(e) (what the magic-number sum computes) and p * 2^n, in one
   // instruction each: the same bits.
-  __m512 t, xm;
-  const f32v prod = xc * 1.44269504089f;
-  __builtin_memcpy(&xm, &prod, sizeof(xm));
-  t = _mm512_roundscale_ps(xm, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  f32v n;
-  __builtin_memcpy(&n, &t, sizeof(n));
+  const __m512 t = _mm512_roundscale_ps(bits_as<__m512>(xc * 1.44269504089f),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const f32v n = bits_as<f32v>(t);
 #else
   const f32v n = (xc * 1.44269504089f + 12582912.0f) - 12582912.0f;
 #endif
@@ -337,12 +317,7 @@ SPECDEC_SIMD_INLINE f32v exp_nonpositive(f32v x) {
   p = fma_v(p, r, zero + 5.0000001201e-1f);
   p = fma_v(p, r * r, r + 1.0f);
 #if defined(__AVX512F__)
-  __m512 pm;
-  __builtin_memcpy(&pm, &p, sizeof(pm));
-  const __m512 out = _mm512_scalef_ps(pm, t);
-  f32v res;
-  __builtin_memcpy(&res, &out, sizeof(res));
-  return res;
+  return bits_as<f32v>(_mm512_scalef_ps(bits_as<__m512>(p), t));
 #else
   const i32v e = (__builtin_convertvector(n, i32v) + 127) << 23;
   f32v scale;
