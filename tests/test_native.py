@@ -359,6 +359,75 @@ def test_residual_search_with_a_close_draft_matches_reference(dtype):
     assert rejected >= 3  # the residual path ran
 
 
+def _coin_edge_case(family: str, B: int, gen: torch.Generator) -> dict:
+    """One-draft chains whose draft probability puts coin * q(x) at p(x) (1 + r), r from -3e-3 to 3e-3:
+    the acceptance decided at the coin's edge, on logits that reach every path of the normalizer bracket."""
+    from specdec_kernels.reference.philox import coins
+    V, dtype, T = {"flat": (151936, torch.float32, 1.0), "bf16": (20011, torch.bfloat16, 0.7),
+                   "masked": (20011, torch.float32, 1.3), "wide": (20011, torch.float32, 0.02),
+                   "phase": (20011, torch.float32, 1.0), "fp16": (4099, torch.float16, 1.0)}[family]
+    logits = torch.randn(2 * B, V, generator=gen) * (2.0 if family != "wide" else 4.0)
+    if family == "masked":  # a long -inf prefix (no shift from the first chunks) and NaN entries
+        logits[:, :3000] = float("-inf")
+        logits.view(-1)[torch.randint(0, logits.numel(), (200,), generator=gen)] = float("nan")
+    if family == "phase":  # every term's exponent just below an integer: the polynomial's largest error
+        n = torch.randint(0, 8, (2 * B, V), generator=gen).float()
+        logits = 5.0 - (n * 0.6931471805599453 + 1e-4)
+        logits[:, 0] = 5.0
+    logits = logits.to(dtype)
+    z = (logits.float() / T).nan_to_num(nan=float("-inf")).double()
+    p = torch.softmax(z, -1)
+    seed, position = [], []
+    while len(seed) < B:  # coins above 0.5, so that q(x) = p(x) (1 + r) / coin stays below 1
+        s, pos = torch.randint(0, 2**62, (1,), generator=gen), torch.randint(0, 1 << 20, (1,), generator=gen)
+        if float(coins(s, pos)) > 0.5:
+            seed.append(s)
+            position.append(pos)
+    seed, position = torch.cat(seed), torch.cat(position)
+    c = coins(seed, position).double()
+    r = torch.tensor([-3e-3, -1e-3, -3e-4, -1e-4, -2e-5, 2e-5, 1e-4, 3e-4, 1e-3, 3e-3], dtype=torch.float64)
+    r = r[torch.arange(B) % len(r)]
+    rows = torch.arange(B) * 2
+    weights = torch.where(p[rows] <= 0.45, p[rows], 0.0) + 1e-30  # p(x) / coin below 0.9
+    drafts = torch.multinomial(weights, 1, generator=gen).squeeze(1)
+    p_x = p[rows, drafts]
+    q = torch.softmax(torch.randn(B, V, generator=gen, dtype=torch.float64), -1)
+    q_x = p_x * (1 + r) / c
+    q = q * ((1 - q_x) / (1 - q[torch.arange(B), drafts]))[:, None]
+    q[torch.arange(B), drafts] = q_x
+    return dict(target_logits=logits, draft_token_ids=drafts, cu_num_draft_tokens=torch.arange(B + 1),
+                draft_probs=q.float(), temperature=torch.full((B,), T), seed=seed, position=position), r, p_x
+
+
+def test_stochastic_acceptance_at_the_coin_edge_matches_reference():
+    """Stochastic drafts are accepted without the exact normalizer pass when a cheap bracket of the
+    normalizer (a two-fma exp, about 2e-3 wide) makes coin * q(x) < p(x) certain; otherwise the exact pass
+    decides. Coins 2e-5 to 3e-3 (relative) from p(x) on both sides, on flat rows at V = 151936, bf16, fp16,
+    rows with a long -inf prefix and NaNs, a range of ~1000 nats at T = 0.02 (the bracket's shift is
+    raised as it goes) and rows where every exponent sits at the polynomial's worst point: every build must
+    emit the reference's tokens (and the reference accept the drafts 1e-3 below their edge, reject those
+    1e-3 above)."""
+    code = """
+        import torch, specdec_kernels as sk
+        from tests.test_native import _coin_edge_case
+        gen = torch.Generator().manual_seed(21)
+        bad = []
+        for family in ("flat", "bf16", "masked", "wide", "phase", "fp16"):
+            kw, r, p_x = _coin_edge_case(family, 20, gen)
+            ref, got = sk.verify_chain(**kw, backend="reference"), sk.verify_chain(**kw, backend="cpu")
+            if not (torch.equal(ref.output_token_ids, got.output_token_ids) and torch.equal(ref.num_accepted, got.num_accepted)):
+                bad.append(family)
+            clear = (r.abs() >= 1e-3) & (p_x > 1e-20)  # beyond the reference's own float32 rounding
+            if not torch.equal(ref.num_accepted[clear] == 1, r[clear] < 0):
+                bad.append(family + " (reference)")
+        print("bad", bad)
+    """
+    for isa in ("generic", "avx2", "avx512"):
+        proc = _run(code, SPECDEC_CPU_ISA=isa)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert proc.stdout.strip() == "bad []", (isa, proc.stdout)
+
+
 def test_missing_extension_gives_one_clear_message():
     proc = _run("""
         import sys

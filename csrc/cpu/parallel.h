@@ -5,6 +5,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "specdec/chain.h"
@@ -22,6 +23,8 @@ struct SerialExec {
   template <class F>
   SoftmaxStats stats(F f) { return f(0, vocab); }
   template <class F>
+  NormalizerBound normalizer(F f) { return f(0, vocab); }
+  template <class F>
   double sum(F f) { return f(0, vocab); }
   template <class F>
   ResidualResult residual(F f) { return f(0, vocab); }
@@ -34,6 +37,16 @@ inline SoftmaxStats merge_stats(SoftmaxStats x, SoftmaxStats y) {
   const double sx = x.max == -kInf ? 0.0 : x.sum * static_cast<double>(exp_fma_f32(x.max - m));
   const double sy = y.max == -kInf ? 0.0 : y.sum * static_cast<double>(exp_fma_f32(y.max - m));
   return {m, sx + sy};
+}
+
+// Normalizer bounds of two slices of a row as one (the sums brought to the larger shift in double).
+inline NormalizerBound merge_bounds(NormalizerBound x, NormalizerBound y) {
+  if (!x.ok || !y.ok) return {-kInf, 0.0, 0.0f, false};
+  if (x.shift == -kInf) return y;
+  if (y.shift == -kInf) return x;
+  const float s = x.shift > y.shift ? x.shift : y.shift;
+  const double sum = x.sum * std::exp(static_cast<double>(x.shift) - s) + y.sum * std::exp(static_cast<double>(y.shift) - s);
+  return {s, sum, x.max_abs_shift > y.max_abs_shift ? x.max_abs_shift : y.max_abs_shift, true};
 }
 
 struct SplitExec {
@@ -65,6 +78,10 @@ struct SplitExec {
   ArgMax argmax(F f) { return reduce<ArgMax>(f, kArgMaxInit, better); }
   template <class F>
   SoftmaxStats stats(F f) { return reduce<SoftmaxStats>(f, SoftmaxStats{-kInf, 0.0}, merge_stats); }
+  template <class F>
+  NormalizerBound normalizer(F f) {
+    return reduce<NormalizerBound>(f, NormalizerBound{-kInf, 0.0, 0.0f, true}, merge_bounds);
+  }
   template <class F>
   double sum(F f) { return reduce<double>(f, 0.0, [](double x, double y) { return x + y; }); }
   template <class F>

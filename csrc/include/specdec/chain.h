@@ -9,6 +9,7 @@
 // and over a RowKernels table (the instruction-set build of row_ops.h).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -124,9 +125,39 @@ struct StochasticDecision {
   int64_t token;  // valid when !accept
 };
 
+// An acceptance the cheap normalizer bracket makes certain: coin * q(x) < p(x) for every normalizer in the
+// bracket, widened by the exact pass's own rounding, so the exact pass (softmax_stats, below) would accept
+// too. The bracket of the true sum of exp(z - shift) over the V entries:
+// - each term within E = kExp2RoughErr + 2^-23 (300 + 3 |shift|): the polynomial, and the rounding of
+//   the exponent fma(row, log2 e / T, -shift log2 e) (its two constants, the fma, and z's own rounding
+//   in the exact pass) for the terms that count (|exponent| <= 128);
+// - the float sums within 2^-15 (at most 256 terms each); terms below 2^-126, NaN included, off by at most
+//   2^-125 each (V 2^-124 in all; the sum itself is at least ~1, the term of the shift).
+// The exact pass's p(x) lies within d = 2^-15 + (V / 256 + 16) 2^-22 of the true one (the exponent's
+// rounding at |z - max| <= 104, ~2 ulp per exp, at most one rescale of a lane per chunk), or within 2^-140
+// absolutely. False when the bracket is too wide or the coin falls inside it (about 0.4 % of coins for
+// drafts close to the target): the exact pass decides.
+inline bool certain_accept(const NormalizerBound& nb, int64_t V, float z_x, float coin_q) {
+  if (!nb.ok || nb.shift == -kInf) return false;
+  const double e = kExp2RoughErr + 0x1p-15 + 0x1p-23 * (300.0 + 3.0 * static_cast<double>(nb.max_abs_shift));
+  const double slack = static_cast<double>(V) * 0x1p-124;
+  if (!(e < 0.25) || !(nb.sum > slack)) return false;
+  const double sum_hi = (nb.sum + slack) / (1.0 - e);
+  const double d = 0x1p-15 + (static_cast<double>(V) / 256.0 + 16.0) * 0x1p-22;
+  const double num = std::exp(static_cast<double>(z_x) - static_cast<double>(nb.shift));
+  const double p_lo = num / sum_hi * (1.0 - d) - 0x1p-140;
+  return static_cast<double>(coin_q) < p_lo;
+}
+
 template <class Exec>
 StochasticDecision stochastic_decide(const RowKernels& K, Exec& exec, const ZSource& src, const void* q,
                                      DType q_dtype, int64_t draft, bool valid, int64_t seed, int64_t position) {
+  if (valid) {
+    const NormalizerBound nb = exec.normalizer(
+        [&](int64_t v0, int64_t v1) { return K.normalizer_bound(src.row, src.dtype, src.temperature, v0, v1); });
+    const float coin_q = philox_rand(seed, position, kStreamCoin, 0) * load_elem(q, q_dtype, draft);
+    if (certain_accept(nb, src.vocab, src.z(draft), coin_q)) return {true, draft};
+  }
   const SoftmaxStats st =
       exec.stats([&](int64_t v0, int64_t v1) { return K.softmax_stats(src.row, src.dtype, src.temperature, v0, v1); });
   const float m = st.max;

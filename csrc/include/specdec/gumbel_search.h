@@ -12,6 +12,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 
 #include "common.h"
@@ -350,6 +351,80 @@ SoftmaxStats softmax_stats_t(const void* row, float temperature, int64_t v0, int
     }
   }
   return {m, total};
+}
+
+// A cheap bracket of the same normalizer (types.h NormalizerBound): the sum over [v0, v1) of
+// exp2_rough(fma(row, log2 e / temperature, -shift log2 e)) ~ exp(z - shift), z = sanitize(row * (1 /
+// temperature)) as softmax_stats_t computes it (the error of folding the scale into one fma is in the
+// bound, chain.h certain_accept), shift = the max of the first chunk holding a finite z. A chunk whose
+// sum overflows (or exceeds 2^100) is redone after raising the shift to its max; a +inf z or a shift
+// beyond 2^100 leaves no bound (NaN entries add at most 2^-125 each, as exp2_rough's floor). Terms in any order (bf16 rows are read as even and odd halves of
+// 32-bit words): about a third of softmax_stats_t's operations per entry, no running max, a two-fma exp.
+template <DType D>
+NormalizerBound normalizer_bound_t(const void* row, float temperature, int64_t v0, int64_t v1) {
+  constexpr int64_t kChunk = 256;
+  static_assert(kChunk % (4 * simd::W) == 0, "chunks hold whole groups of four vectors");
+  constexpr float kLog2e = 1.44269504089f;
+  const float inv_t = 1.0f / temperature;
+  const float scale = inv_t * kLog2e;
+  const NormalizerBound none{-kInf, 0.0, 0.0f, false};
+  // The chunk's sum of terms relative to shift (float, four accumulators of 4 W entries per step).
+  auto chunk_sum = [&](int64_t v, int64_t n, float shift) {
+    const simd::f32v neg_shift = simd::f32v{} - shift * kLog2e;
+    const simd::f32v sc = simd::f32v{} + scale;
+    simd::f32v acc[4] = {};
+    int64_t i = 0;
+    for (; i + 4 * simd::W <= n; i += 4 * simd::W) {
+      simd::f32v x[4];
+      if constexpr (D == DType::kBFloat16) {
+        for (int h = 0; h < 2; ++h) {  // 2 W bf16 as W 32-bit words: low halves, then high halves
+          simd::u32v w;
+          __builtin_memcpy(&w, static_cast<const uint16_t*>(row) + v + i + 2 * h * simd::W, sizeof(w));
+          x[2 * h] = simd::bits_as<simd::f32v>(w << 16);
+          x[2 * h + 1] = simd::bits_as<simd::f32v>(w & 0xFFFF0000u);
+        }
+      } else {
+        for (int k = 0; k < 4; ++k) x[k] = load_v<D>(row, v + i + k * simd::W);
+      }
+      for (int k = 0; k < 4; ++k) acc[k] += simd::exp2_rough(simd::fma_v(x[k], sc, neg_shift));
+    }
+    float total = 0.0f;
+    const simd::f32v a = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+    for (int l = 0; l < simd::W; ++l) total += a[l];
+    for (; i < n; ++i) {
+      const float y = fma_f32(load_elem(row, D, v + i), scale, -(shift * kLog2e));
+      total += static_cast<float>(std::exp2(static_cast<double>(y > -126.0f ? y : -126.0f)));  // as exp2_rough
+    }
+    return total;
+  };
+  auto chunk_max = [&](int64_t v, int64_t n) {
+    float m = -kInf;
+    for (int64_t i = 0; i < n; ++i) m = std::max(m, sanitize(load_elem(row, D, v + i) * inv_t));
+    return m;
+  };
+  NormalizerBound out{-kInf, 0.0, 0.0f, true};
+  for (int64_t v = v0; v < v1; v += kChunk) {
+    const int64_t n = std::min(kChunk, v1 - v);
+    if (out.shift == -kInf) {  // no finite z yet: this chunk sets the shift, or holds none either
+      const float m = chunk_max(v, n);
+      if (m == -kInf) continue;  // -inf and NaN entries only: nothing to add
+      if (!(std::fabs(m) <= 0x1p100f)) return none;
+      out.shift = m;
+      out.max_abs_shift = std::fabs(m);
+    }
+    float s = chunk_sum(v, n, out.shift);
+    if (!(s <= 0x1p100f)) {
+      const float m = chunk_max(v, n);
+      if (!(m <= 0x1p100f) || !(m > out.shift)) return none;  // +inf or a huge z
+      out.sum *= std::exp(static_cast<double>(out.shift) - static_cast<double>(m));
+      out.shift = m;
+      out.max_abs_shift = std::max(out.max_abs_shift, std::fabs(m));
+      s = chunk_sum(v, n, out.shift);
+      if (!(s <= 0x1p100f)) return none;
+    }
+    out.sum += static_cast<double>(s);
+  }
+  return out;
 }
 
 SPECDEC_NS_END

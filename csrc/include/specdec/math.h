@@ -112,6 +112,14 @@ SPECDEC_HD float exp_fma_f32(float x) {
   return out;
 }
 
+// simd::exp2_rough: p(f) = c0 + f (c1 + f c2) ~ 2^f on [0, 1], relative minimax fit. kExp2RoughErr bounds
+// |p(f) / 2^f - 1| over every float32 f in [0, 1] with p evaluated by two float32 fmas (checked
+// exhaustively: 1.72625e-3, plus 2 ulp; the endpoint f = 1 is the largest).
+inline constexpr float kExp2RoughC0 = 1.0017261505126953f;
+inline constexpr float kExp2RoughC1 = 0.6576341986656189f;
+inline constexpr float kExp2RoughC2 = 0.33718717098236084f;
+inline constexpr double kExp2RoughErr = 1.7264e-3;
+
 // NaN -> -inf (never sampled), +inf -> float32 max, as reference/sampling.py's sanitize. The + 0.0f
 // turns -0 into +0 (equal values), so that order keys of equal values are equal too.
 SPECDEC_HD float sanitize(float z) {

@@ -200,6 +200,14 @@ inline SoftmaxStats softmax_stats_any(const void* row, DType d, float temperatur
   }
 }
 
+inline NormalizerBound normalizer_bound_any(const void* row, DType d, float temperature, int64_t v0, int64_t v1) {
+  switch (d) {
+    case DType::kBFloat16: return normalizer_bound_t<DType::kBFloat16>(row, temperature, v0, v1);
+    case DType::kFloat16: return normalizer_bound_t<DType::kFloat16>(row, temperature, v0, v1);
+    default: return normalizer_bound_t<DType::kFloat32>(row, temperature, v0, v1);
+  }
+}
+
 template <DType D>
 ResidualResult residual_blocks_q(const ResidualArgs& r, const PhiloxKey& key, uint32_t hi, int64_t v0, int64_t v1) {
   switch (r.q_dtype) {
@@ -233,6 +241,7 @@ inline RowKernels make_row_kernels() {
   k.scale_row = scale_row_any;
   k.gumbel_blocks = gumbel_blocks_any;
   k.softmax_stats = softmax_stats_any;
+  k.normalizer_bound = normalizer_bound_any;
   k.residual_blocks = residual_blocks_any;
   k.weight_blocks = weight_blocks_impl;
   k.softmax_weights = softmax_weights_impl;

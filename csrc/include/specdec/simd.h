@@ -326,6 +326,29 @@ SPECDEC_SIMD_INLINE f32v exp_nonpositive(f32v x) {
 #endif
 }
 
+// 2^y within relative kExp2RoughErr (math.h) for finite y in [-126, 128), 2^-126 within it for y < -126 or
+// NaN (absolute error at most 2^-125, never subnormal), +inf for y >= 128: a degree-2 polynomial on the
+// fraction y - floor(y), for bounds that need not be exact (the normalizer bracket of gumbel_search.h).
+// Unlike the functions above, its bits differ across instruction sets; only the bound holds.
+SPECDEC_SIMD_INLINE f32v exp2_rough(f32v y) {
+  const f32v zero = {};
+  const f32v yc = max_v(y, zero - 126.0f);  // NaN -> -126
+#if defined(__AVX512F__)
+  // y - floor(y) exactly, in [0, 1] (1 when y is a tiny negative: p(1) is within the bound too), and
+  // p * 2^floor(y): vreduceps (round down) and vscalefps.
+  const f32v f = bits_as<f32v>(_mm512_reduce_ps(bits_as<__m512>(yc), _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC));
+  const f32v p = fma_v(fma_v(zero + kExp2RoughC2, f, zero + kExp2RoughC1), f, zero + kExp2RoughC0);
+  return bits_as<f32v>(_mm512_scalef_ps(bits_as<__m512>(p), bits_as<__m512>(yc)));
+#else
+  const f32v yb = min_v(yc, zero + 128.0f);
+  const f32v t = __builtin_convertvector(__builtin_convertvector(yb, i32v), f32v);  // toward 0
+  const f32v n = t > yb ? t - 1.0f : t;
+  const f32v f = yb - n;
+  const f32v p = fma_v(fma_v(zero + kExp2RoughC2, f, zero + kExp2RoughC1), f, zero + kExp2RoughC0);
+  return p * bits_as<f32v>((__builtin_convertvector(n, i32v) + 127) << 23);  // 2^128: +inf
+#endif
+}
+
 // exp_fma_f32 of math.h, lane-wise (same operations, same order).
 SPECDEC_SIMD_INLINE f32v exp_fma(f32v x) {
   f32v xc = x < -104.0f ? -104.0f : x;

@@ -31,6 +31,16 @@ struct SoftmaxStats {
   double sum;
 };
 
+// A bracket of the same normalizer from a cheaper pass (row_ops.h normalizer_bound): sum ~ sum
+// exp(z - shift) over the slice, each term within a known relative error (chain.h normalizer_bracket).
+// shift = -inf: no finite z (sum 0); ok = false: no bound (a +inf or overflowing z).
+struct NormalizerBound {
+  float shift;
+  double sum;
+  float max_abs_shift;  // the largest |shift| used (the terms' rounding grows with it)
+  bool ok;
+};
+
 // A stochastic row's residual max(0, p - q), p = exp(z - max) / total with z = sanitize(row / temperature)
 // (max = -inf: p one-hot at 0).
 struct ResidualArgs {
@@ -54,6 +64,9 @@ struct RowKernels {
   ArgMax (*gumbel_blocks)(const void* row, DType dtype, float temperature, int64_t vocab, const PhiloxKey& key,
                           uint32_t hi, int stream, int64_t v0, int64_t v1, ArgMax start);
   SoftmaxStats (*softmax_stats)(const void* row, DType dtype, float temperature, int64_t v0, int64_t v1);
+  // The bracket of softmax_stats' normalizer (accept decisions of stochastic drafts that are certain
+  // without the exact sum).
+  NormalizerBound (*normalizer_bound)(const void* row, DType dtype, float temperature, int64_t v0, int64_t v1);
   // Blocks of the residual (recovery stream).
   ResidualResult (*residual_blocks)(const ResidualArgs& r, const PhiloxKey& key, uint32_t hi, int64_t v0,
                                     int64_t v1);
