@@ -63,6 +63,23 @@ SPECDEC_SIMD_INLINE simd::f32v load_v(const void* row, int64_t v) {
   return out;
 }
 
+// The 4 W entries from index v as four float32 vectors in an order of their own, for sums that do not
+// depend on it (normalizer_bound_t): bf16 is read as 2 W 32-bit words twice, each giving its low halves
+// and its high halves (a shift and a mask, no widening shuffle); other dtypes as load_v in order.
+template <DType D>
+SPECDEC_SIMD_INLINE void load4_any_order(const void* row, int64_t v, simd::f32v x[4]) {
+  if constexpr (D == DType::kBFloat16) {
+    for (int h = 0; h < 2; ++h) {
+      simd::u32v w;
+      __builtin_memcpy(&w, static_cast<const uint16_t*>(row) + v + 2 * h * simd::W, sizeof(w));
+      x[2 * h] = simd::bits_as<simd::f32v>(w << 16);
+      x[2 * h + 1] = simd::bits_as<simd::f32v>(w & 0xFFFF0000u);
+    }
+  } else {
+    for (int k = 0; k < 4; ++k) x[k] = load_v<D>(row, v + k * simd::W);
+  }
+}
+
 SPECDEC_SIMD_INLINE simd::f32v sanitize_v(simd::f32v z) {
   z = z != z ? -kInf : z;
   return (z > kFloat32Max ? kFloat32Max : z) + 0.0f;
@@ -358,8 +375,9 @@ SoftmaxStats softmax_stats_t(const void* row, float temperature, int64_t v0, int
 // temperature)) as softmax_stats_t computes it (the error of folding the scale into one fma is in the
 // bound, chain.h certain_accept), shift = the max of the first chunk holding a finite z. A chunk whose
 // sum overflows (or exceeds 2^100) is redone after raising the shift to its max; a +inf z or a shift
-// beyond 2^100 leaves no bound (NaN entries add at most 2^-125 each, as exp2_rough's floor). Terms in any order (bf16 rows are read as even and odd halves of
-// 32-bit words): about a third of softmax_stats_t's operations per entry, no running max, a two-fma exp.
+// beyond 2^100 leaves no bound (NaN entries add at most 2^-125 each, exp2_rough's floor). Terms in any
+// order (load4_any_order): about a third of softmax_stats_t's operations per entry, no running max, a
+// two-fma exp.
 template <DType D>
 NormalizerBound normalizer_bound_t(const void* row, float temperature, int64_t v0, int64_t v1) {
   constexpr int64_t kChunk = 256;
@@ -376,16 +394,7 @@ NormalizerBound normalizer_bound_t(const void* row, float temperature, int64_t v
     int64_t i = 0;
     for (; i + 4 * simd::W <= n; i += 4 * simd::W) {
       simd::f32v x[4];
-      if constexpr (D == DType::kBFloat16) {
-        for (int h = 0; h < 2; ++h) {  // 2 W bf16 as W 32-bit words: low halves, then high halves
-          simd::u32v w;
-          __builtin_memcpy(&w, static_cast<const uint16_t*>(row) + v + i + 2 * h * simd::W, sizeof(w));
-          x[2 * h] = simd::bits_as<simd::f32v>(w << 16);
-          x[2 * h + 1] = simd::bits_as<simd::f32v>(w & 0xFFFF0000u);
-        }
-      } else {
-        for (int k = 0; k < 4; ++k) x[k] = load_v<D>(row, v + i + k * simd::W);
-      }
+      load4_any_order<D>(row, v + i, x);
       for (int k = 0; k < 4; ++k) acc[k] += simd::exp2_rough(simd::fma_v(x[k], sc, neg_shift));
     }
     float total = 0.0f;
