@@ -23,7 +23,7 @@ def table(rows: list[dict[str, str]], families: list[str] | None = None) -> str:
     """One markdown table: a line per case (dtype, family, mode, drafts), providers side by side."""
     cases: dict[tuple[str, ...], dict[str, dict[str, str]]] = defaultdict(dict)
     for r in rows:
-        if r["provider"] in ("sum", "copy") or (families and r["family"] not in families):
+        if r["provider"] in ("stream", "sum", "copy") or (families and r["family"] not in families):
             continue
         cases[r["dtype"], r["family"], r["mode"], r["drafts"]][r["provider"]] = r
     lines = [
@@ -50,7 +50,8 @@ def table(rows: list[dict[str, str]], families: list[str] | None = None) -> str:
 
 
 def bandwidth(rows: list[dict[str, str]]) -> str:
-    """Read (torch.sum) and copy bandwidth per family's block of rounds."""
+    """Read (the faster of the native stream and torch.sum, median over rounds) and copy bandwidth per
+    family's block of rounds."""
     seen = {r["family"]: r for r in rows if r["provider"] == "sum"}
     return "; ".join(f"{fam}: read {r['read_gbs']} GB/s, copy {r['copy_gbs']} GB/s" for fam, r in seen.items())
 

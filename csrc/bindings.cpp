@@ -19,6 +19,8 @@ std::tuple<at::Tensor, at::Tensor> decoder_step_cpu(const at::Tensor& x, const s
 // csrc/cpu/philox_rows_cpu.cpp
 at::Tensor philox_uniform_rows_cpu(const at::Tensor& seed, const at::Tensor& position, int64_t stream,
                                    int64_t vocab);
+// csrc/cpu/stream_read_cpu.cpp
+double stream_sum_cpu(const at::Tensor& x);
 }  // namespace specdec
 
 TORCH_LIBRARY(specdec, m) {
@@ -141,6 +143,15 @@ PYBIND11_MODULE(_C, m) {
       "Philox uniforms [R, V] of rows (seed [R], position [R]) on one stream (see "
       "specdec_kernels.reference.philox.uniform_rows).",
       py::arg("seed"), py::arg("position"), py::arg("stream"), py::arg("vocab"));
+  m.def(
+      "stream_sum_cpu",
+      [](const at::Tensor& x) {
+        py::gil_scoped_release release;
+        return specdec::stream_sum_cpu(x);
+      },
+      "The sum of a contiguous float32 CPU tensor, read as the verification passes read (see "
+      "specdec_kernels.native.stream_sum): the read-bandwidth probe of the CPU benchmarks.",
+      py::arg("x"));
 #if defined(SPECDEC_WITH_CUDA)
   m.def("verify_chain_cuda", &verify_chain<kChainOp>, doc, py::arg("target_logits_"), py::arg("draft_token_ids"),
         py::arg("cu_num_draft_tokens"), py::arg("draft_probs"), py::arg("temperature"), py::arg("top_k"),

@@ -112,6 +112,13 @@ def decoder_step(x, weights, k_cache, v_cache, rows, start, depth, rope, num_hea
                                      qkv_add)
 
 
+def stream_sum(x) -> float:
+    """The sum of a contiguous float32 CPU tensor ``x``, read on the verification ops' threads with their
+    own software prefetch: the read-bandwidth probe of ``benchmarks/bench_native_cpu.py`` (a read-only
+    stream at least as fast as the verification passes, which ``torch.sum`` is not on every machine)."""
+    return op("stream_sum", "cpu")(x)
+
+
 def uniform_rows(seed, position, stream: int, vocab_size: int):
     """[R, V] float32 Philox uniforms of rows (``seed`` [R], ``position`` [R] int64, CPU) on ``stream``:
     ``specdec_kernels.reference.philox.uniform_rows`` bit for bit, in one native call (the drafters'

@@ -144,7 +144,7 @@ def test_bench_native_cpu_writes_interleaved_rounds_with_command(tmp_path):
     assert set(BASE_COLUMNS) <= set(rows[0])
     timed = [r for r in rows if r["provider"] in ("ours", "torch")]
     assert len(timed) == 2 * 2 * 2 * 2  # families x modes x drafts x providers
-    assert {r["provider"] for r in rows} == {"ours", "torch", "sum", "copy"}
+    assert {r["provider"] for r in rows} == {"ours", "torch", "stream", "sum", "copy"}
     for row in rows:
         assert row["status"] == "ok", row
         assert row["command"] == "python -m benchmarks.bench_native_cpu " + " ".join(argv)

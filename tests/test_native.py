@@ -428,6 +428,19 @@ def test_stochastic_acceptance_at_the_coin_edge_matches_reference():
         assert proc.stdout.strip() == "bad []", (isa, proc.stdout)
 
 
+def test_stream_sum_reads_every_entry_and_names_a_bad_argument():
+    """The CPU benchmarks' read-bandwidth probe: the sum of every entry (slices split across the threads,
+    lengths that are not whole lines), and a clear error naming x for anything but contiguous float32."""
+    gen = torch.Generator().manual_seed(3)
+    for n in (1, 15, 16, 1000, 151936 * 3 + 7):
+        x = torch.rand(n, generator=gen)
+        assert native.stream_sum(x) == pytest.approx(float(x.double().sum()), rel=1e-5)
+    with pytest.raises(TypeError, match="x must be float32"):
+        native.stream_sum(torch.ones(8, dtype=torch.float64))
+    with pytest.raises(ValueError, match="x must be contiguous"):
+        native.stream_sum(torch.ones(8, 2)[:, 0])
+
+
 def test_missing_extension_gives_one_clear_message():
     proc = _run("""
         import sys

@@ -53,6 +53,7 @@ ArgMax greedy_argmax_t(const void* row, int64_t v0, int64_t v1) {
   ArgMax best = kArgMaxInit;
   int64_t v = v0;
   for (; v + kChunk <= v1; v += kChunk) {
+    prefetch_ahead(row, v * kElemBytes<D>, kChunk * kElemBytes<D>, v1 * kElemBytes<D>);
     simd::f32v acc[4] = {neg_inf, neg_inf, neg_inf, neg_inf};
     for (int64_t i = 0; i < kChunk; i += 4 * simd::W) {
       for (int k = 0; k < 4; ++k) acc[k] = simd::max_v(load_v<D>(row, v + i + k * simd::W), acc[k]);
@@ -164,6 +165,28 @@ double weighted_residual_t(const float* e, float total, float w, const void* q, 
   return sum + tail;
 }
 
+// Sum of x[0, n), read with the row passes' own prefetch (prefetch_ahead) into four float accumulators:
+// the read-bandwidth probe of benchmarks/bench_native_cpu.py, a read-only stream at least as fast as the
+// verification passes read (torch.sum, without prefetch, reads slower on some machines). The value is
+// returned only so that the reads happen.
+inline double stream_sum_impl(const float* x, int64_t n) {
+  constexpr int64_t kChunk = 256;
+  simd::f32v acc[4] = {};
+  int64_t v = 0;
+  for (; v + kChunk <= n; v += kChunk) {
+    prefetch_ahead(x, v * 4, kChunk * 4, n * 4);
+    for (int64_t i = 0; i < kChunk; i += 4 * simd::W) {
+      for (int k = 0; k < 4; ++k) acc[k] += simd::load(x + v + i + k * simd::W);
+    }
+  }
+  double total = 0.0;
+  for (int k = 0; k < 4; ++k) {
+    for (int l = 0; l < simd::W; ++l) total += acc[k][l];
+  }
+  for (; v < n; ++v) total += x[v];
+  return total;
+}
+
 // The table entries (dtype switches outside the loops).
 inline ArgMax greedy_argmax_any(const void* row, DType d, int64_t v0, int64_t v1) {
   switch (d) {
@@ -246,6 +269,7 @@ inline RowKernels make_row_kernels() {
   k.weight_blocks = weight_blocks_impl;
   k.softmax_weights = softmax_weights_impl;
   k.weighted_residual = weighted_residual_any;
+  k.stream_sum = stream_sum_impl;
   return k;
 }
 

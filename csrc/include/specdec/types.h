@@ -80,6 +80,8 @@ struct RowKernels {
   // and traversal verification.
   double (*weighted_residual)(const float* e, float total, float w, const void* q, DType q_dtype, float* out,
                               int64_t v0, int64_t v1);
+  // The sum of x[0, n) (float32), read as the row passes read: the read-bandwidth probe.
+  double (*stream_sum)(const float* x, int64_t n);
 };
 
 }  // namespace specdec
