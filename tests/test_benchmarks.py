@@ -174,3 +174,26 @@ def test_torch_verify_baseline_is_a_chain_verifier():
     out, accepted = torch_verify(logits, torch.tensor([1, 2, 4, 0]), q, "random_stoch", batch=2, k=2)
     assert accepted.tolist() == [2, 2]  # q = p: every draft is accepted
     assert out.tolist() == [[1, 2, 3], [4, 0, 1]]
+
+
+@pytest.mark.skipif(not native.has_device("cpu"), reason="specdec_kernels._C not built")
+def test_ab_builds_times_two_checkouts_alternately(tmp_path):
+    """The before / after harness on one checkout given twice: a row per case with both builds' rounds,
+    the ratio of medians and the command; a bad argument is one clear error."""
+    from benchmarks import ab_builds
+
+    out = tmp_path / "ab.csv"
+    argv = ["--before", str(ab_builds.REPO), "--rounds", "2", "--reps", "1", "--batch", "2", "--k", "2",
+            "--vocab", "300", "--dtypes", "float32", "--modes", "greedy,random_stoch", "--families", "flat",
+            "--out", str(out)]
+    ab_builds.main(argv)
+    rows = read_csv([out])
+    cases = {r["case"] for r in rows if r["provider"] == "ours"}
+    assert cases == {f"flat/float32/{m}/{d}" for m in ("greedy", "random_stoch") for d in ("accept", "model")}
+    for r in rows:
+        assert r["rounds"] == "2" and r["command"] == "python -m benchmarks.ab_builds " + " ".join(argv)
+        assert float(r["before_min_ms"]) <= float(r["before_median_ms"]) <= float(r["before_max_ms"])
+        ratio = float(r["after_median_ms"]) / float(r["before_median_ms"])
+        assert float(r["after_over_before"]) == pytest.approx(ratio, rel=2e-3)
+    with pytest.raises(SystemExit):
+        ab_builds.main(["--before", str(tmp_path), "--out", str(out)])  # no checkout there

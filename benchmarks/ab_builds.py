@@ -1,0 +1,137 @@
+"""Two checkouts' native CPU chain kernels timed against each other: before / after figures on one machine.
+
+    python -m benchmarks.ab_builds --before ../old-checkout --rounds 5 --out ab.csv
+
+Each round runs one process per checkout (``--before`` and ``--after``, default this one), in alternating
+order. A process imports that checkout's ``specdec_kernels`` (its own compiled ``_C``), builds the inputs of
+``benchmarks/bench_native_cpu.py`` from *this* checkout (same seeds, so both builds see identical inputs)
+and times ``verify_chain(..., backend="cpu")`` on every case, ``--reps`` calls from evicted caches, median.
+A CSV row per case: both builds' median / min / max over rounds and the after / before ratio of medians;
+the read bandwidth of ``torch.sum`` measured in each process is recorded beside them. Only our calls are
+timed (the other providers and the bandwidth probes are ``bench_native_cpu``'s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+from .common import CsvWriter, git_commit, provenance
+
+REPO = Path(__file__).resolve().parent.parent
+MODES = ("greedy", "random_det", "random_stoch")
+FAMILIES = ("flat", "peaked", "zipf", "qwen3")
+
+
+def worker(args) -> None:
+    """One process: the ``--package`` checkout's kernels on this checkout's inputs; prints JSON."""
+    sys.path.insert(0, args.package)
+    import specdec_kernels as sk  # the checkout under test
+
+    sys.path.remove(args.package)
+    sys.path.insert(0, str(REPO))
+    import torch
+
+    from benchmarks import bench_native_cpu as bench  # its `import specdec_kernels` is the one above
+
+    torch.set_num_threads(args.threads)
+    ns = argparse.Namespace(batch=args.batch, k=args.k, vocab=args.vocab, dtypes=args.dtypes.split(","),
+                            modes=args.modes.split(","), drafts=["accept", "model"])
+    out = {"package": sk.__file__}
+    for family in args.families.split(","):
+        gen = torch.Generator().manual_seed(0)
+        logits32 = bench.family_logits(family, args.batch * (args.k + 1), args.vocab, gen)
+        out[f"read_gbs/{family}"] = logits32.numel() * 4 / bench._median_time(lambda: torch.sum(logits32), 5) / 1e9
+        for case in bench.build_cases(logits32, family, ns, gen):
+            fn = bench.ours(case, ns)
+            fn()
+            key = f"{case.family}/{case.dtype}/{case.mode}/{case.drafts_kind}"
+            out[key] = bench._median_time(fn, args.reps) * 1e3
+    print(json.dumps(out))
+
+
+def _commit_of(checkout: str) -> str:
+    proc = subprocess.run(["git", "-C", checkout, "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True)
+    return proc.stdout.strip() or "unknown"
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.ab_builds", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--before", help="checkout of the old kernels (built in place: pip install -e there)")
+    ap.add_argument("--after", default=str(REPO), help="checkout of the new kernels (default: this one)")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--k", type=int, default=3)
+    ap.add_argument("--vocab", type=int, default=151936)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--dtypes", default="bfloat16,float32")
+    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--families", default="flat,zipf")
+    ap.add_argument("--out", help="CSV to write")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--package", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        worker(args)
+        return
+    if not args.before or not args.out:
+        ap.error("--before and --out are required")
+    for name in ("rounds", "reps", "batch", "k", "vocab", "threads"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    for name, allowed in (("modes", MODES), ("families", FAMILIES), ("dtypes", ("bfloat16", "float32"))):
+        bad = [x for x in getattr(args, name).split(",") if x not in allowed]
+        if bad:
+            ap.error(f"--{name}: unknown {bad}, choose from {','.join(allowed)}")
+    builds = {"before": str(Path(args.before).resolve()), "after": str(Path(args.after).resolve())}
+    for label, path in builds.items():
+        if not (Path(path) / "specdec_kernels" / "__init__.py").exists():
+            ap.error(f"--{label} {path} holds no specdec_kernels checkout")
+    common = ["--batch", str(args.batch), "--k", str(args.k), "--vocab", str(args.vocab), "--threads",
+              str(args.threads), "--dtypes", args.dtypes, "--modes", args.modes, "--families", args.families,
+              "--reps", str(args.reps)]
+    times: dict[str, dict[str, list[float]]] = {}
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+    for r in range(args.rounds):
+        order = ("before", "after") if r % 2 == 0 else ("after", "before")
+        for label in order:
+            cmd = [sys.executable, "-m", "benchmarks.ab_builds", "--worker", "--package", builds[label], *common]
+            proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
+            if proc.returncode != 0:
+                sys.exit(f"ab_builds: the {label} build failed: {proc.stderr.strip().splitlines()[-1:]}")
+            result = json.loads(proc.stdout.strip().splitlines()[-1])
+            for key, value in result.items():
+                if key != "package":
+                    times.setdefault(key, {"before": [], "after": []})[label].append(value)
+        print(f"round {r + 1}/{args.rounds}", file=sys.stderr)
+    import torch
+
+    info = {**provenance(torch.device("cpu")), "git_commit": git_commit()}
+    command = "python -m benchmarks.ab_builds " + " ".join(sys.argv[1:] if argv is None else argv)
+    columns = ("case", "before_commit", "after_commit", "rounds", "before_median_ms", "before_min_ms",
+               "before_max_ms", "after_median_ms", "after_min_ms", "after_max_ms", "after_over_before", "command")
+    with CsvWriter(args.out, columns) as writer:
+        for key, by in times.items():
+            b, a = by["before"], by["after"]
+            # read_gbs/<family> rows hold torch.sum's GB/s in each build's processes, not milliseconds
+            writer.write({**info, "provider": "torch.sum" if key.startswith("read_gbs") else "ours",
+                          "status": "ok", "case": key, "before_commit": _commit_of(builds["before"]),
+                          "after_commit": _commit_of(builds["after"]), "rounds": args.rounds,
+                          "repeats": args.reps, "median_ms": f"{statistics.median(a):.4g}", "min_ms": f"{min(a):.4g}",
+                          "before_median_ms": f"{statistics.median(b):.4g}", "before_min_ms": f"{min(b):.4g}",
+                          "before_max_ms": f"{max(b):.4g}", "after_median_ms": f"{statistics.median(a):.4g}",
+                          "after_min_ms": f"{min(a):.4g}", "after_max_ms": f"{max(a):.4g}",
+                          "after_over_before": f"{statistics.median(a) / statistics.median(b):.3f}",
+                          "command": command})
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
