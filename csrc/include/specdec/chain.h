@@ -152,21 +152,20 @@ inline bool certain_accept(const NormalizerBound& nb, int64_t V, float z_x, floa
 template <class Exec>
 StochasticDecision stochastic_decide(const RowKernels& K, Exec& exec, const ZSource& src, const void* q,
                                      DType q_dtype, int64_t draft, bool valid, int64_t seed, int64_t position) {
+  const int64_t x = valid ? draft : 0;
+  const float q_x = load_elem(q, q_dtype, x);
+  const float coin = philox_rand(seed, position, kStreamCoin, 0);
   if (valid) {
     const NormalizerBound nb = exec.normalizer(
         [&](int64_t v0, int64_t v1) { return K.normalizer_bound(src.row, src.dtype, src.temperature, v0, v1); });
-    const float coin_q = philox_rand(seed, position, kStreamCoin, 0) * load_elem(q, q_dtype, draft);
-    if (certain_accept(nb, src.vocab, src.z(draft), coin_q)) return {true, draft};
+    if (certain_accept(nb, src.vocab, src.z(x), coin * q_x)) return {true, draft};
   }
   const SoftmaxStats st =
       exec.stats([&](int64_t v0, int64_t v1) { return K.softmax_stats(src.row, src.dtype, src.temperature, v0, v1); });
   const float m = st.max;
   const bool finite = m != -kInf;
   const float total = finite ? static_cast<float>(st.sum) : 1.0f;
-  const int64_t x = valid ? draft : 0;
   const float p_x = finite ? exp_fma_f32(src.z(x) - m) / total : (x == 0 ? 1.0f : 0.0f);
-  const float q_x = load_elem(q, q_dtype, x);
-  const float coin = philox_rand(seed, position, kStreamCoin, 0);
   if (valid && coin * q_x < p_x) return {true, draft};
   const PhiloxKey key = philox_key(seed);
   const uint32_t hi = philox_offset_hi(position);
