@@ -24,6 +24,8 @@ from pathlib import Path
 from .common import CsvWriter, git_commit, provenance
 
 REPO = Path(__file__).resolve().parent.parent
+# bench_native_cpu's modes and families; not imported from it here, because it imports specdec_kernels,
+# which a worker must take from its --package checkout.
 MODES = ("greedy", "random_det", "random_stoch")
 FAMILIES = ("flat", "peaked", "zipf", "qwen3")
 
@@ -117,19 +119,20 @@ def main(argv: list[str] | None = None) -> None:
     command = "python -m benchmarks.ab_builds " + " ".join(sys.argv[1:] if argv is None else argv)
     columns = ("case", "before_commit", "after_commit", "rounds", "before_median_ms", "before_min_ms",
                "before_max_ms", "after_median_ms", "after_min_ms", "after_max_ms", "after_over_before", "command")
+    commits = {label: _commit_of(path) for label, path in builds.items()}
     with CsvWriter(args.out, columns) as writer:
         for key, by in times.items():
-            b, a = by["before"], by["after"]
+            (b_med, b_min, b_max), (a_med, a_min, a_max) = (
+                (statistics.median(by[label]), min(by[label]), max(by[label])) for label in ("before", "after"))
             # read_gbs/<family> rows hold torch.sum's GB/s in each build's processes, not milliseconds
             writer.write({**info, "provider": "torch.sum" if key.startswith("read_gbs") else "ours",
-                          "status": "ok", "case": key, "before_commit": _commit_of(builds["before"]),
-                          "after_commit": _commit_of(builds["after"]), "rounds": args.rounds,
-                          "repeats": args.reps, "median_ms": f"{statistics.median(a):.4g}", "min_ms": f"{min(a):.4g}",
-                          "before_median_ms": f"{statistics.median(b):.4g}", "before_min_ms": f"{min(b):.4g}",
-                          "before_max_ms": f"{max(b):.4g}", "after_median_ms": f"{statistics.median(a):.4g}",
-                          "after_min_ms": f"{min(a):.4g}", "after_max_ms": f"{max(a):.4g}",
-                          "after_over_before": f"{statistics.median(a) / statistics.median(b):.3f}",
-                          "command": command})
+                          "status": "ok", "case": key, "before_commit": commits["before"],
+                          "after_commit": commits["after"], "rounds": args.rounds, "repeats": args.reps,
+                          "median_ms": f"{a_med:.4g}", "min_ms": f"{a_min:.4g}",
+                          "before_median_ms": f"{b_med:.4g}", "before_min_ms": f"{b_min:.4g}",
+                          "before_max_ms": f"{b_max:.4g}", "after_median_ms": f"{a_med:.4g}",
+                          "after_min_ms": f"{a_min:.4g}", "after_max_ms": f"{a_max:.4g}",
+                          "after_over_before": f"{a_med / b_med:.3f}", "command": command})
     print(f"wrote {args.out}")
 
 
