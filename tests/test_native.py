@@ -428,6 +428,77 @@ def test_stochastic_acceptance_at_the_coin_edge_matches_reference():
         assert proc.stdout.strip() == "bad []", (isa, proc.stdout)
 
 
+def _greedy_16bit_case(family: str, dtype: torch.dtype, V: int, gen: torch.Generator) -> dict:
+    """Greedy one-draft chains (8 requests, 16 rows) of 16-bit logits built bit by bit around what the
+    integer chunk filter of greedy_argmax_t reads: signs, +-0 ties, NaN of either sign, +inf, -inf prefixes,
+    rows that rise all the way (every chunk passes), heavy ties, maxima in the row's tail."""
+    B = 8
+    x = torch.randn(2 * B, V, generator=gen)
+    if family == "negative":  # every entry below zero: the max is the negative entry of fewest magnitude bits
+        x = -x.abs() - 0.5
+    elif family == "zeros":  # max 0, -0 and +0 entries interleaved, the first of either is the argmax
+        x = -x.abs() - 0.1
+        idx = torch.randint(0, V, (2 * B, 6), generator=gen)
+        x.scatter_(1, idx[:, :3], -0.0)
+        x.scatter_(1, idx[:, 3:], 0.0)
+    elif family == "masked":  # a long -inf prefix, then negative entries; two rows all -inf, one all NaN
+        x = -x.abs()
+        x[:, : V // 2] = float("-inf")
+        x[3] = float("-inf")
+        x[4] = float("nan")
+        x[5, : V // 2] = float("nan")
+    elif family == "rising":  # rising to mid row (most chunks beat the best so far by an ulp), then flat
+        x = torch.cat([torch.linspace(-8.0, 8.0, V // 2), torch.full((V - V // 2,), 8.0)]).repeat(2 * B, 1)
+    elif family == "ties":  # a handful of values, the max repeated in many chunks
+        x = (x * 2).round()
+    elif family == "tail":  # the max in the last entries, beyond the whole chunks
+        x[:, -7:] = x.max() + 1.0 + torch.rand(2 * B, 7, generator=gen)
+    bits = x.to(dtype).view(torch.int16).clone()
+    if family == "specials":  # NaN of both signs (as integers, the largest of each sign) and +inf
+        nan_bits, inf_bits = (0x7FC0, 0x7F80) if dtype == torch.bfloat16 else (0x7E00, 0x7C00)
+        flat = bits.view(-1)
+        idx = torch.randint(0, flat.numel(), (flat.numel() // 40,), generator=gen)
+        flat[idx[0::3]] = nan_bits
+        flat[idx[1::3]] = nan_bits - 0x8000  # the sign bit set, as int16
+        flat[idx[2::3][:: max(1, len(idx) // 60)]] = inf_bits
+    logits = bits.view(dtype)
+    z = logits.float().nan_to_num(nan=float("-inf"), posinf=torch.finfo(torch.float32).max)
+    first_max = (z == z.max(-1, keepdim=True).values).int().argmax(-1)
+    first_max[z.max(-1).values == float("-inf")] = 0
+    return dict(target_logits=logits, draft_token_ids=first_max[0::2], cu_num_draft_tokens=torch.arange(B + 1),
+                temperature=torch.zeros(B), seed=torch.arange(B), position=torch.zeros(B, dtype=torch.int64))
+
+
+@pytest.mark.parametrize("threads", ["1", "2"])
+def test_greedy_16bit_chunk_filter_matches_reference_on_every_build(threads):
+    """bf16 / fp16 greedy rows skip a chunk on integer max / min of its bits alone (greedy_argmax_t): at
+    V = 151936 and at sizes with partial chunks, one thread and the row split across two, every family of
+    _greedy_16bit_case must give the reference's tokens (all drafts are the first maximum, so every request
+    checks both of its rows). Shown able to fail: a filter without its test for negative entries fails the
+    negative, zeros and masked rows; one an ulp too strict (> t + 1) the rising rows."""
+    code = """
+        import torch, specdec_kernels as sk
+        from tests.test_native import _greedy_16bit_case
+        gen = torch.Generator().manual_seed(8)
+        bad = []
+        for dtype in (torch.bfloat16, torch.float16):
+            for V in (151936, 1537, 4099):
+                for family in ("flat", "negative", "zeros", "masked", "rising", "ties", "tail", "specials"):
+                    kw = _greedy_16bit_case(family, dtype, V, gen)
+                    ref, got = sk.verify_chain(**kw, backend="reference"), sk.verify_chain(**kw, backend="cpu")
+                    if not (torch.equal(ref.output_token_ids, got.output_token_ids)
+                            and torch.equal(ref.num_accepted, got.num_accepted)):
+                        bad.append((str(dtype), V, family))
+                    elif int(ref.num_accepted.sum()) != len(ref.num_accepted):
+                        bad.append((str(dtype), V, family, "draft rejected"))
+        print("bad", bad)
+    """
+    for isa in ("generic", "avx2", "avx512"):
+        proc = _run(code, SPECDEC_CPU_ISA=isa, OMP_NUM_THREADS=threads)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert proc.stdout.strip() == "bad []", (isa, proc.stdout)
+
+
 def test_stream_sum_reads_every_entry_and_names_a_bad_argument():
     """The CPU benchmarks' read-bandwidth probe: the sum of every entry (slices split across the threads,
     lengths that are not whole lines), and a clear error naming x for anything but contiguous float32."""

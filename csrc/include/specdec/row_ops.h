@@ -45,28 +45,73 @@ struct LaneArgMax {
 // with plain maxes on four independent registers (NaN is skipped, as sanitize makes it -inf); only a chunk
 // whose sanitized max beats the best so far is scanned again, from L1, for the first index of its max:
 // the same argmax as a lane-wise running argmax, without its compare-and-blend chain on every vector.
+inline constexpr int64_t kGreedyChunk = 256;
+
 template <DType D>
-ArgMax greedy_argmax_t(const void* row, int64_t v0, int64_t v1) {
-  constexpr int64_t kChunk = 256;
-  static_assert(kChunk % (4 * simd::W) == 0, "chunks hold whole groups of four vectors");
+SPECDEC_SIMD_INLINE void greedy_chunk(const void* row, int64_t v, ArgMax& best) {
+  static_assert(kGreedyChunk % (4 * simd::W) == 0, "chunks hold whole groups of four vectors");
   const simd::f32v neg_inf = simd::f32v{} - kInf;
-  ArgMax best = kArgMaxInit;
-  int64_t v = v0;
-  for (; v + kChunk <= v1; v += kChunk) {
-    prefetch_ahead(row, v * kElemBytes<D>, kChunk * kElemBytes<D>, v1 * kElemBytes<D>);
-    simd::f32v acc[4] = {neg_inf, neg_inf, neg_inf, neg_inf};
-    for (int64_t i = 0; i < kChunk; i += 4 * simd::W) {
-      for (int k = 0; k < 4; ++k) acc[k] = simd::max_v(load_v<D>(row, v + i + k * simd::W), acc[k]);
+  simd::f32v acc[4] = {neg_inf, neg_inf, neg_inf, neg_inf};
+  for (int64_t i = 0; i < kGreedyChunk; i += 4 * simd::W) {
+    for (int k = 0; k < 4; ++k) acc[k] = simd::max_v(load_v<D>(row, v + i + k * simd::W), acc[k]);
+  }
+  const float m = sanitize(lane_max(simd::max_v(simd::max_v(acc[0], acc[1]), simd::max_v(acc[2], acc[3]))));
+  if (!(m > best.value)) return;
+  for (int64_t i = 0;; i += simd::W) {
+    const uint32_t hit = simd::eq_mask(sanitize_v(load_v<D>(row, v + i)), m);
+    if (hit != 0) {
+      best = {m, v + i + __builtin_ctz(hit)};
+      return;
     }
-    const float m = sanitize(lane_max(simd::max_v(simd::max_v(acc[0], acc[1]), simd::max_v(acc[2], acc[3]))));
-    if (!(m > best.value)) continue;
-    for (int64_t i = 0;; i += simd::W) {
-      const uint32_t hit = simd::eq_mask(sanitize_v(load_v<D>(row, v + i)), m);
-      if (hit != 0) {
-        best = {m, v + i + __builtin_ctz(hit)};
-        break;
+  }
+}
+
+// 16-bit logits (bf16, fp16) are sign-magnitude: read as int16, entries >= +0 order like their floats and
+// entries <= -0 in reverse. So a chunk can hold an entry above the best so far b only if its largest
+// integer exceeds t, the bits of b's entry (b >= +0), or, for b < 0, if it holds a non-negative integer or
+// one below t (fewer magnitude bits). Two integer max / min per 2 W entries, no widening, decide that;
+// only chunks that pass (the first few of a row, ones holding NaN or +inf, whose integers are the largest)
+// take greedy_chunk, from L1. An over-approximation of "beats b", never an under-: the argmax is unchanged.
+// Returns where the whole chunks end (the caller finishes the row).
+template <DType D>
+SPECDEC_SIMD_INLINE int64_t greedy_filtered_16bit(const void* row, int64_t v0, int64_t v1, ArgMax& best) {
+  static_assert(kGreedyChunk % (4 * simd::W) == 0, "chunks hold whole groups of four 16-bit vectors");
+  const auto* p = static_cast<const uint16_t*>(row);
+  // -0 as t (b = +0) needs no care: only entries above +0 beat it, and the test for b < 0 admits all of those.
+  const auto bits_of = [&](int64_t i) { return static_cast<int16_t>(p[i]); };
+  int16_t t = static_cast<int16_t>(D == DType::kBFloat16 ? 0xFF80 : 0xFC00);  // -inf
+  if (best.value != -kInf) t = bits_of(best.index);
+  int64_t v = v0;
+  for (; v + 2 * kGreedyChunk <= v1; v += 2 * kGreedyChunk) {
+    prefetch_ahead(row, v * 2, 4 * kGreedyChunk, v1 * 2);
+    simd::i16v hi[2], lo[2];
+    for (int k = 0; k < 2; ++k) hi[k] = lo[k] = simd::load_i16(p + v + 2 * k * simd::W);
+    for (int64_t i = 4 * simd::W; i < 2 * kGreedyChunk; i += 4 * simd::W) {
+      for (int k = 0; k < 2; ++k) {
+        const simd::i16v x = simd::load_i16(p + v + i + 2 * k * simd::W);
+        hi[k] = simd::max_i16(hi[k], x);
+        lo[k] = simd::min_i16(lo[k], x);
       }
     }
+    const simd::i16v h = simd::max_i16(hi[0], hi[1]);
+    const bool may_beat = t >= 0 ? simd::any_gt(h, t) : simd::any_gt(h, -1) || simd::any_lt(simd::min_i16(lo[0], lo[1]), t);
+    if (!may_beat) continue;
+    const float before = best.value;
+    greedy_chunk<D>(row, v, best);
+    greedy_chunk<D>(row, v + kGreedyChunk, best);
+    if (best.value != before) t = bits_of(best.index);
+  }
+  return v;
+}
+
+template <DType D>
+ArgMax greedy_argmax_t(const void* row, int64_t v0, int64_t v1) {
+  ArgMax best = kArgMaxInit;
+  int64_t v = v0;
+  if constexpr (D != DType::kFloat32) v = greedy_filtered_16bit<D>(row, v0, v1, best);
+  for (; v + kGreedyChunk <= v1; v += kGreedyChunk) {
+    prefetch_ahead(row, v * kElemBytes<D>, kGreedyChunk * kElemBytes<D>, v1 * kElemBytes<D>);
+    greedy_chunk<D>(row, v, best);
   }
   for (; v < v1; ++v) {
     const float x = sanitize(load_elem(row, D, v));

@@ -163,6 +163,42 @@ SPECDEC_SIMD_INLINE uint32_t ge_mask(u32v a, uint32_t t) {
 #endif
 }
 
+// 16-bit floats' bits as signed integers, 2 W lanes: among entries of one sign, the order of the
+// integers is the order of the floats (ascending for the non-negative, descending for the negative).
+typedef int16_t i16v __attribute__((vector_size(4 * W)));
+
+SPECDEC_SIMD_INLINE i16v load_i16(const uint16_t* p) {
+  i16v v;
+  __builtin_memcpy(&v, p, sizeof(v));
+  return v;
+}
+SPECDEC_SIMD_INLINE i16v max_i16(i16v a, i16v b) { return a > b ? a : b; }
+SPECDEC_SIMD_INLINE i16v min_i16(i16v a, i16v b) { return a < b ? a : b; }
+
+// Whether some lane of a is > t (any_gt) or < t (any_lt).
+SPECDEC_SIMD_INLINE bool any_gt(i16v a, int16_t t) {
+#if defined(__AVX512BW__)
+  return _mm512_cmpgt_epi16_mask(bits_as<__m512i>(a), _mm512_set1_epi16(t)) != 0;
+#elif defined(__AVX2__)
+  return _mm256_movemask_epi8(_mm256_cmpgt_epi16(bits_as<__m256i>(a), _mm256_set1_epi16(t))) != 0;
+#else
+  bool any = false;
+  for (int l = 0; l < 2 * W; ++l) any |= a[l] > t;
+  return any;
+#endif
+}
+SPECDEC_SIMD_INLINE bool any_lt(i16v a, int16_t t) {
+#if defined(__AVX512BW__)
+  return _mm512_cmplt_epi16_mask(bits_as<__m512i>(a), _mm512_set1_epi16(t)) != 0;
+#elif defined(__AVX2__)
+  return _mm256_movemask_epi8(_mm256_cmpgt_epi16(_mm256_set1_epi16(t), bits_as<__m256i>(a))) != 0;
+#else
+  bool any = false;
+  for (int l = 0; l < 2 * W; ++l) any |= a[l] < t;
+  return any;
+#endif
+}
+
 // Bit l set iff a[l] == m.
 SPECDEC_SIMD_INLINE uint32_t eq_mask(f32v a, float m) {
 #if defined(__AVX512F__)
