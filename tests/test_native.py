@@ -470,12 +470,15 @@ def _greedy_16bit_case(family: str, dtype: torch.dtype, V: int, gen: torch.Gener
 
 
 @pytest.mark.parametrize("threads", ["1", "2"])
-def test_greedy_16bit_chunk_filter_matches_reference_on_every_build(threads):
-    """bf16 / fp16 greedy rows skip a chunk on integer max / min of its bits alone (greedy_argmax_t): at
+def test_16bit_integer_maxima_match_reference_on_every_build(threads):
+    """bf16 / fp16 rows are reduced on the integer max / min of their bits: greedy rows skip a chunk on them
+    (greedy_argmax_t), random rows take each Gumbel-max group's maximum from them (max_16bit). At
     V = 151936 and at sizes with partial chunks, one thread and the row split across two, every family of
-    _greedy_16bit_case must give the reference's tokens (all drafts are the first maximum, so every request
-    checks both of its rows). Shown able to fail: a filter without its test for negative entries fails the
-    negative, zeros and masked rows; one an ulp too strict (> t + 1) the rising rows."""
+    _greedy_16bit_case must give the reference's tokens, greedy (all drafts are the first maximum, so every
+    request checks both of its rows) and at T = 0.5. Shown able to fail: a greedy filter without its test
+    for negative entries fails the negative, zeros and masked rows, one an ulp too strict (> t + 1) the
+    rising rows; a group maximum that takes the largest integer whatever its sign fails the negative, zeros
+    and masked random rows, one that trusts a NaN the specials rows."""
     code = """
         import torch, specdec_kernels as sk
         from tests.test_native import _greedy_16bit_case
@@ -491,6 +494,10 @@ def test_greedy_16bit_chunk_filter_matches_reference_on_every_build(threads):
                         bad.append((str(dtype), V, family))
                     elif int(ref.num_accepted.sum()) != len(ref.num_accepted):
                         bad.append((str(dtype), V, family, "draft rejected"))
+                    kw["temperature"] = torch.full_like(kw["temperature"], 0.5)  # Gumbel-max: group maxima
+                    ref, got = sk.verify_chain(**kw, backend="reference"), sk.verify_chain(**kw, backend="cpu")
+                    if not torch.equal(ref.output_token_ids, got.output_token_ids):
+                        bad.append((str(dtype), V, family, "random"))
         print("bad", bad)
     """
     for isa in ("generic", "avx2", "avx512"):

@@ -124,19 +124,48 @@ SPECDEC_SIMD_INLINE __m512 tree16_sum(const __m512* r) {
 
 #endif
 
-SPECDEC_SIMD_INLINE float lane_max(simd::f32v x) { return simd::lane_max_of(x, -kInf); }
+// The largest lane of a running max that skipped NaN (max_v keeps its second operand): none in x.
+SPECDEC_SIMD_INLINE float lane_max(simd::f32v x) { return simd::max_lane(x); }
 
 // --- Sources' bounds over one group ------------------------------------------------------------------
 // bounds(b0, nb, ub): returns an upper bound of every block bound of blocks b0 .. b0 + nb - 1, the largest
 // of them (exact sources also write ub[j] for j < nb, -inf beyond); block_bound(b, ub, j): block b = b0 + j's
 // own bound ub_j >= L_b.
 
+// The largest of n (a multiple of 4 W) 16-bit float entries from p, NaN skipped; NaN when the integer
+// shortcut cannot tell (a NaN among the non-negative entries, or every entry a negative NaN). Read as int16
+// the bits order like the floats within each sign (row_ops.h greedy_filtered_16bit): the largest float is
+// the largest integer when one is >= 0, else the smallest. Two integer max / min per 2 W entries, where
+// widening to float32 costs a shuffle and a shift per W.
+template <DType D>
+SPECDEC_SIMD_INLINE float max_16bit(const uint16_t* p, int64_t n) {
+  simd::i16v hi[2], lo[2];
+  for (int k = 0; k < 2; ++k) hi[k] = lo[k] = simd::load_i16(p + 2 * k * simd::W);
+  for (int64_t i = 4 * simd::W; i < n; i += 4 * simd::W) {
+    for (int k = 0; k < 2; ++k) {
+      const simd::i16v x = simd::load_i16(p + i + 2 * k * simd::W);
+      hi[k] = simd::max_i16(hi[k], x);
+      lo[k] = simd::min_i16(lo[k], x);
+    }
+  }
+  const int16_t h = simd::max_lane_i16(simd::max_i16(hi[0], hi[1]));
+  const auto bits = static_cast<uint16_t>(h >= 0 ? h : simd::min_lane_i16(simd::min_i16(lo[0], lo[1])));
+  return D == DType::kBFloat16 ? bf16_to_float(bits) : fp16_to_float(bits);
+}
+
 // sanitize(max entry / T) over the blocks b0 .. b0 + nb - 1 of a row of logits (sanitize and the division
-// are monotone, so this is the largest z there exactly): one max per loaded vector, at memory speed.
+// are monotone, so this is the largest z there exactly): one max per loaded vector (16-bit logits: the
+// integer max_16bit on whole groups), at memory speed.
 template <DType D>
 SPECDEC_SIMD_INLINE float z_group_max(const ZSource& src, int64_t b0, int nb) {
   const int64_t first = b0 * kBlock;
   const int64_t last = std::min<int64_t>(first + static_cast<int64_t>(nb) * kBlock, src.vocab);
+  if constexpr (D != DType::kFloat32) {
+    if (last - first == kGroup) {
+      const float m = max_16bit<D>(static_cast<const uint16_t*>(src.row) + first, kGroup);
+      if (m == m) return sanitize(m / src.temperature);
+    }
+  }
   const simd::f32v neg_inf = simd::f32v{} - kInf;
   simd::f32v acc[4] = {neg_inf, neg_inf, neg_inf, neg_inf};
   int64_t v = first;

@@ -64,21 +64,23 @@ SPECDEC_SIMD_INLINE i32v iota_i32() {
 
 #if defined(__AVX512F__) || defined(__AVX2__)
 // Philox on 64-bit lanes, one counter per lane: one vpmuludq yields a whole 64-bit product, so a round
-// costs two multiplies, two shifts and two three-way XORs per register and yields all four words. The
+// costs two multiplies, two half swaps and two three-way XORs per register and yields all four words. The
 // high halves of the state lanes carry garbage that only ever reaches high halves again (multiplies read
-// the low 32 bits; XOR is lane-local); the words are the low halves.
+// the low 32 bits; XOR is lane-local); the words are the low halves. q_hi brings a product's high half
+// down by swapping the halves (a shuffle) rather than shifting: the multiplies and shifts both need the
+// one vector port that AVX-512 multiplies run on, the shuffle goes to another.
 #if defined(__AVX512F__)
 typedef __m512i q64v;
 SPECDEC_SIMD_INLINE q64v q_set1(uint32_t x) { return _mm512_set1_epi64(static_cast<long long>(x)); }
 SPECDEC_SIMD_INLINE q64v q_mul(q64v a, q64v b) { return _mm512_mul_epu32(a, b); }
-SPECDEC_SIMD_INLINE q64v q_hi(q64v a) { return _mm512_srli_epi64(a, 32); }
+SPECDEC_SIMD_INLINE q64v q_hi(q64v a) { return _mm512_shuffle_epi32(a, _MM_PERM_CDAB); }
 SPECDEC_SIMD_INLINE q64v q_xor3(q64v a, q64v b, q64v c) { return _mm512_ternarylogic_epi64(a, b, c, 0x96); }
 SPECDEC_SIMD_INLINE q64v q_xor(q64v a, q64v b) { return _mm512_xor_si512(a, b); }
 #else
 typedef __m256i q64v;
 SPECDEC_SIMD_INLINE q64v q_set1(uint32_t x) { return _mm256_set1_epi64x(static_cast<long long>(x)); }
 SPECDEC_SIMD_INLINE q64v q_mul(q64v a, q64v b) { return _mm256_mul_epu32(a, b); }
-SPECDEC_SIMD_INLINE q64v q_hi(q64v a) { return _mm256_srli_epi64(a, 32); }
+SPECDEC_SIMD_INLINE q64v q_hi(q64v a) { return _mm256_shuffle_epi32(a, 0xB1); }
 SPECDEC_SIMD_INLINE q64v q_xor3(q64v a, q64v b, q64v c) { return _mm256_xor_si256(_mm256_xor_si256(a, b), c); }
 SPECDEC_SIMD_INLINE q64v q_xor(q64v a, q64v b) { return _mm256_xor_si256(a, b); }
 #endif
@@ -174,6 +176,30 @@ SPECDEC_SIMD_INLINE i16v load_i16(const uint16_t* p) {
 }
 SPECDEC_SIMD_INLINE i16v max_i16(i16v a, i16v b) { return a > b ? a : b; }
 SPECDEC_SIMD_INLINE i16v min_i16(i16v a, i16v b) { return a < b ? a : b; }
+
+// The largest and the smallest lane of a.
+SPECDEC_SIMD_INLINE int16_t max_lane_i16(i16v a) {
+#if defined(__AVX512BW__)
+  const __m512i x = bits_as<__m512i>(a);  // as 32-bit lanes: both halves sign-extended, then one reduction
+  return static_cast<int16_t>(
+      _mm512_reduce_max_epi32(_mm512_max_epi32(_mm512_srai_epi32(_mm512_slli_epi32(x, 16), 16), _mm512_srai_epi32(x, 16))));
+#else
+  int16_t m = a[0];
+  for (int l = 1; l < 2 * W; ++l) m = a[l] > m ? a[l] : m;
+  return m;
+#endif
+}
+SPECDEC_SIMD_INLINE int16_t min_lane_i16(i16v a) {
+#if defined(__AVX512BW__)
+  const __m512i x = bits_as<__m512i>(a);
+  return static_cast<int16_t>(
+      _mm512_reduce_min_epi32(_mm512_min_epi32(_mm512_srai_epi32(_mm512_slli_epi32(x, 16), 16), _mm512_srai_epi32(x, 16))));
+#else
+  int16_t m = a[0];
+  for (int l = 1; l < 2 * W; ++l) m = a[l] < m ? a[l] : m;
+  return m;
+#endif
+}
 
 // Whether some lane of a is > t (any_gt) or < t (any_lt).
 SPECDEC_SIMD_INLINE bool any_gt(i16v a, int16_t t) {
@@ -327,6 +353,21 @@ SPECDEC_SIMD_INLINE f32v min_v(f32v a, f32v b) {  // a < b ? a : b (b if either 
 SPECDEC_SIMD_INLINE float lane_max_of(f32v x, float m) {
   for (int l = 0; l < W; ++l) m = x[l] > m ? x[l] : m;
   return m;
+}
+
+// The largest lane of x, which must hold no NaN, by a tree of maxes (a few shuffles, where lane_max_of is a
+// chain of W scalar maxes); +0 and -0 may come out either way, which compares and sanitize do not tell apart.
+SPECDEC_SIMD_INLINE float max_lane(f32v x) {
+#if defined(__AVX512F__)
+  return _mm512_reduce_max_ps(bits_as<__m512>(x));
+#elif defined(__AVX2__)
+  const __m256 v = bits_as<__m256>(x);
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  return _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps(m, m, 1)));
+#else
+  return lane_max_of(x, x[0]);
+#endif
 }
 
 // exp(x) for x <= 0 (or -inf), the normalizer's terms: no overflow, and results below exp(-87) (which
