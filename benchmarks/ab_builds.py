@@ -21,7 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .common import CsvWriter, git_commit, provenance
+from .common import CsvWriter, choice_list, git_commit, provenance, require_positive
 
 REPO = Path(__file__).resolve().parent.parent
 # bench_native_cpu's modes and families; not imported from it here, because it imports specdec_kernels,
@@ -42,10 +42,10 @@ def worker(args) -> None:
     from benchmarks import bench_native_cpu as bench  # its `import specdec_kernels` is the one above
 
     torch.set_num_threads(args.threads)
-    ns = argparse.Namespace(batch=args.batch, k=args.k, vocab=args.vocab, dtypes=args.dtypes.split(","),
-                            modes=args.modes.split(","), drafts=["accept", "model"])
+    ns = argparse.Namespace(batch=args.batch, k=args.k, vocab=args.vocab, dtypes=args.dtypes,
+                            modes=args.modes, drafts=["accept", "model"])
     out = {"package": sk.__file__}
-    for family in args.families.split(","):
+    for family in args.families:
         gen = torch.Generator().manual_seed(0)
         logits32 = bench.family_logits(family, args.batch * (args.k + 1), args.vocab, gen)
         out[f"read_gbs/{family}"] = logits32.numel() * 4 / bench._median_time(lambda: torch.sum(logits32), 5) / 1e9
@@ -73,9 +73,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--k", type=int, default=3)
     ap.add_argument("--vocab", type=int, default=151936)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--dtypes", default="bfloat16,float32")
-    ap.add_argument("--modes", default=",".join(MODES))
-    ap.add_argument("--families", default="flat,zipf")
+    ap.add_argument("--dtypes", type=choice_list(("bfloat16", "float32")), default=["bfloat16", "float32"])
+    ap.add_argument("--modes", type=choice_list(MODES), default=list(MODES))
+    ap.add_argument("--families", type=choice_list(FAMILIES), default=["flat", "zipf"])
     ap.add_argument("--out", help="CSV to write")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--package", help=argparse.SUPPRESS)
@@ -85,19 +85,14 @@ def main(argv: list[str] | None = None) -> None:
         return
     if not args.before or not args.out:
         ap.error("--before and --out are required")
-    for name in ("rounds", "reps", "batch", "k", "vocab", "threads"):
-        if getattr(args, name) < 1:
-            ap.error(f"--{name} must be >= 1, got {getattr(args, name)}")
-    for name, allowed in (("modes", MODES), ("families", FAMILIES), ("dtypes", ("bfloat16", "float32"))):
-        bad = [x for x in getattr(args, name).split(",") if x not in allowed]
-        if bad:
-            ap.error(f"--{name}: unknown {bad}, choose from {','.join(allowed)}")
+    require_positive(ap, args, ("rounds", "reps", "batch", "k", "vocab", "threads"))
     builds = {"before": str(Path(args.before).resolve()), "after": str(Path(args.after).resolve())}
     for label, path in builds.items():
         if not (Path(path) / "specdec_kernels" / "__init__.py").exists():
             ap.error(f"--{label} {path} holds no specdec_kernels checkout")
     common = ["--batch", str(args.batch), "--k", str(args.k), "--vocab", str(args.vocab), "--threads",
-              str(args.threads), "--dtypes", args.dtypes, "--modes", args.modes, "--families", args.families,
+              str(args.threads), "--dtypes", ",".join(args.dtypes), "--modes", ",".join(args.modes),
+              "--families", ",".join(args.families),
               "--reps", str(args.reps)]
     times: dict[str, dict[str, list[float]]] = {}
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 import torch
 
-from benchmarks.common import CsvWriter, parse_int_list, parse_str_list, provenance
+from benchmarks.common import CsvWriter, parse_int_list, parse_str_list, provenance, require_positive
 from specdec_kernels import native
 from specdec_kernels.models import KVCache, ModelConfig, Qwen3
 
@@ -160,9 +160,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if bad or not a.heads or "torch" not in a.providers:
         ap.error(f"--heads from {','.join(HEADS)}, --providers from {','.join(PROVIDERS)} including torch "
                  f"(got {','.join(bad) or 'no torch'})")
-    for name in ("context", "threads", "rounds", "reps"):
-        if getattr(a, name) < 1:
-            ap.error(f"--{name.replace('_', '-')} must be >= 1")
+    require_positive(ap, a, ("context", "threads", "rounds", "reps"))
     if not a.requests or not a.new_tokens or min(a.requests + a.new_tokens) < 1:
         ap.error("--requests and --new-tokens must be positive integers")
     return a

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 import torch
 
 from benchmarks.bench_decoder_step import allow_compiled_cases
-from benchmarks.common import CsvWriter, parse_int_list, parse_str_list, provenance
+from benchmarks.common import CsvWriter, parse_int_list, parse_str_list, provenance, require_positive
 from specdec_kernels import native as native_ext
 from specdec_kernels.drafters import head_ops
 from specdec_kernels.drafters.eagle3 import Eagle3Config, Eagle3Drafter, Eagle3Head
@@ -210,9 +210,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if bad or "torch" not in a.providers:
         ap.error(f"--heads from {','.join(HEADS)}, --providers from torch,torch_compile,native,triton including "
                  f"torch (got {','.join(bad) or 'no torch'})")
-    for name in ("k", "context", "threads", "rounds", "reps"):
-        if getattr(a, name) < 1:
-            ap.error(f"--{name} must be >= 1")
+    require_positive(ap, a, ("k", "context", "threads", "rounds", "reps"))
     if not a.rows or min(a.rows) < 1:
         ap.error("--rows must be positive integers")
     if a.device == "cuda" and not torch.cuda.is_available():

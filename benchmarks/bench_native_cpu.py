@@ -54,7 +54,7 @@ import torch
 import specdec_kernels as sk
 from specdec_kernels import native
 
-from .common import CsvWriter, provenance
+from .common import CsvWriter, choice_list, provenance, require_positive
 
 FAMILIES = ("flat", "zipf", "peaked", "qwen3")
 MODES = ("greedy", "random_det", "random_stoch")
@@ -342,16 +342,6 @@ def run_family(family: str, args, gen: torch.Generator, writer: CsvWriter, info:
                       "copy_gbs": f"{copy_gbs / 1e9:.4g}"})
 
 
-def _csv_list(choices: tuple[str, ...]) -> Callable[[str], list[str]]:
-    def parse(text: str) -> list[str]:
-        items = [x.strip() for x in text.split(",") if x.strip()]
-        bad = [x for x in items if x not in choices]
-        if bad or not items:
-            raise argparse.ArgumentTypeError(f"choose from {','.join(choices)} (got {text!r})")
-        return items
-    return parse
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_native_cpu", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -361,16 +351,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--threads", type=int, default=2, help="torch and OpenMP threads (default 2)")
     ap.add_argument("--rounds", type=int, default=3, help="repetitions of the whole interleaved sweep")
     ap.add_argument("--reps", type=int, default=2, help="timed calls per provider and round (median)")
-    ap.add_argument("--families", type=_csv_list(FAMILIES), default=list(FAMILIES))
-    ap.add_argument("--dtypes", type=_csv_list(tuple(DTYPES)), default=list(DTYPES))
-    ap.add_argument("--modes", type=_csv_list(MODES), default=list(MODES))
-    ap.add_argument("--drafts", type=_csv_list(("accept", "model")), default=["accept", "model"])
-    ap.add_argument("--providers", type=_csv_list(PROVIDERS), default=list(PROVIDERS))
+    ap.add_argument("--families", type=choice_list(FAMILIES), default=list(FAMILIES))
+    ap.add_argument("--dtypes", type=choice_list(tuple(DTYPES)), default=list(DTYPES))
+    ap.add_argument("--modes", type=choice_list(MODES), default=list(MODES))
+    ap.add_argument("--drafts", type=choice_list(("accept", "model")), default=["accept", "model"])
+    ap.add_argument("--providers", type=choice_list(PROVIDERS), default=list(PROVIDERS))
     ap.add_argument("--out", required=True, help="CSV path (written row by row)")
     args = ap.parse_args(argv)
-    for name in ("batch", "k", "vocab", "threads", "rounds", "reps"):
-        if getattr(args, name) < 1:
-            ap.error(f"--{name} must be >= 1")
+    require_positive(ap, args, ("batch", "k", "vocab", "threads", "rounds", "reps"))
     return args
 
 

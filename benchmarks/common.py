@@ -7,6 +7,7 @@ share one format (columns :data:`BASE_COLUMNS` + the op's own columns).
 
 from __future__ import annotations
 
+import argparse
 import csv
 import datetime as _dt
 import os
@@ -177,6 +178,25 @@ def read_csv(paths: Iterable[str | os.PathLike]) -> list[dict[str, str]]:
         with open(path, newline="") as f:
             rows.extend(csv.DictReader(f))
     return rows
+
+
+def choice_list(choices: Sequence[str]) -> Callable[[str], list[str]]:
+    """An argparse ``type``: comma-separated names, each one of ``choices`` (a one-line error otherwise)."""
+    def parse(text: str) -> list[str]:
+        items = [x.strip() for x in text.split(",") if x.strip()]
+        bad = [x for x in items if x not in choices]
+        if bad or not items:
+            raise argparse.ArgumentTypeError(f"choose from {','.join(choices)} (got {text!r})")
+        return items
+    return parse
+
+
+def require_positive(ap: argparse.ArgumentParser, args: argparse.Namespace, names: Iterable[str]) -> None:
+    """``ap.error`` (one line, exit 2) naming the first of the integer options ``names`` that is below 1."""
+    for name in names:
+        value = getattr(args, name)
+        if value < 1:
+            ap.error(f"--{name.replace('_', '-')} must be >= 1, got {value}")
 
 
 def parse_int_list(text: str) -> list[int]:
