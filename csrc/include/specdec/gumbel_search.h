@@ -137,19 +137,27 @@ SPECDEC_SIMD_INLINE float lane_max(simd::f32v x) { return simd::max_lane(x); }
 // the bits order like the floats within each sign (row_ops.h greedy_filtered_16bit): the largest float is
 // the largest integer when one is >= 0, else the smallest. Two integer max / min per 2 W entries, where
 // widening to float32 costs a shuffle and a shift per W.
-template <DType D>
-SPECDEC_SIMD_INLINE float max_16bit(const uint16_t* p, int64_t n) {
-  simd::i16v hi[2], lo[2];
-  for (int k = 0; k < 2; ++k) hi[k] = lo[k] = simd::load_i16(p + 2 * k * simd::W);
+// Lane-wise max and min of the n (a multiple of 4 W) 16-bit entries from p, read as int16.
+SPECDEC_SIMD_INLINE void minmax_i16(const uint16_t* p, int64_t n, simd::i16v& hi, simd::i16v& lo) {
+  simd::i16v h[2], l[2];  // two independent chains each
+  for (int k = 0; k < 2; ++k) h[k] = l[k] = simd::load_i16(p + 2 * k * simd::W);
   for (int64_t i = 4 * simd::W; i < n; i += 4 * simd::W) {
     for (int k = 0; k < 2; ++k) {
       const simd::i16v x = simd::load_i16(p + i + 2 * k * simd::W);
-      hi[k] = simd::max_i16(hi[k], x);
-      lo[k] = simd::min_i16(lo[k], x);
+      h[k] = simd::max_i16(h[k], x);
+      l[k] = simd::min_i16(l[k], x);
     }
   }
-  const int16_t h = simd::max_lane_i16(simd::max_i16(hi[0], hi[1]));
-  const auto bits = static_cast<uint16_t>(h >= 0 ? h : simd::min_lane_i16(simd::min_i16(lo[0], lo[1])));
+  hi = simd::max_i16(h[0], h[1]);
+  lo = simd::min_i16(l[0], l[1]);
+}
+
+template <DType D>
+SPECDEC_SIMD_INLINE float max_16bit(const uint16_t* p, int64_t n) {
+  simd::i16v hi, lo;
+  minmax_i16(p, n, hi, lo);
+  const int16_t h = simd::extreme_lane_i16<true>(hi);
+  const auto bits = static_cast<uint16_t>(h >= 0 ? h : simd::extreme_lane_i16<false>(lo));
   return D == DType::kBFloat16 ? bf16_to_float(bits) : fp16_to_float(bits);
 }
 

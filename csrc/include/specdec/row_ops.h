@@ -84,17 +84,9 @@ SPECDEC_SIMD_INLINE int64_t greedy_filtered_16bit(const void* row, int64_t v0, i
   int64_t v = v0;
   for (; v + 2 * kGreedyChunk <= v1; v += 2 * kGreedyChunk) {
     prefetch_ahead(row, v * 2, 4 * kGreedyChunk, v1 * 2);
-    simd::i16v hi[2], lo[2];
-    for (int k = 0; k < 2; ++k) hi[k] = lo[k] = simd::load_i16(p + v + 2 * k * simd::W);
-    for (int64_t i = 4 * simd::W; i < 2 * kGreedyChunk; i += 4 * simd::W) {
-      for (int k = 0; k < 2; ++k) {
-        const simd::i16v x = simd::load_i16(p + v + i + 2 * k * simd::W);
-        hi[k] = simd::max_i16(hi[k], x);
-        lo[k] = simd::min_i16(lo[k], x);
-      }
-    }
-    const simd::i16v h = simd::max_i16(hi[0], hi[1]);
-    const bool may_beat = t >= 0 ? simd::any_gt(h, t) : simd::any_gt(h, -1) || simd::any_lt(simd::min_i16(lo[0], lo[1]), t);
+    simd::i16v hi, lo;
+    minmax_i16(p + v, 2 * kGreedyChunk, hi, lo);
+    const bool may_beat = t >= 0 ? simd::any_gt(hi, t) : simd::any_gt(hi, -1) || simd::any_lt(lo, t);
     if (!may_beat) continue;
     const float before = best.value;
     greedy_chunk<D>(row, v, best);

@@ -177,53 +177,35 @@ SPECDEC_SIMD_INLINE i16v load_i16(const uint16_t* p) {
 SPECDEC_SIMD_INLINE i16v max_i16(i16v a, i16v b) { return a > b ? a : b; }
 SPECDEC_SIMD_INLINE i16v min_i16(i16v a, i16v b) { return a < b ? a : b; }
 
-// The largest and the smallest lane of a.
-SPECDEC_SIMD_INLINE int16_t max_lane_i16(i16v a) {
+// The largest (kMax) or the smallest lane of a.
+template <bool kMax>
+SPECDEC_SIMD_INLINE int16_t extreme_lane_i16(i16v a) {
 #if defined(__AVX512BW__)
   const __m512i x = bits_as<__m512i>(a);  // as 32-bit lanes: both halves sign-extended, then one reduction
-  return static_cast<int16_t>(
-      _mm512_reduce_max_epi32(_mm512_max_epi32(_mm512_srai_epi32(_mm512_slli_epi32(x, 16), 16), _mm512_srai_epi32(x, 16))));
+  const __m512i lo = _mm512_srai_epi32(_mm512_slli_epi32(x, 16), 16), hi = _mm512_srai_epi32(x, 16);
+  return static_cast<int16_t>(kMax ? _mm512_reduce_max_epi32(_mm512_max_epi32(lo, hi))
+                                   : _mm512_reduce_min_epi32(_mm512_min_epi32(lo, hi)));
 #else
   int16_t m = a[0];
-  for (int l = 1; l < 2 * W; ++l) m = a[l] > m ? a[l] : m;
-  return m;
-#endif
-}
-SPECDEC_SIMD_INLINE int16_t min_lane_i16(i16v a) {
-#if defined(__AVX512BW__)
-  const __m512i x = bits_as<__m512i>(a);
-  return static_cast<int16_t>(
-      _mm512_reduce_min_epi32(_mm512_min_epi32(_mm512_srai_epi32(_mm512_slli_epi32(x, 16), 16), _mm512_srai_epi32(x, 16))));
-#else
-  int16_t m = a[0];
-  for (int l = 1; l < 2 * W; ++l) m = a[l] < m ? a[l] : m;
+  for (int l = 1; l < 2 * W; ++l) m = (kMax ? a[l] > m : a[l] < m) ? a[l] : m;
   return m;
 #endif
 }
 
-// Whether some lane of a is > t (any_gt) or < t (any_lt).
-SPECDEC_SIMD_INLINE bool any_gt(i16v a, int16_t t) {
+// Whether some lane of a is greater than the same lane of b; any_gt / any_lt against one value t.
+SPECDEC_SIMD_INLINE bool any_greater(i16v a, i16v b) {
 #if defined(__AVX512BW__)
-  return _mm512_cmpgt_epi16_mask(bits_as<__m512i>(a), _mm512_set1_epi16(t)) != 0;
+  return _mm512_cmpgt_epi16_mask(bits_as<__m512i>(a), bits_as<__m512i>(b)) != 0;
 #elif defined(__AVX2__)
-  return _mm256_movemask_epi8(_mm256_cmpgt_epi16(bits_as<__m256i>(a), _mm256_set1_epi16(t))) != 0;
+  return _mm256_movemask_epi8(_mm256_cmpgt_epi16(bits_as<__m256i>(a), bits_as<__m256i>(b))) != 0;
 #else
   bool any = false;
-  for (int l = 0; l < 2 * W; ++l) any |= a[l] > t;
+  for (int l = 0; l < 2 * W; ++l) any |= a[l] > b[l];
   return any;
 #endif
 }
-SPECDEC_SIMD_INLINE bool any_lt(i16v a, int16_t t) {
-#if defined(__AVX512BW__)
-  return _mm512_cmplt_epi16_mask(bits_as<__m512i>(a), _mm512_set1_epi16(t)) != 0;
-#elif defined(__AVX2__)
-  return _mm256_movemask_epi8(_mm256_cmpgt_epi16(_mm256_set1_epi16(t), bits_as<__m256i>(a))) != 0;
-#else
-  bool any = false;
-  for (int l = 0; l < 2 * W; ++l) any |= a[l] < t;
-  return any;
-#endif
-}
+SPECDEC_SIMD_INLINE bool any_gt(i16v a, int16_t t) { return any_greater(a, i16v{} + t); }
+SPECDEC_SIMD_INLINE bool any_lt(i16v a, int16_t t) { return any_greater(i16v{} + t, a); }
 
 // Bit l set iff a[l] == m.
 SPECDEC_SIMD_INLINE uint32_t eq_mask(f32v a, float m) {
