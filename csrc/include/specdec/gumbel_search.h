@@ -391,11 +391,15 @@ ArgMax search_blocks(const Bounds& src, const PhiloxKey& key, uint32_t hi, int s
       while (hit != 0) {
         const int j = j0 + __builtin_ctz(hit);
         hit &= hit - 1;
-        const float u = philox_uniform(words[j]);
         const int64_t b = b0 + j;
-        // The exact test: the block's bound plus -log(1 - u) + slack reaches the best score so far.
         const float ub_j = src.block_bound(b, ub, j);
-        if (ub_j == -kInf || ub_j + (kGumbelSlack - log_f32(1.0f - u)) < bound) continue;
+        // The group's word test again with the block's own bound (looser than the exact test, as above, and
+        // a table read where the exact test takes a log): most candidates stop here.
+        const uint32_t folded = words[j] >= 0x80000000u ? ~words[j] : words[j];
+        if (ub_j == -kInf || folded < word_threshold(bound, ub_j)) continue;
+        // The exact test: the block's bound plus -log(1 - u) + slack reaches the best score so far.
+        const float u = philox_uniform(words[j]);
+        if (ub_j + (kGumbelSlack - log_f32(1.0f - u)) < bound) continue;
         const float mass = Bounds::kExact ? ub_j : src.log_mass(b);
         best = better(best, ArgMax{mass - gumbel_log_term(u), b});
         bound = best.value > bound ? best.value : bound;
