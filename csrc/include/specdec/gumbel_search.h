@@ -132,11 +132,6 @@ SPECDEC_SIMD_INLINE float lane_max(simd::f32v x) { return simd::max_lane(x); }
 // of them (exact sources also write ub[j] for j < nb, -inf beyond); block_bound(b, ub, j): block b = b0 + j's
 // own bound ub_j >= L_b.
 
-// The largest of n (a multiple of 4 W) 16-bit float entries from p, NaN skipped; NaN when the integer
-// shortcut cannot tell (a NaN among the non-negative entries, or every entry a negative NaN). Read as int16
-// the bits order like the floats within each sign (row_ops.h greedy_filtered_16bit): the largest float is
-// the largest integer when one is >= 0, else the smallest. Two integer max / min per 2 W entries, where
-// widening to float32 costs a shuffle and a shift per W.
 // Lane-wise max and min of the n (a multiple of 4 W) 16-bit entries from p, read as int16.
 SPECDEC_SIMD_INLINE void minmax_i16(const uint16_t* p, int64_t n, simd::i16v& hi, simd::i16v& lo) {
   simd::i16v h[2], l[2];  // two independent chains each
@@ -152,6 +147,11 @@ SPECDEC_SIMD_INLINE void minmax_i16(const uint16_t* p, int64_t n, simd::i16v& hi
   lo = simd::min_i16(l[0], l[1]);
 }
 
+// The largest of n (a multiple of 4 W) 16-bit float entries from p, NaN skipped; NaN when the integer
+// shortcut cannot tell (a NaN among the non-negative entries, or every entry a negative NaN). Read as int16
+// the bits order like the floats within each sign (row_ops.h greedy_filtered_16bit): the largest float is
+// the largest integer when one is >= 0, else the smallest. Two integer max / min per 2 W entries, where
+// widening to float32 costs a shuffle and a shift per W.
 template <DType D>
 SPECDEC_SIMD_INLINE float max_16bit(const uint16_t* p, int64_t n) {
   simd::i16v hi, lo;
