@@ -431,7 +431,7 @@ def test_stochastic_acceptance_at_the_coin_edge_matches_reference():
 def _greedy_16bit_case(family: str, dtype: torch.dtype, V: int, gen: torch.Generator) -> dict:
     """Greedy one-draft chains (8 requests, 16 rows) of 16-bit logits built bit by bit around what the
     integer chunk filter of greedy_argmax_t reads: signs, +-0 ties, NaN of either sign, +inf, -inf prefixes,
-    rows that rise all the way (every chunk passes), heavy ties, maxima in the row's tail."""
+    rows that rise by ulps to mid row (most chunks pass), heavy ties, maxima in the row's tail."""
     B = 8
     x = torch.randn(2 * B, V, generator=gen)
     if family == "negative":  # every entry below zero: the max is the negative entry of fewest magnitude bits
@@ -534,9 +534,13 @@ def test_lane_wise_block_log_masses_match_the_scalar_ones_bit_for_bit(isa, tmp_p
 
 
 def _cpu_has(isa: str) -> bool:
-    flags = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
+    flags: set[str] = set()
+    if os.path.exists("/proc/cpuinfo"):
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("flags"):
+                flags.update(line.split(":", 1)[1].split())
     need = {"avx2": ("avx2", "fma"), "avx512": ("avx512f", "avx512bw", "avx512dq", "avx512vl", "fma")}[isa]
-    return all(f" {f}" in flags for f in need)
+    return all(f in flags for f in need)
 
 
 def test_stream_sum_reads_every_entry_and_names_a_bad_argument():
