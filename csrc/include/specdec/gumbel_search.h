@@ -211,16 +211,20 @@ SPECDEC_SIMD_INLINE float z_log_mass(const ZSource& src, int64_t b) {
   return mx + log_f32(block_sum16(e));
 }
 
+// ResidualSource::residual of the W entries from v, lane-wise (a finite row max: src.max != -inf).
+template <DType D, DType Q>
+SPECDEC_SIMD_INLINE simd::f32v residual_v(const ResidualSource& src, int64_t v) {
+  const simd::f32v z = sanitize_v(load_v<D>(src.target.row, v) / src.target.temperature);
+  const simd::f32v d = simd::exp_fma(z - src.max) / src.total - load_v<Q>(src.q, v);
+  return d > 0.0f ? d : 0.0f;
+}
+
 template <DType D, DType Q>
 SPECDEC_SIMD_INLINE float residual_log_mass(const ResidualSource& src, int64_t b) {
   const int64_t first = b * kBlock;
   if (first + kBlock > src.target.vocab || src.max == -kInf) return src.log_mass(b);
   alignas(64) float w[kBlock];
-  for (int i = 0; i < kBlock; i += simd::W) {
-    const simd::f32v z = sanitize_v(load_v<D>(src.target.row, first + i) / src.target.temperature);
-    const simd::f32v d = simd::exp_fma(z - src.max) / src.total - load_v<Q>(src.q, first + i);
-    simd::store(w + i, d > 0.0f ? d : 0.0f);
-  }
+  for (int i = 0; i < kBlock; i += simd::W) simd::store(w + i, residual_v<D, Q>(src, first + i));
   return log_f32(block_sum16(w));
 }
 
@@ -280,12 +284,7 @@ struct ResidualBounds {
     const float best = weight_group_bounds(b0, nb, src.target.vocab, ub, [this](int64_t first, int n, float* w) {
       int i = 0;
       if (src.max != -kInf) {
-        const float t = src.target.temperature, m = src.max, total = src.total;
-        for (; i + simd::W <= n; i += simd::W) {
-          const simd::f32v z = sanitize_v(load_v<D>(src.target.row, first + i) / t);
-          const simd::f32v d = simd::exp_fma(z - m) / total - load_v<Q>(src.q, first + i);
-          simd::store(w + i, d > 0.0f ? d : 0.0f);
-        }
+        for (; i + simd::W <= n; i += simd::W) simd::store(w + i, residual_v<D, Q>(src, first + i));
       }
       for (; i < n; ++i) w[i] = src.residual(first + i);
     });
@@ -395,8 +394,7 @@ ArgMax search_blocks(const Bounds& src, const PhiloxKey& key, uint32_t hi, int s
         const float ub_j = src.block_bound(b, ub, j);
         // The group's word test again with the block's own bound (looser than the exact test, as above, and
         // a table read where the exact test takes a log): most candidates stop here.
-        const uint32_t folded = words[j] >= 0x80000000u ? ~words[j] : words[j];
-        if (ub_j == -kInf || folded < word_threshold(bound, ub_j)) continue;
+        if (ub_j == -kInf || fold_word(words[j]) < word_threshold(bound, ub_j)) continue;
         // The exact test: the block's bound plus -log(1 - u) + slack reaches the best score so far.
         const float u = philox_uniform(words[j]);
         if (ub_j + (kGumbelSlack - log_f32(1.0f - u)) < bound) continue;

@@ -78,10 +78,12 @@ SPECDEC_HD uint32_t philox_word(const PhiloxKey& key, uint32_t c0, uint32_t c1) 
   return w[0];
 }
 
+// The 31-bit integer of a word that philox_uniform scales (the searches compare it with thresholds).
+SPECDEC_HD uint32_t fold_word(uint32_t word) { return word >= 0x80000000u ? ~word : word; }
+
 // Triton's uint_to_uniform_float for 32-bit words.
 SPECDEC_HD float philox_uniform(uint32_t word) {
-  const uint32_t folded = word >= 0x80000000u ? ~word : word;
-  return static_cast<float>(static_cast<int32_t>(folded)) * kUniformScale;
+  return static_cast<float>(static_cast<int32_t>(fold_word(word))) * kUniformScale;
 }
 
 // Low and high counter words of draw index i: offset = (position << 32) | (stream << 30) | (i >> 2).

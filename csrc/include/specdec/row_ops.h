@@ -75,7 +75,6 @@ SPECDEC_SIMD_INLINE void greedy_chunk(const void* row, int64_t v, ArgMax& best) 
 // Returns where the whole chunks end (the caller finishes the row).
 template <DType D>
 SPECDEC_SIMD_INLINE int64_t greedy_filtered_16bit(const void* row, int64_t v0, int64_t v1, ArgMax& best) {
-  static_assert(kGreedyChunk % (4 * simd::W) == 0, "chunks hold whole groups of four 16-bit vectors");
   const auto* p = static_cast<const uint16_t*>(row);
   // -0 as t (b = +0) needs no care: only entries above +0 beat it, and the test for b < 0 admits all of those.
   const auto bits_of = [&](int64_t i) { return static_cast<int16_t>(p[i]); };
@@ -83,7 +82,7 @@ SPECDEC_SIMD_INLINE int64_t greedy_filtered_16bit(const void* row, int64_t v0, i
   if (best.value != -kInf) t = bits_of(best.index);
   int64_t v = v0;
   for (; v + 2 * kGreedyChunk <= v1; v += 2 * kGreedyChunk) {
-    prefetch_ahead(row, v * 2, 4 * kGreedyChunk, v1 * 2);
+    prefetch_ahead(row, v * kElemBytes<D>, 2 * kGreedyChunk * kElemBytes<D>, v1 * kElemBytes<D>);
     simd::i16v hi, lo;
     minmax_i16(p + v, 2 * kGreedyChunk, hi, lo);
     const bool may_beat = t >= 0 ? simd::any_gt(hi, t) : simd::any_gt(hi, -1) || simd::any_lt(lo, t);

@@ -225,7 +225,7 @@ SPECDEC_SIMD_INLINE uint32_t eq_mask(f32v a, float m) {
 }
 
 SPECDEC_SIMD_INLINE f32v philox_uniform(u32v w) {
-  const u32v folded = w >= 0x80000000u ? ~w : w;
+  const u32v folded = fold(w);
   return __builtin_convertvector(reinterpret_cast<const i32v&>(folded), f32v) * kUniformScale;
 }
 
