@@ -8,11 +8,14 @@ One run times, on the same inputs and threads, side by side:
 - ``torch`` / ``torch_compile``: the plainest strong torch verifier, eager and ``torch.compile``d: argmax
   (greedy), Gumbel-max by the exponential race ``argmax(z - log E)`` (random, deterministic drafts), or
   softmax + coins + ``argmax(residual / E)`` (random, stochastic drafts) over every row at once;
-- ``stream`` (``specdec_kernels.native.stream_sum``: a read-only pass over the fp32 logits with the
-  verification passes' own software prefetch, on the same threads) and ``sum`` (``torch.sum``, without
-  prefetch): the faster of the two in a round is the machine's read bandwidth, the reference of every
-  fraction (``torch.sum`` alone reads 10-25 % slower on some machines, and kernels that prefetch showed
-  over 100 % of it); ``copy`` (``dst.copy_(src)``, bandwidth counted as read + written bytes).
+- ``stream`` (``specdec_kernels.native.stream_sum``: a read-only pass with the verification passes' own
+  software prefetch, on the same threads) and ``sum`` (``torch.sum``, without prefetch), each over every
+  dtype's own logits tensor (bf16 entries read in pairs as 32-bit words by ``stream``): the faster of the
+  two in a round is the read bandwidth of that dtype's bytes, the reference of that dtype's fractions
+  (``torch.sum`` alone reads 10-25 % slower on some machines, and kernels that prefetch showed over 100 %
+  of it; a bf16 case is a read of half the fp32 bytes, so its call's fixed costs weigh twice as much, and
+  so they do in its reference); ``copy`` (``dst.copy_(src)`` over the fp32 logits, bandwidth counted as
+  read + written bytes).
 
 Protocol: for each logits family the inputs are built once; then ``--rounds`` rounds each time every case
 and every provider (``--reps`` calls, median), providers in one order on even rounds and reversed on odd
@@ -24,7 +27,7 @@ probabilities are not counted: an accepted row needs q at the draft token only, 
 search reads q only on its few candidate blocks (counting whole q rows, as this benchmark did before, made
 the stochastic fractions look up to twice as good);
 ``read_fraction`` = median over rounds of ``must_read_bytes / time / read bandwidth`` (the faster of
-``stream`` and ``sum`` in the same round), with its min / max.
+``stream`` and ``sum`` over the case's dtype in the same round), with its min / max.
 
 Cases: fp32 and bf16 logits, temperature 1 (RL rollouts), greedy and random sampling, deterministic and
 stochastic drafts, drafts ``accept`` (the worst case: drafts are our own samples, or q = p, so every draft
@@ -281,8 +284,14 @@ def run_family(family: str, args, gen: torch.Generator, writer: CsvWriter, info:
     logits32 = family_logits(family, rows, args.vocab, gen)
     cases = build_cases(logits32, family, args, gen)
     dst = torch.empty_like(logits32)
-    bandwidth = {"stream": lambda: native.stream_sum(logits32), "sum": lambda: torch.sum(logits32),
-                 "copy": lambda: dst.copy_(logits32)}
+    # The read probes run over each dtype's own logits tensor: a bf16 case is judged against a read of its
+    # own bytes (half the fp32 tensor's), fixed costs of a call included.
+    tensors = {c.dtype: c.logits for c in cases}
+    bandwidth: dict[tuple[str, str], Callable[[], object]] = {}
+    for dtype, x in tensors.items():
+        bandwidth["stream", dtype] = lambda x=x: native.stream_sum(_as_words(x))
+        bandwidth["sum", dtype] = lambda x=x: torch.sum(x)
+    bandwidth["copy", "float32"] = lambda: dst.copy_(logits32)
     callables: dict[tuple[int, str], Callable[[], object]] = {}
     status: dict[tuple[int, str], str] = {}
     for i, case in enumerate(cases):
@@ -302,44 +311,54 @@ def run_family(family: str, args, gen: torch.Generator, writer: CsvWriter, info:
                 status[i, name] = f"error: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
     accepted = {i: ours(c, args)().num_accepted for i, c in enumerate(cases)}
     times: dict[tuple[int, str], list[float]] = {key: [] for key in callables}
-    bw_times: dict[str, list[float]] = {name: [] for name in bandwidth}
+    bw_times: dict[tuple[str, str], list[float]] = {key: [] for key in bandwidth}
     for r in range(args.rounds):
         order = list(bandwidth) + list(range(len(cases)))
         for item in order if r % 2 == 0 else order[::-1]:
-            if isinstance(item, str):
+            if isinstance(item, tuple):
                 bw_times[item].append(_median_time(bandwidth[item], args.reps))
                 continue
             names = [n for n in args.providers if (item, n) in callables]
             for name in names if r % 2 == 0 else names[::-1]:
                 times[item, name].append(_median_time(callables[item, name], args.reps))
-    nbytes = logits32.numel() * 4
-    read_per_round = [nbytes / min(ts, tt) for ts, tt in zip(bw_times["sum"], bw_times["stream"], strict=True)]
-    read_gbs = statistics.median(read_per_round)
-    copy_gbs = 2 * nbytes / statistics.median(bw_times["copy"])
+    read_per_round = {
+        dtype: [x.numel() * x.element_size() / min(ts, tt)
+                for ts, tt in zip(bw_times["sum", dtype], bw_times["stream", dtype], strict=True)]
+        for dtype, x in tensors.items()}
+    read_gbs = {dtype: statistics.median(rates) for dtype, rates in read_per_round.items()}
+    copy_gbs = 2 * logits32.numel() * 4 / statistics.median(bw_times["copy", "float32"])
     for i, case in enumerate(cases):
         need = must_read_bytes(case, accepted[i])
         base = {**info, "batch": args.batch, "k": args.k, "vocab": args.vocab, "dtype": case.dtype,
                 "family": family, "mode": case.mode, "drafts": case.drafts_kind,
                 "mean_accepted": f"{float(accepted[i].float().mean()):.3f}", "must_read_bytes": need,
-                "read_gbs": f"{read_gbs / 1e9:.4g}", "copy_gbs": f"{copy_gbs / 1e9:.4g}", "rounds": args.rounds,
-                "repeats": args.reps}
+                "read_gbs": f"{read_gbs[case.dtype] / 1e9:.4g}", "copy_gbs": f"{copy_gbs / 1e9:.4g}",
+                "rounds": args.rounds, "repeats": args.reps}
         for name in args.providers:
             if (i, name) not in callables:
                 writer.write({**base, "provider": name, "status": status[i, name]})
                 continue
             t = times[i, name]
-            fractions = [need / ti / bw for ti, bw in zip(t, read_per_round, strict=True)]
+            fractions = [need / ti / bw for ti, bw in zip(t, read_per_round[case.dtype], strict=True)]
             writer.write({**base, "provider": name, "status": "ok", "median_ms": f"{statistics.median(t) * 1e3:.4g}",
                           "min_ms": f"{min(t) * 1e3:.4g}", "max_ms": f"{max(t) * 1e3:.4g}",
                           "read_fraction": f"{statistics.median(fractions):.4g}",
                           "read_fraction_min": f"{min(fractions):.4g}", "read_fraction_max": f"{max(fractions):.4g}"})
-    for key in bandwidth:
-        t = bw_times[key]
-        writer.write({**info, "batch": args.batch, "k": args.k, "vocab": args.vocab, "dtype": "float32",
+    for (key, dtype), t in bw_times.items():
+        writer.write({**info, "batch": args.batch, "k": args.k, "vocab": args.vocab, "dtype": dtype,
                       "family": family, "provider": key, "status": "ok", "rounds": args.rounds, "repeats": args.reps,
                       "median_ms": f"{statistics.median(t) * 1e3:.4g}", "min_ms": f"{min(t) * 1e3:.4g}",
-                      "max_ms": f"{max(t) * 1e3:.4g}", "read_gbs": f"{read_gbs / 1e9:.4g}",
+                      "max_ms": f"{max(t) * 1e3:.4g}", "read_gbs": f"{read_gbs[dtype] / 1e9:.4g}",
                       "copy_gbs": f"{copy_gbs / 1e9:.4g}"})
+
+
+def _as_words(x: torch.Tensor) -> torch.Tensor:
+    """The bytes of contiguous logits ``x`` as float32 words, for native.stream_sum (a 16-bit tensor's
+    pairs of entries read as one word; an odd last entry left out)."""
+    if x.dtype == torch.float32:
+        return x
+    flat = x.reshape(-1)
+    return flat[: flat.numel() - flat.numel() % 2].view(torch.float32)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

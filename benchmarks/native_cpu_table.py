@@ -50,10 +50,11 @@ def table(rows: list[dict[str, str]], families: list[str] | None = None) -> str:
 
 
 def bandwidth(rows: list[dict[str, str]]) -> str:
-    """Read (the faster of the native stream and torch.sum, median over rounds) and copy bandwidth per
-    family's block of rounds."""
-    seen = {r["family"]: r for r in rows if r["provider"] == "sum"}
-    return "; ".join(f"{fam}: read {r['read_gbs']} GB/s, copy {r['copy_gbs']} GB/s" for fam, r in seen.items())
+    """Read bandwidth per family and dtype (the faster of the native stream and torch.sum over that dtype's
+    logits, median over rounds) and copy bandwidth (fp32) per family's block of rounds."""
+    seen = {(r["family"], r["dtype"]): r for r in rows if r["provider"] == "sum"}
+    return "; ".join(f"{fam} {dtype}: read {r['read_gbs']} GB/s, copy {r['copy_gbs']} GB/s"
+                     for (fam, dtype), r in seen.items())
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -138,13 +138,20 @@ def test_bench_native_cpu_writes_interleaved_rounds_with_command(tmp_path):
 
     out = tmp_path / "native.csv"
     argv = ["--batch", "2", "--k", "2", "--vocab", "64", "--rounds", "2", "--reps", "1", "--families", "flat,zipf",
-            "--dtypes", "float32", "--modes", "greedy,random_stoch", "--providers", "ours,torch", "--out", str(out)]
+            "--dtypes", "float32,bfloat16", "--modes", "greedy,random_stoch", "--providers", "ours,torch", "--out", str(out)]
     bench_native_cpu.main(argv)
     rows = read_csv([out])
     assert set(BASE_COLUMNS) <= set(rows[0])
     timed = [r for r in rows if r["provider"] in ("ours", "torch")]
-    assert len(timed) == 2 * 2 * 2 * 2  # families x modes x drafts x providers
+    assert len(timed) == 2 * 2 * 2 * 2 * 2  # families x dtypes x modes x drafts x providers
     assert {r["provider"] for r in rows} == {"ours", "torch", "stream", "sum", "copy"}
+    # Each dtype's fractions are against a read of its own logits: probe rows per (family, dtype), copy fp32.
+    probes = {(r["family"], r["dtype"], r["provider"]): r for r in rows if r["provider"] in ("stream", "sum", "copy")}
+    reads = {(f, d, p) for f in ("flat", "zipf") for d in ("float32", "bfloat16") for p in ("stream", "sum")}
+    assert set(probes) == reads | {(f, "float32", "copy") for f in ("flat", "zipf")}
+    for row in timed:
+        assert row["read_gbs"] == probes[row["family"], row["dtype"], "sum"]["read_gbs"]
+        assert int(row["must_read_bytes"]) % (64 * (2 if row["dtype"] == "bfloat16" else 4)) == 0
     for row in rows:
         assert row["status"] == "ok", row
         assert row["command"] == "python -m benchmarks.bench_native_cpu " + " ".join(argv)
@@ -156,7 +163,8 @@ def test_bench_native_cpu_writes_interleaved_rounds_with_command(tmp_path):
     from benchmarks import native_cpu_table
 
     lines = native_cpu_table.table(rows).splitlines()
-    assert len(lines) == 2 + 2 * 2 * 2  # header, rule, one line per case
+    assert len(lines) == 2 + 2 * 2 * 2 * 2  # header, rule, one line per case
+    assert native_cpu_table.bandwidth(rows).count("read") == 4
     assert all(line.count("|") == 13 for line in lines)
 
 
