@@ -6,9 +6,14 @@ Each round runs one process per checkout (``--before`` and ``--after``, default 
 order. A process imports that checkout's ``specdec_kernels`` (its own compiled ``_C``), builds the inputs of
 ``benchmarks/bench_native_cpu.py`` from *this* checkout (same seeds, so both builds see identical inputs)
 and times ``verify_chain(..., backend="cpu")`` on every case, ``--reps`` calls from evicted caches, median.
-A CSV row per case: both builds' median / min / max over rounds and the after / before ratio of medians;
-the read bandwidth of ``torch.sum`` measured in each process is recorded beside them. Only our calls are
-timed (the other providers and the bandwidth probes are ``bench_native_cpu``'s).
+A CSV row per case: both builds' median / min / max over rounds, the after / before ratio of medians, and
+each build's fraction of read bandwidth on the bytes an exact verifier must read (``bench_native_cpu``'s
+``must_read_bytes`` and reference: the faster of ``torch.sum`` and ``native.stream_sum``, where that build
+has it, over the case's dtype's logits, measured in the same process; median over rounds: a build
+without stream_sum is judged against torch.sum alone, which reads slower, so its fractions, if anything,
+come out high). The read
+bandwidth rows (``read_gbs/<family>/<dtype>``) hold GB/s, not milliseconds. Only our calls and the read
+probes are timed (the other providers are ``bench_native_cpu``'s).
 """
 
 from __future__ import annotations
@@ -44,16 +49,25 @@ def worker(args) -> None:
     torch.set_num_threads(args.threads)
     ns = argparse.Namespace(batch=args.batch, k=args.k, vocab=args.vocab, dtypes=args.dtypes,
                             modes=args.modes, drafts=["accept", "model"])
+    from specdec_kernels import native  # the checkout's own: older ones have no stream_sum
+
     out = {"package": sk.__file__}
     for family in args.families:
         gen = torch.Generator().manual_seed(0)
         logits32 = bench.family_logits(family, args.batch * (args.k + 1), args.vocab, gen)
-        out[f"read_gbs/{family}"] = logits32.numel() * 4 / bench._median_time(lambda: torch.sum(logits32), 5) / 1e9
-        for case in bench.build_cases(logits32, family, ns, gen):
+        cases = bench.build_cases(logits32, family, ns, gen)
+        for dtype, x in {c.dtype: c.logits for c in cases}.items():
+            probes = [lambda x=x: torch.sum(x)]
+            if hasattr(native, "stream_sum"):
+                probes.append(lambda x=x: native.stream_sum(bench._as_words(x)))
+            seconds = min(bench._median_time(probe, 5) for probe in probes)
+            out[f"read_gbs/{family}/{dtype}"] = x.numel() * x.element_size() / seconds / 1e9
+        for case in cases:
             fn = bench.ours(case, ns)
-            fn()
+            need = bench.must_read_bytes(case, fn().num_accepted)
             key = f"{case.family}/{case.dtype}/{case.mode}/{case.drafts_kind}"
             out[key] = bench._median_time(fn, args.reps) * 1e3
+            out[f"need/{key}"] = need
     print(json.dumps(out))
 
 
@@ -94,7 +108,7 @@ def main(argv: list[str] | None = None) -> None:
               str(args.threads), "--dtypes", ",".join(args.dtypes), "--modes", ",".join(args.modes),
               "--families", ",".join(args.families),
               "--reps", str(args.reps)]
-    times: dict[str, dict[str, list[float]]] = {}
+    times: dict[str, dict[str, list[float]]] = {}  # key -> build -> one value per round
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
     for r in range(args.rounds):
         order = ("before", "after") if r % 2 == 0 else ("after", "before")
@@ -113,21 +127,33 @@ def main(argv: list[str] | None = None) -> None:
     info = {**provenance(torch.device("cpu")), "git_commit": git_commit()}
     command = "python -m benchmarks.ab_builds " + " ".join(sys.argv[1:] if argv is None else argv)
     columns = ("case", "before_commit", "after_commit", "rounds", "before_median_ms", "before_min_ms",
-               "before_max_ms", "after_median_ms", "after_min_ms", "after_max_ms", "after_over_before", "command")
+               "before_max_ms", "after_median_ms", "after_min_ms", "after_max_ms", "after_over_before",
+               "must_read_bytes", "before_read_fraction", "after_read_fraction", "command")
     commits = {label: _commit_of(path) for label, path in builds.items()}
     with CsvWriter(args.out, columns) as writer:
         for key, by in times.items():
+            if key.startswith("need/"):
+                continue
             (b_med, b_min, b_max), (a_med, a_min, a_max) = (
                 (statistics.median(by[label]), min(by[label]), max(by[label])) for label in ("before", "after"))
-            # read_gbs/<family> rows hold torch.sum's GB/s in each build's processes, not milliseconds
-            writer.write({**info, "provider": "torch.sum" if key.startswith("read_gbs") else "ours",
-                          "status": "ok", "case": key, "before_commit": commits["before"],
-                          "after_commit": commits["after"], "rounds": args.rounds, "repeats": args.reps,
-                          "median_ms": f"{a_med:.4g}", "min_ms": f"{a_min:.4g}",
-                          "before_median_ms": f"{b_med:.4g}", "before_min_ms": f"{b_min:.4g}",
-                          "before_max_ms": f"{b_max:.4g}", "after_median_ms": f"{a_med:.4g}",
-                          "after_min_ms": f"{a_min:.4g}", "after_max_ms": f"{a_max:.4g}",
-                          "after_over_before": f"{a_med / b_med:.3f}", "command": command})
+            row = {**info, "provider": "read" if key.startswith("read_gbs") else "ours",
+                   "status": "ok", "case": key, "before_commit": commits["before"],
+                   "after_commit": commits["after"], "rounds": args.rounds, "repeats": args.reps,
+                   "median_ms": f"{a_med:.4g}", "min_ms": f"{a_min:.4g}",
+                   "before_median_ms": f"{b_med:.4g}", "before_min_ms": f"{b_min:.4g}",
+                   "before_max_ms": f"{b_max:.4g}", "after_median_ms": f"{a_med:.4g}",
+                   "after_min_ms": f"{a_min:.4g}", "after_max_ms": f"{a_max:.4g}",
+                   "after_over_before": f"{a_med / b_med:.3f}", "command": command}
+            if not key.startswith("read_gbs"):
+                family, dtype = key.split("/")[:2]
+                read = times[f"read_gbs/{family}/{dtype}"]
+                need = times[f"need/{key}"]
+                row["must_read_bytes"] = int(need["after"][0])
+                for label in ("before", "after"):  # per round: that process's time and read bandwidth
+                    fractions = [n / (t / 1e3) / (gbs * 1e9) for n, t, gbs in zip(need[label], by[label], read[label],
+                                                                                  strict=True)]
+                    row[f"{label}_read_fraction"] = f"{statistics.median(fractions):.4g}"
+            writer.write(row)
     print(f"wrote {args.out}")
 
 

@@ -198,10 +198,15 @@ def test_ab_builds_times_two_checkouts_alternately(tmp_path):
     rows = read_csv([out])
     cases = {r["case"] for r in rows if r["provider"] == "ours"}
     assert cases == {f"flat/float32/{m}/{d}" for m in ("greedy", "random_stoch") for d in ("accept", "model")}
+    assert {r["case"] for r in rows if r["provider"] == "read"} == {"read_gbs/flat/float32"}
     for r in rows:
         assert r["rounds"] == "2" and r["command"] == "python -m benchmarks.ab_builds " + " ".join(argv)
         assert float(r["before_min_ms"]) <= float(r["before_median_ms"]) <= float(r["before_max_ms"])
         ratio = float(r["after_median_ms"]) / float(r["before_median_ms"])
         assert float(r["after_over_before"]) == pytest.approx(ratio, rel=2e-3)
+        if r["provider"] == "ours":  # rows up to the first rejection, one bonus row when all accepted
+            rows_read = int(r["must_read_bytes"]) // (300 * 4)
+            assert int(r["must_read_bytes"]) == rows_read * 300 * 4 and 2 <= rows_read <= 2 * 3
+            assert all(float(r[f"{label}_read_fraction"]) > 0 for label in ("before", "after"))
     with pytest.raises(SystemExit):
         ab_builds.main(["--before", str(tmp_path), "--out", str(out)])  # no checkout there
