@@ -28,6 +28,8 @@ struct SerialExec {
   double sum(F f) { return f(0, vocab); }
   template <class F>
   ResidualResult residual(F f) { return f(0, vocab); }
+  template <class F>
+  IntervalPick interval(F f) { return f(0, vocab); }
 };
 
 // Softmax statistics of two slices of a row as one.
@@ -47,6 +49,16 @@ inline NormalizerBound merge_bounds(NormalizerBound x, NormalizerBound y) {
   const float s = x.shift > y.shift ? x.shift : y.shift;
   const double sum = x.sum * std::exp(static_cast<double>(x.shift) - s) + y.sum * std::exp(static_cast<double>(y.shift) - s);
   return {s, sum, x.max_abs_shift > y.max_abs_shift ? x.max_abs_shift : y.max_abs_shift, true};
+}
+
+// Interval picks of two slices of a row as one: the better best, and the loser's upper score among the
+// runners-up.
+inline IntervalPick merge_picks(IntervalPick x, IntervalPick y) {
+  const bool y_wins = y.best.value != -kInf && (x.best.value == -kInf || y.best.value > x.best.value ||
+                                                (y.best.value == x.best.value && y.best.index < x.best.index));
+  const IntervalPick& w = y_wins ? y : x;
+  const IntervalPick& l = y_wins ? x : y;
+  return {w.best, w.best_hi, std::max({x.runner_hi, y.runner_hi, l.best_hi})};
 }
 
 struct SplitExec {
@@ -90,6 +102,8 @@ struct SplitExec {
       return ResidualResult{better(x.best, y.best), x.any_positive || y.any_positive};
     });
   }
+  template <class F>
+  IntervalPick interval(F f) { return reduce<IntervalPick>(f, IntervalPick{kArgMaxInit, -kInf, -kInf}, merge_picks); }
 };
 
 // Runs walk(b, exec, scratch) for every request: request-parallel when the batch covers the threads

@@ -135,18 +135,79 @@ struct StochasticDecision {
 //   2^-125 each (V 2^-124 in all; the sum itself is at least ~1, the term of the shift).
 // The exact pass's p(x) lies within d = 2^-15 + (V / 256 + 16) 2^-22 of the true one (the exponent's
 // rounding at |z - max| <= 104, ~2 ulp per exp, at most one rescale of a lane per chunk), or within 2^-140
-// absolutely. False when the bracket is too wide or the coin falls inside it (about 0.4 % of coins for
-// drafts close to the target): the exact pass decides.
-inline bool certain_accept(const NormalizerBound& nb, int64_t V, float z_x, float coin_q) {
-  if (!nb.ok || nb.shift == -kInf) return false;
+// absolutely (bracket_error). False when the bracket is too wide or the coin falls inside it (about 0.4 %
+// of coins for drafts close to the target): the exact pass decides.
+struct BracketError {
+  double e;      // relative error of each term
+  double slack;  // absolute error of the tiny terms, all together
+  double d;      // relative error of the exact pass's p(x)
+  bool ok;       // a bracket to decide on (finite shift, e < 1/4, sum above slack)
+};
+
+inline BracketError bracket_error(const NormalizerBound& nb, int64_t V) {
   const double e = kExp2RoughErr + 0x1p-15 + 0x1p-23 * (300.0 + 3.0 * static_cast<double>(nb.max_abs_shift));
   const double slack = static_cast<double>(V) * 0x1p-124;
-  if (!(e < 0.25) || !(nb.sum > slack)) return false;
-  const double sum_hi = (nb.sum + slack) / (1.0 - e);
   const double d = 0x1p-15 + (static_cast<double>(V) / 256.0 + 16.0) * 0x1p-22;
+  return {e, slack, d, nb.ok && nb.shift != -kInf && e < 0.25 && nb.sum > slack};
+}
+
+inline bool certain_accept(const NormalizerBound& nb, int64_t V, float z_x, float coin_q) {
+  const BracketError be = bracket_error(nb, V);
+  if (!be.ok) return false;
+  const double sum_hi = (nb.sum + be.slack) / (1.0 - be.e);
   const double num = std::exp(static_cast<double>(z_x) - static_cast<double>(nb.shift));
-  const double p_lo = num / sum_hi * (1.0 - d) - 0x1p-140;
+  const double p_lo = num / sum_hi * (1.0 - be.d) - 0x1p-140;
   return static_cast<double>(coin_q) < p_lo;
+}
+
+// The exact pass's float normalizer (softmax_stats relative to the row max m, then rounded to float) lies
+// in [lo, hi]: the bracket's sum relative to its shift s <= m within certain_accept's e and slack, brought
+// to m in double (exp(s - m) <= 1, within 2^-40), widened by 2 d + 2^-20 for the exact pass's own rounding
+// (d as in certain_accept, which bounds the exact p(x), numerator and normalizer together, within d), and
+// rounded outwards to float (the cast of the exact sum is monotone). ok = false: no usable bracket.
+struct TotalBracket {
+  float lo, hi;
+  bool ok;
+};
+
+inline TotalBracket total_bracket(const NormalizerBound& nb, int64_t V, float m) {
+  const TotalBracket none{0.0f, 0.0f, false};
+  const BracketError be = bracket_error(nb, V);
+  if (!be.ok || m == -kInf || !(nb.shift <= m)) return none;
+  const double widen = 2.0 * be.d + 0x1p-20;
+  const double to_m = std::exp(static_cast<double>(nb.shift) - static_cast<double>(m));
+  const double lo = (nb.sum - be.slack) / (1.0 + be.e) * to_m * (1.0 - 0x1p-40) * (1.0 - widen);
+  const double hi = (nb.sum + be.slack) / (1.0 - be.e) * to_m * (1.0 + 0x1p-40) * (1.0 + widen);
+  float lo_f = static_cast<float>(lo), hi_f = static_cast<float>(hi);
+  if (static_cast<double>(lo_f) > lo) lo_f = std::nextafter(lo_f, 0.0f);
+  if (static_cast<double>(hi_f) < hi) hi_f = std::nextafter(hi_f, kInf);
+  if (!(lo_f > 0.0f) || !(hi_f <= kFloat32Max)) return none;
+  return {lo_f, hi_f, true};
+}
+
+// A rejection of draft x and its recovery token that the bracket makes certain, without the exact
+// normalizer pass (~2x the bracket's work per entry): the row max m (one cheap pass, as greedy reads), the
+// normalizer's bracket [lo, hi] (total_bracket), then p(x) <= e_x / lo <= coin * q(x) rejects for every
+// normalizer in it, and the residual's level 1 (K.residual_interval) and level 2 (certain_in_block) pick
+// the same block and entry for every normalizer in it (residual entries are monotone in the normalizer).
+// Returns -1 when any of these is not certain (then the exact pass decides): the token otherwise, which is
+// the exact path's.
+template <class Exec>
+int64_t certain_recovery(const RowKernels& K, Exec& exec, const ZSource& src, const void* q, DType q_dtype, int64_t x,
+                         const NormalizerBound& nb, float coin_q, const PhiloxKey& key, uint32_t hi) {
+  if (!bracket_error(nb, src.vocab).ok) return -1;
+  const float row_max = exec.argmax([&](int64_t v0, int64_t v1) { return K.greedy_argmax(src.row, src.dtype, v0, v1); }).value;
+  const float m = sanitize(row_max * (1.0f / src.temperature));  // softmax_stats' max: its z are row * (1 / T)
+  const TotalBracket tb = total_bracket(nb, src.vocab, m);
+  if (!tb.ok) return -1;
+  if (!(coin_q >= exp_fma_f32(src.z(x) - m) / tb.lo)) return -1;
+  const ResidualArgs args{src.row, src.dtype, src.temperature, m, tb.lo, q, q_dtype, src.vocab};
+  const IntervalPick pick =
+      exec.interval([&](int64_t v0, int64_t v1) { return K.residual_interval(args, tb.hi, key, hi, v0, v1); });
+  if (pick.best.value == -kInf || !(pick.best.value > pick.runner_hi)) return -1;
+  const ResidualSource upper{src, m, tb.lo, q, q_dtype};
+  const ResidualSource lower{src, m, tb.hi, q, q_dtype};
+  return certain_in_block(upper, lower, key, hi, kStreamRecovery, pick.best.index);
 }
 
 template <class Exec>
@@ -159,6 +220,9 @@ StochasticDecision stochastic_decide(const RowKernels& K, Exec& exec, const ZSou
     const NormalizerBound nb = exec.normalizer(
         [&](int64_t v0, int64_t v1) { return K.normalizer_bound(src.row, src.dtype, src.temperature, v0, v1); });
     if (certain_accept(nb, src.vocab, src.z(x), coin * q_x)) return {true, draft};
+    const int64_t token =
+        certain_recovery(K, exec, src, q, q_dtype, x, nb, coin * q_x, philox_key(seed), philox_offset_hi(position));
+    if (token >= 0) return {false, token};
   }
   const SoftmaxStats st =
       exec.stats([&](int64_t v0, int64_t v1) { return K.softmax_stats(src.row, src.dtype, src.temperature, v0, v1); });

@@ -127,4 +127,38 @@ SPECDEC_HD int64_t sample_in_block(const Source& src, const PhiloxKey& key, uint
   return best.index;
 }
 
+// Margin of a log_f32 whose argument is known only within [lo, hi]: log_f32 is within ~1 ulp of log, so
+// log_f32(x) >= log_f32(lo) - kIntervalSlack / 2 for x >= lo (and the mirror for hi) wherever |log| < 128,
+// i.e. every log of a residual mass or entry (ulp <= 2^-16 there).
+constexpr float kIntervalSlack = 0x1p-12f;
+
+// Level 2 of the residual (sample_in_block of a ResidualSource) when its normalizer is known only within
+// [upper.total, lower.total]: every residual entry is monotone in the normalizer (a rounded division, a
+// rounded difference and a max), so `lower` and `upper` bound the exact one's entries. Returns the entry
+// the exact level 2 picks when its lower score beats every other entry's upper score, else -1.
+SPECDEC_HD int64_t certain_in_block(const ResidualSource& upper, const ResidualSource& lower, const PhiloxKey& key,
+                                    uint32_t hi, int stream, int64_t b) {
+  uint32_t w[kBlock];
+  const uint32_t first = static_cast<uint32_t>(b * kBlock);
+  for (int i = 0; i < kBlock; i += 4) philox_words(key, philox_offset_lo(stream, first + i), hi, w + i);
+  ArgMax best{-kInf, -1};
+  float best_hi = -kInf, runner_hi = -kInf;
+  for (int i = 0; i < kBlock; ++i) {
+    const int64_t v = b * kBlock + i;
+    if (v >= upper.target.vocab) break;  // -inf in the exact block: never picked over a positive entry
+    const float g = gumbel_log_term(philox_uniform(w[i]));
+    const float r_lo = lower.residual(v), r_hi = upper.residual(v);
+    const float s_lo = r_lo > 0.0f ? (log_f32(r_lo) - kIntervalSlack) - g : -kInf;
+    const float s_hi = r_hi > 0.0f ? (log_f32(r_hi) + kIntervalSlack) - g : -kInf;
+    if (s_lo > best.value) {
+      runner_hi = best_hi > runner_hi ? best_hi : runner_hi;
+      best = {s_lo, v};
+      best_hi = s_hi;
+    } else {
+      runner_hi = s_hi > runner_hi ? s_hi : runner_hi;
+    }
+  }
+  return best.value != -kInf && best.value > runner_hi ? best.index : -1;
+}
+
 SPECDEC_NS_END

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "common.h"
 #include "gumbel.h"
@@ -323,6 +324,44 @@ struct LazyResidualBounds {
   }
 };
 
+// Residual blocks with the normalizer known only within [total_lo, total_hi] (chain.h certain_recovery):
+// the exact residual entries, block sums and their roundings are monotone in the normalizer, so the
+// sources at total_lo (`upper.src`) and total_hi (`lower`) bound the exact block log-masses, up to
+// kIntervalSlack for log_f32. Pruning uses upper's bounds, valid for every normalizer >= total_lo, against
+// the best lower score; every block scored besides the best leaves its upper score in runner_hi, so a
+// pruned or scored block other than the best cannot reach the best's exact score when best > runner_hi.
+template <DType D, DType Q>
+struct IntervalResidualBounds {
+  static constexpr bool kExact = false;
+  LazyResidualBounds<D, Q> upper;
+  ResidualSource lower;
+  mutable float best_hi = -kInf;
+  mutable float runner_hi = -kInf;
+
+  float bounds(int64_t b0, int nb, float* ub) const { return upper.bounds(b0, nb, ub); }
+  float block_bound(int64_t b, const float* ub, int j) const { return upper.block_bound(b, ub, j); }
+  void prefetch(int64_t b) const { upper.prefetch(b); }
+  // best after scoring block b with uniform u (search_blocks' candidates).
+  ArgMax consider(ArgMax best, int64_t b, float u) const {
+    const float g = gumbel_log_term(u);
+    const float l = residual_log_mass<D, Q>(lower, b), h = residual_log_mass<D, Q>(upper.src, b);
+    const float s_lo = l == -kInf ? -kInf : (l - kIntervalSlack) - g;
+    const float s_hi = h == -kInf ? -kInf : (h + kIntervalSlack) - g;
+    if (s_lo != -kInf && (s_lo > best.value || (s_lo == best.value && b < best.index))) {
+      runner_hi = best_hi > runner_hi ? best_hi : runner_hi;
+      best_hi = s_hi;
+      return {s_lo, b};
+    }
+    runner_hi = s_hi > runner_hi ? s_hi : runner_hi;
+    return best;
+  }
+};
+
+template <class Bounds, class = void>
+struct HasConsider : std::false_type {};
+template <class Bounds>
+struct HasConsider<Bounds, std::void_t<decltype(&Bounds::consider)>> : std::true_type {};
+
 struct WeightBounds {
   static constexpr bool kExact = true;
   WeightSource src;
@@ -398,8 +437,12 @@ ArgMax search_blocks(const Bounds& src, const PhiloxKey& key, uint32_t hi, int s
         // The exact test: the block's bound plus -log(1 - u) + slack reaches the best score so far.
         const float u = philox_uniform(words[j]);
         if (ub_j + (kGumbelSlack - log_f32(1.0f - u)) < bound) continue;
-        const float mass = Bounds::kExact ? ub_j : src.log_mass(b);
-        best = better(best, ArgMax{mass - gumbel_log_term(u), b});
+        if constexpr (HasConsider<Bounds>::value) {
+          best = src.consider(best, b, u);
+        } else {
+          const float mass = Bounds::kExact ? ub_j : src.log_mass(b);
+          best = better(best, ArgMax{mass - gumbel_log_term(u), b});
+        }
         bound = best.value > bound ? best.value : bound;
       }
     }

@@ -149,6 +149,17 @@ ResidualResult residual_blocks_t(const ResidualArgs& r, const PhiloxKey& key, ui
   return {best, src.any_positive};
 }
 
+template <DType D, DType Q>
+IntervalPick residual_interval_t(const ResidualArgs& r, float total_hi, const PhiloxKey& key, uint32_t hi, int64_t v0,
+                                 int64_t v1) {
+  const ResidualSource at_lo{ZSource{r.row, D, r.temperature, r.vocab}, r.max, r.total, r.q, Q};
+  ResidualSource at_hi = at_lo;
+  at_hi.total = total_hi;
+  const IntervalResidualBounds<D, Q> src{LazyResidualBounds<D, Q>(at_lo), at_hi};
+  const ArgMax best = search_blocks(src, key, hi, kStreamRecovery, v0, v1, kArgMaxInit);
+  return {best, best.value == -kInf ? -kInf : src.best_hi, src.runner_hi};
+}
+
 inline ArgMax weight_blocks_impl(const float* w, int64_t vocab, const PhiloxKey& key, uint32_t hi, int stream,
                                  int64_t v0, int64_t v1) {
   const WeightBounds src{WeightSource{w, vocab}};
@@ -285,6 +296,25 @@ inline ResidualResult residual_blocks_any(const ResidualArgs& r, const PhiloxKey
   }
 }
 
+template <DType D>
+IntervalPick residual_interval_q(const ResidualArgs& r, float total_hi, const PhiloxKey& key, uint32_t hi, int64_t v0,
+                                 int64_t v1) {
+  switch (r.q_dtype) {
+    case DType::kBFloat16: return residual_interval_t<D, DType::kBFloat16>(r, total_hi, key, hi, v0, v1);
+    case DType::kFloat16: return residual_interval_t<D, DType::kFloat16>(r, total_hi, key, hi, v0, v1);
+    default: return residual_interval_t<D, DType::kFloat32>(r, total_hi, key, hi, v0, v1);
+  }
+}
+
+inline IntervalPick residual_interval_any(const ResidualArgs& r, float total_hi, const PhiloxKey& key, uint32_t hi,
+                                          int64_t v0, int64_t v1) {
+  switch (r.dtype) {
+    case DType::kBFloat16: return residual_interval_q<DType::kBFloat16>(r, total_hi, key, hi, v0, v1);
+    case DType::kFloat16: return residual_interval_q<DType::kFloat16>(r, total_hi, key, hi, v0, v1);
+    default: return residual_interval_q<DType::kFloat32>(r, total_hi, key, hi, v0, v1);
+  }
+}
+
 inline double weighted_residual_any(const float* e, float total, float w, const void* q, DType qd, float* out,
                                     int64_t v0, int64_t v1) {
   switch (qd) {
@@ -302,6 +332,7 @@ inline RowKernels make_row_kernels() {
   k.softmax_stats = softmax_stats_any;
   k.normalizer_bound = normalizer_bound_any;
   k.residual_blocks = residual_blocks_any;
+  k.residual_interval = residual_interval_any;
   k.weight_blocks = weight_blocks_impl;
   k.softmax_weights = softmax_weights_impl;
   k.weighted_residual = weighted_residual_any;

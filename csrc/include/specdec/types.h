@@ -54,6 +54,16 @@ struct ResidualArgs {
   int64_t vocab;
 };
 
+// The residual's level-1 search when its normalizer is known only within a bracket (chain.h
+// certain_recovery): the block with the best lower bound of its score, that bound's upper twin, and the
+// largest upper bound of every other block's score. The exact search picks `best` when best.value >
+// runner_hi.
+struct IntervalPick {
+  ArgMax best;      // {lower bound of the score, block}
+  float best_hi;    // upper bound of best's score
+  float runner_hi;  // the largest upper bound of any other block's score
+};
+
 // Hot vocabulary-range loops of one instruction-set build (csrc/include/specdec/row_ops.h). The
 // Gumbel-max searches are level 1 of two-level Gumbel-max (gumbel.h): {score, block} over the blocks of
 // [v0, v1) (v0 a multiple of 64), from `start`.
@@ -70,6 +80,9 @@ struct RowKernels {
   // Blocks of the residual (recovery stream).
   ResidualResult (*residual_blocks)(const ResidualArgs& r, const PhiloxKey& key, uint32_t hi, int64_t v0,
                                     int64_t v1);
+  // Blocks of the residual with its normalizer in [r.total, total_hi] (a finite r.max, r.total > 0).
+  IntervalPick (*residual_interval)(const ResidualArgs& r, float total_hi, const PhiloxKey& key, uint32_t hi,
+                                    int64_t v0, int64_t v1);
   // Blocks of nonnegative weights w.
   ArgMax (*weight_blocks)(const float* w, int64_t vocab, const PhiloxKey& key, uint32_t hi, int stream, int64_t v0,
                           int64_t v1);
