@@ -51,14 +51,11 @@ inline NormalizerBound merge_bounds(NormalizerBound x, NormalizerBound y) {
   return {s, sum, x.max_abs_shift > y.max_abs_shift ? x.max_abs_shift : y.max_abs_shift, true};
 }
 
-// Interval picks of two slices of a row as one: the better best, and the loser's upper score among the
-// runners-up.
+// Interval picks of two slices of a row as one: y's best offered to x, and both runners-up.
 inline IntervalPick merge_picks(IntervalPick x, IntervalPick y) {
-  const bool y_wins = y.best.value != -kInf && (x.best.value == -kInf || y.best.value > x.best.value ||
-                                                (y.best.value == x.best.value && y.best.index < x.best.index));
-  const IntervalPick& w = y_wins ? y : x;
-  const IntervalPick& l = y_wins ? x : y;
-  return {w.best, w.best_hi, std::max({x.runner_hi, y.runner_hi, l.best_hi})};
+  offer(x, y.best, y.best_hi);
+  x.runner_hi = std::max(x.runner_hi, y.runner_hi);
+  return x;
 }
 
 struct SplitExec {
@@ -103,7 +100,7 @@ struct SplitExec {
     });
   }
   template <class F>
-  IntervalPick interval(F f) { return reduce<IntervalPick>(f, IntervalPick{kArgMaxInit, -kInf, -kInf}, merge_picks); }
+  IntervalPick interval(F f) { return reduce<IntervalPick>(f, kIntervalPickInit, merge_picks); }
 };
 
 // Runs walk(b, exec, scratch) for every request: request-parallel when the batch covers the threads

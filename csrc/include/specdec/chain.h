@@ -204,7 +204,7 @@ int64_t certain_recovery(const RowKernels& K, Exec& exec, const ZSource& src, co
   const ResidualArgs args{src.row, src.dtype, src.temperature, m, tb.lo, q, q_dtype, src.vocab};
   const IntervalPick pick =
       exec.interval([&](int64_t v0, int64_t v1) { return K.residual_interval(args, tb.hi, key, hi, v0, v1); });
-  if (pick.best.value == -kInf || !(pick.best.value > pick.runner_hi)) return -1;
+  if (!pick_is_certain(pick)) return -1;
   const ResidualSource upper{src, m, tb.lo, q, q_dtype};
   const ResidualSource lower{src, m, tb.hi, q, q_dtype};
   return certain_in_block(upper, lower, key, hi, kStreamRecovery, pick.best.index);

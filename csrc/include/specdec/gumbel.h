@@ -132,6 +132,27 @@ SPECDEC_HD int64_t sample_in_block(const Source& src, const PhiloxKey& key, uint
 // i.e. every log of a residual mass or entry (ulp <= 2^-16 there).
 constexpr float kIntervalSlack = 0x1p-12f;
 
+// Offers a candidate {lower bound of its score, index} with its upper bound to an interval pick: the better
+// lower bound (ties to the lower index, as better) becomes the best; every other upper bound joins
+// runner_hi. A candidate whose lower bound is -inf only joins runner_hi.
+SPECDEC_HD void offer(IntervalPick& p, ArgMax lo, float hi) {
+  const bool wins =
+      lo.value != -kInf && (lo.value > p.best.value || (lo.value == p.best.value && lo.index < p.best.index));
+  const float loser_hi = wins ? p.best_hi : hi;
+  p.runner_hi = loser_hi > p.runner_hi ? loser_hi : p.runner_hi;
+  if (wins) {
+    p.best = lo;
+    p.best_hi = hi;
+  }
+}
+
+// The exact argmax is p.best: its lower bound beats every other candidate's upper bound.
+SPECDEC_HD bool pick_is_certain(const IntervalPick& p) {
+  return p.best.value != -kInf && p.best.value > p.runner_hi;
+}
+
+inline constexpr IntervalPick kIntervalPickInit{kArgMaxInit, -kInf, -kInf};
+
 // Level 2 of the residual (sample_in_block of a ResidualSource) when its normalizer is known only within
 // [upper.total, lower.total]: every residual entry is monotone in the normalizer (a rounded division, a
 // rounded difference and a max), so `lower` and `upper` bound the exact one's entries. Returns the entry
@@ -141,8 +162,7 @@ SPECDEC_HD int64_t certain_in_block(const ResidualSource& upper, const ResidualS
   uint32_t w[kBlock];
   const uint32_t first = static_cast<uint32_t>(b * kBlock);
   for (int i = 0; i < kBlock; i += 4) philox_words(key, philox_offset_lo(stream, first + i), hi, w + i);
-  ArgMax best{-kInf, -1};
-  float best_hi = -kInf, runner_hi = -kInf;
+  IntervalPick pick = kIntervalPickInit;
   for (int i = 0; i < kBlock; ++i) {
     const int64_t v = b * kBlock + i;
     if (v >= upper.target.vocab) break;  // -inf in the exact block: never picked over a positive entry
@@ -150,15 +170,9 @@ SPECDEC_HD int64_t certain_in_block(const ResidualSource& upper, const ResidualS
     const float r_lo = lower.residual(v), r_hi = upper.residual(v);
     const float s_lo = r_lo > 0.0f ? (log_f32(r_lo) - kIntervalSlack) - g : -kInf;
     const float s_hi = r_hi > 0.0f ? (log_f32(r_hi) + kIntervalSlack) - g : -kInf;
-    if (s_lo > best.value) {
-      runner_hi = best_hi > runner_hi ? best_hi : runner_hi;
-      best = {s_lo, v};
-      best_hi = s_hi;
-    } else {
-      runner_hi = s_hi > runner_hi ? s_hi : runner_hi;
-    }
+    offer(pick, {s_lo, v}, s_hi);
   }
-  return best.value != -kInf && best.value > runner_hi ? best.index : -1;
+  return pick_is_certain(pick) ? pick.best.index : -1;
 }
 
 SPECDEC_NS_END

@@ -328,32 +328,27 @@ struct LazyResidualBounds {
 // the exact residual entries, block sums and their roundings are monotone in the normalizer, so the
 // sources at total_lo (`upper.src`) and total_hi (`lower`) bound the exact block log-masses, up to
 // kIntervalSlack for log_f32. Pruning uses upper's bounds, valid for every normalizer >= total_lo, against
-// the best lower score; every block scored besides the best leaves its upper score in runner_hi, so a
-// pruned or scored block other than the best cannot reach the best's exact score when best > runner_hi.
+// the best lower score; every block scored besides the best leaves its upper score in runner_hi (offer), so
+// a pruned or scored block other than the best cannot reach the best's exact score when
+// pick_is_certain(pick).
 template <DType D, DType Q>
 struct IntervalResidualBounds {
   static constexpr bool kExact = false;
   LazyResidualBounds<D, Q> upper;
   ResidualSource lower;
-  mutable float best_hi = -kInf;
-  mutable float runner_hi = -kInf;
+  mutable IntervalPick pick = kIntervalPickInit;  // pick.best is search_blocks' best
 
   float bounds(int64_t b0, int nb, float* ub) const { return upper.bounds(b0, nb, ub); }
   float block_bound(int64_t b, const float* ub, int j) const { return upper.block_bound(b, ub, j); }
   void prefetch(int64_t b) const { upper.prefetch(b); }
-  // best after scoring block b with uniform u (search_blocks' candidates).
-  ArgMax consider(ArgMax best, int64_t b, float u) const {
+  // The best after scoring block b with uniform u (search_blocks' candidates; its best is pick.best).
+  ArgMax consider(ArgMax, int64_t b, float u) const {
     const float g = gumbel_log_term(u);
     const float l = residual_log_mass<D, Q>(lower, b), h = residual_log_mass<D, Q>(upper.src, b);
     const float s_lo = l == -kInf ? -kInf : (l - kIntervalSlack) - g;
     const float s_hi = h == -kInf ? -kInf : (h + kIntervalSlack) - g;
-    if (s_lo != -kInf && (s_lo > best.value || (s_lo == best.value && b < best.index))) {
-      runner_hi = best_hi > runner_hi ? best_hi : runner_hi;
-      best_hi = s_hi;
-      return {s_lo, b};
-    }
-    runner_hi = s_hi > runner_hi ? s_hi : runner_hi;
-    return best;
+    offer(pick, {s_lo, b}, s_hi);
+    return pick.best;
   }
 };
 

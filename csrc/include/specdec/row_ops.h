@@ -156,8 +156,8 @@ IntervalPick residual_interval_t(const ResidualArgs& r, float total_hi, const Ph
   ResidualSource at_hi = at_lo;
   at_hi.total = total_hi;
   const IntervalResidualBounds<D, Q> src{LazyResidualBounds<D, Q>(at_lo), at_hi};
-  const ArgMax best = search_blocks(src, key, hi, kStreamRecovery, v0, v1, kArgMaxInit);
-  return {best, best.value == -kInf ? -kInf : src.best_hi, src.runner_hi};
+  search_blocks(src, key, hi, kStreamRecovery, v0, v1, kArgMaxInit);
+  return src.pick;
 }
 
 inline ArgMax weight_blocks_impl(const float* w, int64_t vocab, const PhiloxKey& key, uint32_t hi, int stream,

@@ -56,8 +56,7 @@ struct ResidualArgs {
 
 // The residual's level-1 search when its normalizer is known only within a bracket (chain.h
 // certain_recovery): the block with the best lower bound of its score, that bound's upper twin, and the
-// largest upper bound of every other block's score. The exact search picks `best` when best.value >
-// runner_hi.
+// largest upper bound of every other block's score (gumbel.h offer / pick_is_certain).
 struct IntervalPick {
   ArgMax best;      // {lower bound of the score, block}
   float best_hi;    // upper bound of best's score
