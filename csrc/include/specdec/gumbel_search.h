@@ -538,9 +538,7 @@ NormalizerBound normalizer_bound_t(const void* row, float temperature, int64_t v
       load4_any_order<D>(row, v + i, x);
       for (int k = 0; k < 4; ++k) acc[k] += simd::exp2_rough(simd::fma_v(x[k], sc, neg_shift));
     }
-    float total = 0.0f;
-    const simd::f32v a = (acc[0] + acc[1]) + (acc[2] + acc[3]);
-    for (int l = 0; l < simd::W; ++l) total += a[l];
+    float total = simd::sum_lanes((acc[0] + acc[1]) + (acc[2] + acc[3]));
     for (; i < n; ++i) {
       const float y = fma_f32(load_elem(row, D, v + i), scale, -(shift * kLog2e));
       total += static_cast<float>(std::exp2(static_cast<double>(y > -126.0f ? y : -126.0f)));  // as exp2_rough

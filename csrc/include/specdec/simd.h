@@ -352,6 +352,26 @@ SPECDEC_SIMD_INLINE float max_lane(f32v x) {
 #endif
 }
 
+// The sum of x's lanes by a tree of adds (log2 W dependent adds, where a loop over the lanes is a chain of
+// W): for sums whose bound allows any order (normalizer_bound_t's chunk sums).
+SPECDEC_SIMD_INLINE float sum_lanes(f32v x) {
+#if defined(__AVX512F__)
+  return _mm512_reduce_add_ps(bits_as<__m512>(x));
+#elif defined(__AVX2__)
+  const __m256 v = bits_as<__m256>(x);
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)));
+#else
+  float t[W];
+  store(t, x);
+  for (int n = W / 2; n > 0; n /= 2) {
+    for (int l = 0; l < n; ++l) t[l] += t[l + n];
+  }
+  return t[0];
+#endif
+}
+
 // exp(x) for x <= 0 (or -inf), the normalizer's terms: no overflow, and results below exp(-87) (which
 // cannot move a sum that holds exp(0) = 1) are those of exp(-87). Fewer operations than exp_fma; the
 // same on every ISA.
