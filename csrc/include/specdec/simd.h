@@ -337,40 +337,44 @@ SPECDEC_SIMD_INLINE float lane_max_of(f32v x, float m) {
   return m;
 }
 
-// The largest lane of x, which must hold no NaN, by a tree of maxes (a few shuffles, where lane_max_of is a
-// chain of W scalar maxes); +0 and -0 may come out either way, which compares and sanitize do not tell apart.
-SPECDEC_SIMD_INLINE float max_lane(f32v x) {
+// The largest lane (kMax) or the sum of the lanes of x by a tree: log2 W dependent steps, where a loop over
+// the lanes is a chain of W.
+template <bool kMax>
+SPECDEC_SIMD_INLINE float tree_lanes(f32v x) {
 #if defined(__AVX512F__)
-  return _mm512_reduce_max_ps(bits_as<__m512>(x));
+  if constexpr (kMax) {
+    return _mm512_reduce_max_ps(bits_as<__m512>(x));
+  } else {
+    return _mm512_reduce_add_ps(bits_as<__m512>(x));
+  }
 #elif defined(__AVX2__)
+  const auto op = [](__m128 a, __m128 b) {
+    if constexpr (kMax) {
+      return _mm_max_ps(a, b);
+    } else {
+      return _mm_add_ps(a, b);
+    }
+  };
   const __m256 v = bits_as<__m256>(x);
-  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-  return _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps(m, m, 1)));
-#else
-  return lane_max_of(x, x[0]);
-#endif
-}
-
-// The sum of x's lanes by a tree of adds (log2 W dependent adds, where a loop over the lanes is a chain of
-// W): for sums whose bound allows any order (normalizer_bound_t's chunk sums).
-SPECDEC_SIMD_INLINE float sum_lanes(f32v x) {
-#if defined(__AVX512F__)
-  return _mm512_reduce_add_ps(bits_as<__m512>(x));
-#elif defined(__AVX2__)
-  const __m256 v = bits_as<__m256>(x);
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)));
+  __m128 m = op(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = op(m, _mm_movehl_ps(m, m));
+  return _mm_cvtss_f32(op(m, _mm_shuffle_ps(m, m, 1)));
 #else
   float t[W];
   store(t, x);
   for (int n = W / 2; n > 0; n /= 2) {
-    for (int l = 0; l < n; ++l) t[l] += t[l + n];
+    for (int l = 0; l < n; ++l) t[l] = kMax ? (t[l + n] > t[l] ? t[l + n] : t[l]) : t[l] + t[l + n];
   }
   return t[0];
 #endif
 }
+
+// The largest lane of x, which must hold no NaN; +0 and -0 may come out either way, which compares and
+// sanitize do not tell apart.
+SPECDEC_SIMD_INLINE float max_lane(f32v x) { return tree_lanes<true>(x); }
+
+// The sum of x's lanes, for sums whose bound allows any order (normalizer_bound_t's chunk sums).
+SPECDEC_SIMD_INLINE float sum_lanes(f32v x) { return tree_lanes<false>(x); }
 
 // exp(x) for x <= 0 (or -inf), the normalizer's terms: no overflow, and results below exp(-87) (which
 // cannot move a sum that holds exp(0) = 1) are those of exp(-87). Fewer operations than exp_fma; the
