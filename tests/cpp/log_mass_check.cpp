@@ -1,8 +1,8 @@
 // Bit-for-bit check of the searches' lane-wise block log-masses (gumbel_search.h z_log_mass,
-// residual_log_mass) against the scalar ZSource / ResidualSource::log_mass that the walks and the
-// reference's order define, on random fp32 and bf16 rows with NaN, +-inf and -inf entries, three logit
-// scales and two temperatures. Built and run by tests/test_native.py once per instruction set; prints
-// "compared N different D".
+// residual_log_mass, and the batched candidate_z_masses) against the scalar ZSource /
+// ResidualSource::log_mass that the walks and the reference's order define, on random fp32 and bf16 rows
+// with NaN, +-inf and -inf entries, three logit scales and two temperatures. Built and run by
+// tests/test_native.py once per instruction set; prints "compared N different D".
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -24,6 +24,21 @@ long compare_row(const void* row, const std::vector<float>& q, float temperature
     bad += differ(z.log_mass(b), z_log_mass<D>(z, b));
     bad += differ(r.log_mass(b), residual_log_mass<D, DType::kFloat32>(r, b));
     *compared += 2;
+  }
+  // The batched candidates' log-masses (search_blocks scores 16 blocks at a time): blocks in a scattered
+  // order, batches of 1 to 16, the partial last block among them.
+  const int64_t blocks = (vocab + kBlock - 1) / kBlock;
+  int64_t next = 0;
+  for (int n = 1; next < 4 * blocks; n = n % kBatch + 1) {
+    Candidates c;
+    c.n = n;
+    for (int i = 0; i < n; ++i) c.block[i] = (next++ * 7919) % blocks;
+    load_candidates<D>(z, c);
+    alignas(64) float mx[kBatch], mass[kBatch];
+    candidate_maxima(c, mx);
+    candidate_z_masses(c, mx, (1u << n) - 1u, mass);
+    for (int i = 0; i < n; ++i) bad += differ(z.log_mass(c.block[i]), mass[i]);
+    *compared += n;
   }
   return bad;
 }

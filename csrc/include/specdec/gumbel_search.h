@@ -6,20 +6,21 @@
 // maximum + log 16 + slack, which needs no exp; weights: the exact log of the block sum). A block can beat
 // the best score so far only if ub_b - log(1 - u_b) + slack reaches it (-log(-log u) <= -log(1 - u)), so
 // the exact score L_b - log(-log u_b) (16 exps for logits) is computed only for those few candidates,
-// found with one integer compare of each block's Philox word against a per-group threshold; a group
-// whose largest bound plus the largest possible noise stays below the best score draws no Philox words. Every bound is computed with the rounding of the exact score it bounds, so a
-// dropped block's exact score is provably below a real candidate's: the result is the exact argmax.
+// found with one integer compare of each block's Philox word against a per-group threshold and scored 16 at
+// a time (Candidates); a group whose largest bound plus the largest possible noise stays below the best
+// score draws no Philox words. Every bound is computed with the rounding of the exact score it bounds, so
+// a dropped block's exact score is provably below a real candidate's: the result is the exact argmax.
 #pragma once
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <type_traits>
 
 #include "common.h"
 #include "gumbel.h"
 #include "math.h"
 #include "philox.h"
+#include "row_load.h"
 #include "simd.h"
 #include "types.h"
 
@@ -29,84 +30,12 @@ inline constexpr int kGroupBlocks = 32;
 inline constexpr int kGroup = kGroupBlocks * kBlock;
 static_assert(kGroupBlocks % simd::W == 0, "groups hold whole SIMD vectors of blocks");
 
-// W consecutive elements of a row from index v, as float32.
-template <DType D>
-SPECDEC_SIMD_INLINE simd::f32v load_v(const void* row, int64_t v) {
-  simd::f32v out;
 #if defined(__AVX512F__)
-  if constexpr (D == DType::kFloat32) {
-    out = simd::load(static_cast<const float*>(row) + v);
-  } else {
-    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(row) + v));
-    __m512 f;
-    if constexpr (D == DType::kBFloat16) {
-      f = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-    } else {
-      f = _mm512_cvtph_ps(h);
-    }
-    __builtin_memcpy(&out, &f, sizeof(out));
-  }
-#elif defined(__AVX2__)
-  if constexpr (D == DType::kFloat32) {
-    out = simd::load(static_cast<const float*>(row) + v);
-  } else if constexpr (D == DType::kBFloat16) {
-    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(row) + v));
-    const __m256 f = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-    __builtin_memcpy(&out, &f, sizeof(out));
-  } else {
-    const auto* p = static_cast<const uint16_t*>(row) + v;
-    for (int l = 0; l < simd::W; ++l) out[l] = fp16_to_float(p[l]);
-  }
-#else
-  const auto* p = static_cast<const typename Elem<D>::type*>(row) + v;
-  for (int l = 0; l < simd::W; ++l) out[l] = Elem<D>::load(p, l);
-#endif
-  return out;
-}
-
-// Streaming passes over a row prefetch the bytes kPrefetchAhead beyond where they read: the hardware
-// prefetchers alone left a quarter to a third of the read bandwidth unused (2-thread VMs, 64 requests x 4
-// rows of 151936 entries, benchmarks/bench_native_cpu.py), with this distance the passes read at the rate
-// of torch.sum or above.
-inline constexpr int64_t kPrefetchAhead = 8192;
-
-template <DType D>
-inline constexpr int64_t kElemBytes = sizeof(typename Elem<D>::type);
-
-// Prefetch of bytes [offset + kPrefetchAhead, + bytes) of a row of `row_bytes` bytes (none past its end).
-SPECDEC_SIMD_INLINE void prefetch_ahead(const void* row, int64_t offset, int64_t bytes, int64_t row_bytes) {
-  const int64_t end = std::min(offset + kPrefetchAhead + bytes, row_bytes);
-  for (int64_t i = offset + kPrefetchAhead; i < end; i += 64) __builtin_prefetch(static_cast<const char*>(row) + i);
-}
-
-// The 4 W entries from index v as four float32 vectors in an order of their own, for sums that do not
-// depend on it (normalizer_bound_t): bf16 is read as 2 W 32-bit words twice, each giving its low halves
-// and its high halves (a shift and a mask, no widening shuffle); other dtypes as load_v in order.
-template <DType D>
-SPECDEC_SIMD_INLINE void load4_any_order(const void* row, int64_t v, simd::f32v x[4]) {
-  if constexpr (D == DType::kBFloat16) {
-    for (int h = 0; h < 2; ++h) {
-      simd::u32v w;
-      __builtin_memcpy(&w, static_cast<const uint16_t*>(row) + v + 2 * h * simd::W, sizeof(w));
-      x[2 * h] = simd::bits_as<simd::f32v>(w << 16);
-      x[2 * h + 1] = simd::bits_as<simd::f32v>(w & 0xFFFF0000u);
-    }
-  } else {
-    for (int k = 0; k < 4; ++k) x[k] = load_v<D>(row, v + k * simd::W);
-  }
-}
-
-SPECDEC_SIMD_INLINE simd::f32v sanitize_v(simd::f32v z) {
-  z = z != z ? -kInf : z;
-  return (z > kFloat32Max ? kFloat32Max : z) + 0.0f;
-}
-
-#if defined(__AVX512F__)
-// r[j] holds block j's 16 entries; returns the 16 block sums in block order, by the pairwise tree of
-// math.h's block_sum16 (c_i = w_i + w_{i+8}, d_i = c_i + c_{i+4}, (d_0 + d_2) + (d_1 + d_3)), with 46
-// shuffles and adds for all 16 blocks.
-SPECDEC_SIMD_INLINE __m512 tree16_sum(const __m512* r) {
-  const auto op = [](__m512 a, __m512 b) { return _mm512_add_ps(a, b); };
+// r[j] holds block j's 16 entries; returns op over each block's entries, the 16 results in block order, by
+// the pairwise tree of math.h's block_sum16 (c_i = w_i op w_{i+8}, d_i = c_i op c_{i+4}, (d_0 op d_2) op
+// (d_1 op d_3)), with 46 shuffles and ops for all 16 blocks.
+template <class Op>
+SPECDEC_SIMD_INLINE __m512 tree16(const __m512* r, Op op) {
   __m512 t[8], u[4], v[2];
   for (int k = 0; k < 8; ++k) {  // lanes 0-7: c of block 2k, 8-15: c of block 2k + 1
     t[k] = op(_mm512_shuffle_f32x4(r[2 * k], r[2 * k + 1], 0x44), _mm512_shuffle_f32x4(r[2 * k], r[2 * k + 1], 0xEE));
@@ -123,15 +52,14 @@ SPECDEC_SIMD_INLINE __m512 tree16_sum(const __m512* r) {
   return _mm512_permutexvar_ps(order, f);
 }
 
+// The 16 block sums, each bit for bit block_sum16.
+SPECDEC_SIMD_INLINE __m512 tree16_sum(const __m512* r) {
+  return tree16(r, [](__m512 a, __m512 b) { return _mm512_add_ps(a, b); });
+}
+
 #endif
 
-// The largest lane of a running max that skipped NaN (max_v keeps its second operand): none in x.
-SPECDEC_SIMD_INLINE float lane_max(simd::f32v x) { return simd::max_lane(x); }
-
-// --- Sources' bounds over one group ------------------------------------------------------------------
-// bounds(b0, nb, ub): returns an upper bound of every block bound of blocks b0 .. b0 + nb - 1, the largest
-// of them (exact sources also write ub[j] for j < nb, -inf beyond); block_bound(b, ub, j): block b = b0 + j's
-// own bound ub_j >= L_b.
+// --- Group maxima and block log-masses of logits rows ----------------------------------------------------
 
 // Lane-wise max and min of the n (a multiple of 4 W) 16-bit entries from p, read as int16.
 SPECDEC_SIMD_INLINE void minmax_i16(const uint16_t* p, int64_t n, simd::i16v& hi, simd::i16v& lo) {
@@ -212,11 +140,17 @@ SPECDEC_SIMD_INLINE float z_log_mass(const ZSource& src, int64_t b) {
   return mx + log_f32(block_sum16(e));
 }
 
+// ResidualSource::p of the W entries from v, lane-wise (a finite row max: src.max != -inf).
+template <DType D>
+SPECDEC_SIMD_INLINE simd::f32v target_p_v(const ResidualSource& src, int64_t v) {
+  const simd::f32v z = sanitize_v(load_v<D>(src.target.row, v) / src.target.temperature);
+  return simd::exp_fma(z - src.max) / src.total;
+}
+
 // ResidualSource::residual of the W entries from v, lane-wise (a finite row max: src.max != -inf).
 template <DType D, DType Q>
 SPECDEC_SIMD_INLINE simd::f32v residual_v(const ResidualSource& src, int64_t v) {
-  const simd::f32v z = sanitize_v(load_v<D>(src.target.row, v) / src.target.temperature);
-  const simd::f32v d = simd::exp_fma(z - src.max) / src.total - load_v<Q>(src.q, v);
+  const simd::f32v d = target_p_v<D>(src, v) - load_v<Q>(src.q, v);
   return d > 0.0f ? d : 0.0f;
 }
 
@@ -229,16 +163,119 @@ SPECDEC_SIMD_INLINE float residual_log_mass(const ResidualSource& src, int64_t b
   return log_f32(block_sum16(w));
 }
 
+// log of the block_sum16 of block b's target probabilities p_v (src.p, no draft probabilities read): at
+// least the residual's log_mass up to log_f32's own error (each residual entry is a rounded p_v - q_v <= p_v
+// for q_v >= 0 or NaN, and the block sum is monotone in its terms).
+template <DType D>
+SPECDEC_SIMD_INLINE float target_log_mass(const ResidualSource& src, int64_t b) {
+  alignas(64) float w[kBlock];
+  const int64_t first = b * kBlock;
+  if (first + kBlock > src.target.vocab || src.max == -kInf) {
+    for (int i = 0; i < kBlock; ++i) w[i] = first + i < src.target.vocab ? src.p(first + i) : 0.0f;
+  } else {
+    for (int i = 0; i < kBlock; i += simd::W) simd::store(w + i, target_p_v<D>(src, first + i));
+  }
+  return log_f32(block_sum16(w));
+}
+
+// --- Candidates, scored a batch at a time -------------------------------------------------------------
+// A search's candidates (the blocks whose Philox word passes their group's test: a few hundred to a thousand
+// of a row's ~9500 blocks, on Zipf-like rows most of them) each need their own bound and the exact test's
+// log, and the survivors a log-mass and a Gumbel term (three more logs). One at a time, these scalar logs
+// and 16-entry reductions cost more than the group passes themselves. So candidates wait in a batch of
+// kBatch and are scored together: each block's largest z (16 blocks by one transposed reduction with
+// AVX-512), the exact test and the Gumbel terms lane-wise, the survivors' block sums by one more
+// transposed reduction. Scoring a candidate later than its word test only keeps the search's bound lower
+// meanwhile, which admits more candidates, never fewer: the argmax is the same.
+inline constexpr int kBatch = 16;
+static_assert(kBatch % simd::W == 0, "a batch holds whole SIMD vectors of candidates");
+
+struct Candidates {
+  alignas(64) float z[kBatch][kBlock];  // each block's z (sources on logits; -inf past the vocabulary)
+  alignas(64) float ub[kBatch];         // each block's bound (-inf for the unused slots)
+  alignas(64) uint32_t word[kBatch];    // its Philox word
+  int64_t block[kBatch];
+  int n = 0;
+};
+
+// c.z of the candidates (sanitize(row / temperature), ZSource::block), -inf in the unused slots.
+template <DType D>
+SPECDEC_SIMD_INLINE void load_candidates(const ZSource& src, Candidates& c) {
+  for (int i = 0; i < kBatch; ++i) {
+    if (i >= c.n) {
+      for (int k = 0; k < kBlock; ++k) c.z[i][k] = -kInf;
+    } else if ((c.block[i] + 1) * kBlock <= src.vocab) {
+      for (int k = 0; k < kBlock; k += simd::W) {
+        simd::store(c.z[i] + k, sanitize_v(load_v<D>(src.row, c.block[i] * kBlock + k) / src.temperature));
+      }
+    } else {
+      src.block(c.block[i], c.z[i]);
+    }
+  }
+}
+
+// block_max of every slot's c.z into mx.
+SPECDEC_SIMD_INLINE void candidate_maxima(const Candidates& c, float* mx) {
+#if defined(__AVX512F__)
+  __m512 r[kBatch];
+  for (int j = 0; j < kBatch; ++j) r[j] = _mm512_load_ps(c.z[j]);
+  _mm512_store_ps(mx, tree16(r, [](__m512 a, __m512 b) { return _mm512_max_ps(a, b); }));  // no NaN in z
+#else
+  for (int j = 0; j < kBatch; ++j) mx[j] = block_max(c.z[j]);
+#endif
+}
+
+// out[j] = log_f32(block_sum16(terms of slot j)) for the slots in mask (-inf elsewhere): terms(j, k) gives
+// entries k .. k + W - 1 of slot j. Bit for bit the scalar block sums (tree16_sum).
+template <class Terms>
+SPECDEC_SIMD_INLINE void candidate_log_sums(uint32_t mask, Terms terms, float* out) {
+#if defined(__AVX512F__)
+  __m512 r[kBatch];
+  for (int j = 0; j < kBatch; ++j) r[j] = (mask >> j) & 1u ? simd::bits_as<__m512>(terms(j, 0)) : _mm512_setzero_ps();
+  simd::store(out, simd::log_f32(simd::bits_as<simd::f32v>(tree16_sum(r))));
+#else
+  for (int j = 0; j < kBatch; ++j) {
+    alignas(64) float w[kBlock];
+    for (int k = 0; k < kBlock; k += simd::W) simd::store(w + k, terms(j, k));
+    out[j] = (mask >> j) & 1u ? log_f32(block_sum16(w)) : -kInf;
+  }
+#endif
+}
+
+// Log-masses mx + log(sum exp(z - mx)) of the slots in mask (mx: candidate_maxima; -inf for mx = -inf),
+// bit for bit z_log_mass of their blocks.
+SPECDEC_SIMD_INLINE void candidate_z_masses(const Candidates& c, const float* mx, uint32_t mask, float* mass) {
+  candidate_log_sums(mask, [&](int j, int k) { return simd::exp_fma(simd::load(c.z[j] + k) - mx[j]); }, mass);
+  for (int j = 0; j < kBatch; ++j) mass[j] = mx[j] == -kInf ? -kInf : mx[j] + mass[j];
+}
+
+// --- Sources ---------------------------------------------------------------------------------------------
+// bounds(b0, nb, ub): an upper bound of every block bound of blocks b0 .. b0 + nb - 1, the largest of them
+// (exact sources also write ub[j] for j < nb, -inf beyond); prepare(c, mx): the candidates' own bounds
+// c.ub (exact sources: their ub, kept when they joined); score(c, mx, mask, g, best): best after the
+// candidates in mask with Gumbel terms g.
+
 template <DType D>
 struct ZBounds {
   static constexpr bool kExact = false;
   ZSource src;
 
-  // The group's bound only, max_j ub_j = z_group_max + kLogBlockBound; the few blocks that a Philox word
-  // makes candidates get their own bound from block_bound.
+  // The group's bound only, max_j ub_j = z_group_max + kLogBlockBound; candidates get their own from
+  // their largest z.
   float bounds(int64_t b0, int nb, float*) const { return z_group_max<D>(src, b0, nb) + kLogBlockBound; }
-  float block_bound(int64_t b, const float*, int) const { return z_group_max<D>(src, b, 1) + kLogBlockBound; }
-  float log_mass(int64_t b) const { return z_log_mass<D>(src, b); }
+  void prepare(Candidates& c, float* mx) const {
+    load_candidates<D>(src, c);
+    candidate_maxima(c, mx);
+    for (int j = 0; j < kBatch; j += simd::W) simd::store(c.ub + j, simd::load(mx + j) + kLogBlockBound);
+  }
+  void score(const Candidates& c, const float* mx, uint32_t mask, const float* g, ArgMax& best) const {
+    alignas(64) float mass[kBatch];
+    candidate_z_masses(c, mx, mask, mass);
+    for (; mask != 0; mask &= mask - 1) {
+      const int j = __builtin_ctz(mask);
+      best = better(best, ArgMax{mass[j] - g[j], c.block[j]});
+    }
+  }
   void prefetch(int64_t b) const {  // the group of block b's bytes, kPrefetchAhead ahead
     constexpr int64_t e = kElemBytes<D>;
     prefetch_ahead(src.row, b * kBlock * e, kGroup * e, src.vocab * e);
@@ -275,6 +312,14 @@ inline float weight_group_bounds(int64_t b0, int nb, int64_t vocab, float* ub, F
 #endif
 }
 
+// Scores of exact sources' candidates: their bound is their log-mass.
+SPECDEC_SIMD_INLINE void exact_score(const Candidates& c, uint32_t mask, const float* g, ArgMax& best) {
+  for (; mask != 0; mask &= mask - 1) {
+    const int j = __builtin_ctz(mask);
+    best = better(best, ArgMax{c.ub[j] - g[j], c.block[j]});
+  }
+}
+
 template <DType D, DType Q>
 struct ResidualBounds {
   static constexpr bool kExact = true;
@@ -292,8 +337,10 @@ struct ResidualBounds {
     any_positive = any_positive || best != -kInf;
     return best;
   }
-  float block_bound(int64_t, const float* ub, int j) const { return ub[j]; }
-  float log_mass(int64_t b) const { return src.log_mass(b); }
+  void prepare(Candidates&, float*) const {}
+  void score(const Candidates& c, const float*, uint32_t mask, const float* g, ArgMax& best) const {
+    exact_score(c, mask, g, best);
+  }
   void prefetch(int64_t b) const {
     constexpr int64_t e = kElemBytes<D>, eq = kElemBytes<Q>;
     prefetch_ahead(src.target.row, b * kBlock * e, kGroup * e, src.target.vocab * e);
@@ -316,8 +363,17 @@ struct LazyResidualBounds {
   LazyResidualBounds(const ResidualSource& s) : src(s), log_shift(kLogBlockBound - log_f32(s.total)) {}
   float bound_of(float z_max) const { return z_max == -kInf ? -kInf : (z_max - src.max) + log_shift; }
   float bounds(int64_t b0, int nb, float*) const { return bound_of(z_group_max<D>(src.target, b0, nb)); }
-  float block_bound(int64_t b, const float*, int) const { return bound_of(z_group_max<D>(src.target, b, 1)); }
-  float log_mass(int64_t b) const { return residual_log_mass<D, Q>(src, b); }
+  void prepare(Candidates& c, float* mx) const {
+    load_candidates<D>(src.target, c);
+    candidate_maxima(c, mx);
+    for (int j = 0; j < kBatch; ++j) c.ub[j] = bound_of(mx[j]);
+  }
+  void score(const Candidates& c, const float*, uint32_t mask, const float* g, ArgMax& best) const {
+    for (; mask != 0; mask &= mask - 1) {
+      const int j = __builtin_ctz(mask);
+      best = better(best, ArgMax{residual_log_mass<D, Q>(src, c.block[j]) - g[j], c.block[j]});
+    }
+  }
   void prefetch(int64_t b) const {  // the logits only: q is read on candidate blocks
     constexpr int64_t e = kElemBytes<D>;
     prefetch_ahead(src.target.row, b * kBlock * e, kGroup * e, src.target.vocab * e);
@@ -339,23 +395,39 @@ struct IntervalResidualBounds {
   mutable IntervalPick pick = kIntervalPickInit;  // pick.best is search_blocks' best
 
   float bounds(int64_t b0, int nb, float* ub) const { return upper.bounds(b0, nb, ub); }
-  float block_bound(int64_t b, const float* ub, int j) const { return upper.block_bound(b, ub, j); }
-  void prefetch(int64_t b) const { upper.prefetch(b); }
-  // The best after scoring block b with uniform u (search_blocks' candidates; its best is pick.best).
-  ArgMax consider(ArgMax, int64_t b, float u) const {
-    const float g = gumbel_log_term(u);
-    const float l = residual_log_mass<D, Q>(lower, b), h = residual_log_mass<D, Q>(upper.src, b);
-    const float s_lo = l == -kInf ? -kInf : (l - kIntervalSlack) - g;
-    const float s_hi = h == -kInf ? -kInf : (h + kIntervalSlack) - g;
-    offer(pick, {s_lo, b}, s_hi);
-    return pick.best;
+  void prepare(Candidates& c, float* mx) const { upper.prepare(c, mx); }
+  void prefetch(int64_t) const {}  // the row is hot: the bracket and the max pass have just read it
+  // Offers each candidate in mask to pick (best = pick.best). A block whose upper score from its target mass
+  // (>= its residual mass at total_lo, target_log_mass; one more kIntervalSlack for the two log_f32 errors)
+  // stays below the best lower score can neither be the best nor count against it: it is dropped before
+  // its draft probabilities are read (most candidates are; the read is a cache miss per block, the row's q
+  // being cold, so the survivors' reads are all issued first).
+  void score(const Candidates& c, const float*, uint32_t mask, const float* g, ArgMax& best) const {
+    const ResidualSource& at_lo = upper.src;
+    alignas(64) float target[kBatch];
+    candidate_log_sums(
+        mask, [&](int j, int k) { return simd::exp_fma(simd::load(c.z[j] + k) - at_lo.max) / at_lo.total; }, target);
+    const auto dropped = [&](int j) { return (target[j] + 2.0f * kIntervalSlack) - g[j] < pick.best.value; };
+    uint32_t keep = 0;
+    for (uint32_t m = mask; m != 0; m &= m - 1) keep |= dropped(__builtin_ctz(m)) ? 0u : 1u << __builtin_ctz(m);
+    constexpr int64_t eq = kElemBytes<Q>;
+    for (uint32_t m = keep; m != 0; m &= m - 1) {
+      const char* q = static_cast<const char*>(at_lo.q) + c.block[__builtin_ctz(m)] * kBlock * eq;
+      __builtin_prefetch(q);
+      __builtin_prefetch(q + kBlock * eq - 1);
+    }
+    for (; keep != 0; keep &= keep - 1) {
+      const int j = __builtin_ctz(keep);
+      if (dropped(j)) continue;  // the best may have risen meanwhile
+      const int64_t b = c.block[j];
+      const float l = residual_log_mass<D, Q>(lower, b), h = residual_log_mass<D, Q>(at_lo, b);
+      const float s_lo = l == -kInf ? -kInf : (l - kIntervalSlack) - g[j];
+      const float s_hi = h == -kInf ? -kInf : (h + kIntervalSlack) - g[j];
+      offer(pick, {s_lo, b}, s_hi);
+    }
+    best = pick.best;
   }
 };
-
-template <class Bounds, class = void>
-struct HasConsider : std::false_type {};
-template <class Bounds>
-struct HasConsider<Bounds, std::void_t<decltype(&Bounds::consider)>> : std::true_type {};
 
 struct WeightBounds {
   static constexpr bool kExact = true;
@@ -366,8 +438,10 @@ struct WeightBounds {
       for (int i = 0; i < n; ++i) w[i] = src.w[first + i];
     });
   }
-  float block_bound(int64_t, const float* ub, int j) const { return ub[j]; }
-  float log_mass(int64_t b) const { return src.log_mass(b); }
+  void prepare(Candidates&, float*) const {}
+  void score(const Candidates& c, const float*, uint32_t mask, const float* g, ArgMax& best) const {
+    exact_score(c, mask, g, best);
+  }
   void prefetch(int64_t) const {}
 };
 
@@ -377,7 +451,7 @@ struct WeightBounds {
 // `bound`: a block needs -log(1 - u) >= e = bound - group_max - slack, i.e. u >= 1 - exp(-e). The test is
 // made looser by 0.01 in e (far above float32 rounding of the scores) and by 1024 words (float(word)
 // rounds by at most 64 and kUniformScale is 2^-31 to 1e-7), so every block that passes the exact per-block
-// test below passes this one. The threshold is read from a table at e rounded down to a multiple of
+// test (score_candidates) passes this one. The threshold is read from a table at e rounded down to a multiple of
 // 1/64 (looser still: at most 1.6 % more candidates), where an exp per group cost ~7 ns of a ~50 ns group.
 struct WordThresholds {
   static constexpr int kSteps = 64;             // table entries per nat of e
@@ -399,6 +473,39 @@ inline uint32_t word_threshold(float bound, float group_max) {
   return kWordThresholds.at[k < WordThresholds::kLast ? static_cast<int>(k) : WordThresholds::kLast];
 }
 
+// Scores the batch of candidates c against best and empties it: the exact test (a candidate's bound plus
+// -log(1 - u) + slack reaches the best score so far) lane-wise, then the source's scores of the survivors
+// with their Gumbel terms gumbel_log_term(u), lane-wise too.
+template <class Bounds>
+SPECDEC_SIMD_INLINE void score_candidates(const Bounds& src, Candidates& c, ArgMax& best, float& bound) {
+  if (c.n == 0) return;
+  for (int i = c.n; i < kBatch; ++i) {
+    c.word[i] = 0;
+    c.ub[i] = -kInf;
+  }
+  alignas(64) float mx[kBatch];
+  src.prepare(c, mx);
+  uint32_t keep = 0;
+  for (int i = 0; i < kBatch; i += simd::W) {
+    simd::u32v w;
+    __builtin_memcpy(&w, c.word + i, sizeof(w));
+    const simd::f32v ub = simd::load(c.ub + i);
+    const simd::f32v reach = ub + (kGumbelSlack - simd::log_f32(1.0f - simd::philox_uniform(w)));
+    keep |= simd::lane_bits((ub != -kInf) & (reach >= bound)) << i;
+  }
+  if (keep != 0) {
+    alignas(64) float g[kBatch];
+    for (int i = 0; i < kBatch; i += simd::W) {
+      simd::u32v w;
+      __builtin_memcpy(&w, c.word + i, sizeof(w));
+      simd::store(g + i, simd::log_f32(-simd::log_f32(simd::philox_uniform(w))));
+    }
+    src.score(c, mx, keep, g, best);
+    bound = best.value > bound ? best.value : bound;
+  }
+  c.n = 0;
+}
+
 // argmax_b L_b - log(-log u_b) over the blocks of entries [v0, v1) (v0 a multiple of 4 blocks), starting
 // from `start` (a real candidate anywhere in the row, or kArgMaxInit). Returns {score, block}.
 template <class Bounds>
@@ -406,6 +513,7 @@ ArgMax search_blocks(const Bounds& src, const PhiloxKey& key, uint32_t hi, int s
                      ArgMax start) {
   ArgMax best = start;
   float bound = start.value;
+  Candidates cand;
   alignas(64) float ub[kGroupBlocks];
   alignas(64) uint32_t words[kGroupBlocks];
   const int64_t b_end = (v1 + kBlock - 1) / kBlock;
@@ -421,159 +529,17 @@ ArgMax search_blocks(const Bounds& src, const PhiloxKey& key, uint32_t hi, int s
       __builtin_memcpy(&w, words + j0, sizeof(w));
       uint32_t hit = simd::ge_mask(simd::fold(w), threshold);
       if (nb - j0 < simd::W) hit &= (1u << (nb - j0)) - 1u;
-      while (hit != 0) {
+      for (; hit != 0; hit &= hit - 1) {
         const int j = j0 + __builtin_ctz(hit);
-        hit &= hit - 1;
-        const int64_t b = b0 + j;
-        const float ub_j = src.block_bound(b, ub, j);
-        // The group's word test again with the block's own bound (looser than the exact test, as above, and
-        // a table read where the exact test takes a log): most candidates stop here.
-        if (ub_j == -kInf || fold_word(words[j]) < word_threshold(bound, ub_j)) continue;
-        // The exact test: the block's bound plus -log(1 - u) + slack reaches the best score so far.
-        const float u = philox_uniform(words[j]);
-        if (ub_j + (kGumbelSlack - log_f32(1.0f - u)) < bound) continue;
-        if constexpr (HasConsider<Bounds>::value) {
-          best = src.consider(best, b, u);
-        } else {
-          const float mass = Bounds::kExact ? ub_j : src.log_mass(b);
-          best = better(best, ArgMax{mass - gumbel_log_term(u), b});
-        }
-        bound = best.value > bound ? best.value : bound;
+        cand.block[cand.n] = b0 + j;
+        cand.word[cand.n] = words[j];
+        if constexpr (Bounds::kExact) cand.ub[cand.n] = ub[j];
+        if (++cand.n == kBatch) score_candidates(src, cand, best, bound);
       }
     }
   }
+  score_candidates(src, cand, best, bound);
   return best;
-}
-
-// Softmax statistics (max, sum exp(z - max)) of z = sanitize(row / temperature) over [v0, v1), online over
-// chunks of 256 entries seen as 16 lanes x 16 steps (lane l sums entries 16 i + l in order; float within a
-// chunk, double across chunks), so that the sum is the same for every SIMD width. The terms use
-// row * (1 / temperature): the normalizer is a sum, so that rounding moves it by ~1e-7 relative, like
-// any summation order (the reference's own sum included).
-template <DType D>
-SoftmaxStats softmax_stats_t(const void* row, float temperature, int64_t v0, int64_t v1) {
-  constexpr int kSub = 16 / simd::W;  // registers per 16-lane step
-  const float inv_t = 1.0f / temperature;
-  const simd::f32v neg_inf = simd::f32v{} - kInf;
-  const simd::f32v big = simd::f32v{} + kFloat32Max;
-  simd::f32v lane_m[kSub];
-  simd::f64v lane_s[kSub];  // each lane's sum, relative to its lane_m
-  for (int k = 0; k < kSub; ++k) {
-    lane_m[k] = neg_inf;
-    lane_s[k] = simd::f64v{};
-  }
-  int64_t v = v0;
-  for (; v + 256 <= v1; v += 256) {
-    prefetch_ahead(row, v * kElemBytes<D>, 256 * kElemBytes<D>, v1 * kElemBytes<D>);
-    simd::f32v z[16][kSub];
-    simd::f32v mc[kSub];
-    for (int k = 0; k < kSub; ++k) mc[k] = neg_inf;
-    for (int i = 0; i < 16; ++i) {
-      for (int k = 0; k < kSub; ++k) {
-        // NaN -> -inf, +inf -> float32 max (max_v / min_v return their second operand on NaN)
-        const simd::f32v x = simd::max_v(load_v<D>(row, v + 16 * i + k * simd::W) * inv_t, neg_inf);
-        z[i][k] = simd::min_v(x, big);
-        mc[k] = simd::max_v(z[i][k], mc[k]);
-      }
-    }
-    for (int k = 0; k < kSub; ++k) {
-      const simd::f32v shift = mc[k] == -kInf ? 0.0f : mc[k];
-      simd::f32v sum = {};
-      for (int i = 0; i < 16; ++i) sum += simd::exp_nonpositive(z[i][k] - shift);
-      const simd::f32v m_new = simd::max_v(mc[k], lane_m[k]);
-      const simd::f32v shift_new = m_new == -kInf ? 0.0f : m_new;
-      const simd::f32v old_scale = lane_m[k] == -kInf ? 0.0f : simd::exp_nonpositive(lane_m[k] - shift_new);
-      const simd::f32v chunk_scale = mc[k] == -kInf ? 0.0f : simd::exp_nonpositive(mc[k] - shift_new);
-      lane_s[k] = lane_s[k] * __builtin_convertvector(old_scale, simd::f64v) +
-                  __builtin_convertvector(sum * chunk_scale, simd::f64v);
-      lane_m[k] = m_new;
-    }
-  }
-  // The 16 lanes in order, then the tail (scalar online softmax in double).
-  float m = -kInf;
-  for (int k = 0; k < kSub; ++k) m = simd::lane_max_of(lane_m[k], m);
-  double total = 0.0;
-  for (int k = 0; k < kSub; ++k) {
-    for (int l = 0; l < simd::W; ++l) {
-      if (lane_m[k][l] != -kInf) total += lane_s[k][l] * static_cast<double>(exp_fma_f32(lane_m[k][l] - m));
-    }
-  }
-  for (; v < v1; ++v) {
-    const float z = sanitize(load_elem(row, D, v) * inv_t);
-    if (z == -kInf) continue;
-    if (z > m) {
-      total = (m == -kInf ? 0.0 : total * static_cast<double>(exp_fma_f32(m - z))) + 1.0;
-      m = z;
-    } else {
-      total += static_cast<double>(exp_fma_f32(z - m));
-    }
-  }
-  return {m, total};
-}
-
-// A cheap bracket of the same normalizer (types.h NormalizerBound): the sum over [v0, v1) of
-// exp2_rough(fma(row, log2 e / temperature, -shift log2 e)) ~ exp(z - shift), z = sanitize(row * (1 /
-// temperature)) as softmax_stats_t computes it (the error of folding the scale into one fma is in the
-// bound, chain.h certain_accept), shift = the max of the first chunk holding a finite z. A chunk whose
-// sum overflows (or exceeds 2^100) is redone after raising the shift to its max; a +inf z or a shift
-// beyond 2^100 leaves no bound (NaN entries add at most 2^-125 each, exp2_rough's floor). Terms in any
-// order (load4_any_order): about a third of softmax_stats_t's operations per entry, no running max, a
-// two-fma exp.
-template <DType D>
-NormalizerBound normalizer_bound_t(const void* row, float temperature, int64_t v0, int64_t v1) {
-  constexpr int64_t kChunk = 256;
-  static_assert(kChunk % (4 * simd::W) == 0, "chunks hold whole groups of four vectors");
-  constexpr float kLog2e = 1.44269504089f;
-  const float inv_t = 1.0f / temperature;
-  const float scale = inv_t * kLog2e;
-  const NormalizerBound none{-kInf, 0.0, 0.0f, false};
-  // The chunk's sum of terms relative to shift (float, four accumulators of 4 W entries per step).
-  auto chunk_sum = [&](int64_t v, int64_t n, float shift) {
-    const simd::f32v neg_shift = simd::f32v{} - shift * kLog2e;
-    const simd::f32v sc = simd::f32v{} + scale;
-    simd::f32v acc[4] = {};
-    int64_t i = 0;
-    for (; i + 4 * simd::W <= n; i += 4 * simd::W) {
-      simd::f32v x[4];
-      load4_any_order<D>(row, v + i, x);
-      for (int k = 0; k < 4; ++k) acc[k] += simd::exp2_rough(simd::fma_v(x[k], sc, neg_shift));
-    }
-    float total = simd::sum_lanes((acc[0] + acc[1]) + (acc[2] + acc[3]));
-    for (; i < n; ++i) {
-      const float y = fma_f32(load_elem(row, D, v + i), scale, -(shift * kLog2e));
-      total += static_cast<float>(std::exp2(static_cast<double>(y > -126.0f ? y : -126.0f)));  // as exp2_rough
-    }
-    return total;
-  };
-  auto chunk_max = [&](int64_t v, int64_t n) {
-    float m = -kInf;
-    for (int64_t i = 0; i < n; ++i) m = std::max(m, sanitize(load_elem(row, D, v + i) * inv_t));
-    return m;
-  };
-  NormalizerBound out{-kInf, 0.0, 0.0f, true};
-  for (int64_t v = v0; v < v1; v += kChunk) {
-    const int64_t n = std::min(kChunk, v1 - v);
-    prefetch_ahead(row, v * kElemBytes<D>, n * kElemBytes<D>, v1 * kElemBytes<D>);
-    if (out.shift == -kInf) {  // no finite z yet: this chunk sets the shift, or holds none either
-      const float m = chunk_max(v, n);
-      if (m == -kInf) continue;  // -inf and NaN entries only: nothing to add
-      if (!(std::fabs(m) <= 0x1p100f)) return none;
-      out.shift = m;
-      out.max_abs_shift = std::fabs(m);
-    }
-    float s = chunk_sum(v, n, out.shift);
-    if (!(s <= 0x1p100f)) {
-      const float m = chunk_max(v, n);
-      if (!(m <= 0x1p100f) || !(m > out.shift)) return none;  // +inf or a huge z
-      out.sum *= std::exp(static_cast<double>(out.shift) - static_cast<double>(m));
-      out.shift = m;
-      out.max_abs_shift = std::max(out.max_abs_shift, std::fabs(m));
-      s = chunk_sum(v, n, out.shift);
-      if (!(s <= 0x1p100f)) return none;
-    }
-    out.sum += static_cast<double>(s);
-  }
-  return out;
 }
 
 SPECDEC_NS_END

@@ -10,6 +10,7 @@
 #include "gumbel.h"
 #include "gumbel_search.h"
 #include "math.h"
+#include "normalizer.h"
 #include "philox.h"
 #include "simd.h"
 #include "types.h"

@@ -224,6 +224,19 @@ SPECDEC_SIMD_INLINE uint32_t eq_mask(f32v a, float m) {
 #endif
 }
 
+// Bit l set iff lane l of the comparison result m is true (all ones).
+SPECDEC_SIMD_INLINE uint32_t lane_bits(i32v m) {
+#if defined(__AVX512F__)
+  return _mm512_cmpneq_epi32_mask(bits_as<__m512i>(m), _mm512_setzero_si512());
+#elif defined(__AVX2__)
+  return static_cast<uint32_t>(_mm256_movemask_ps(bits_as<__m256>(m)));
+#else
+  uint32_t mask = 0;
+  for (int l = 0; l < W; ++l) mask |= (m[l] != 0 ? 1u : 0u) << l;
+  return mask;
+#endif
+}
+
 SPECDEC_SIMD_INLINE f32v philox_uniform(u32v w) {
   const u32v folded = fold(w);
   return __builtin_convertvector(reinterpret_cast<const i32v&>(folded), f32v) * kUniformScale;
@@ -411,7 +424,7 @@ SPECDEC_SIMD_INLINE f32v exp_nonpositive(f32v x) {
 
 // 2^y within relative kExp2RoughErr (math.h) for finite y in [-126, 128), 2^-126 within it for y < -126 or
 // NaN (absolute error at most 2^-125, never subnormal), +inf for y >= 128: a degree-2 polynomial on the
-// fraction y - floor(y), for bounds that need not be exact (the normalizer bracket of gumbel_search.h).
+// fraction y - floor(y), for bounds that need not be exact (the normalizer bracket of normalizer.h).
 // Unlike the functions above, its bits differ across instruction sets; only the bound holds.
 SPECDEC_SIMD_INLINE f32v exp2_rough(f32v y) {
   const f32v zero = {};
