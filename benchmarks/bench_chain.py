@@ -40,6 +40,7 @@ import torch
 
 import specdec_kernels as sk
 
+from . import vllm_v1
 from .common import (
     CsvWriter,
     copy_bandwidth_gbs,
@@ -165,56 +166,15 @@ def _ours(backend: str) -> Callable[[ChainInputs], Callable[[], object]]:
     return build
 
 
-_VLLM_CPU_KERNELS_REGISTERED = []
-
-
-def _register_vllm_cpu_kernels(platform) -> None:
-    """vLLM's CPU build swaps its Triton kernels for C++ ones only when a CPU worker starts; do it once."""
-    if not _VLLM_CPU_KERNELS_REGISTERED:
-        platform.register_triton_kernel_overrides()
-        _VLLM_CPU_KERNELS_REGISTERED.append(True)
-
-
 def _vllm_v1(inputs: ChainInputs) -> Callable[[], object]:
     try:
-        from vllm.platforms import current_platform
-        from vllm.v1.sample.logits_processor import LogitsProcessors
-        from vllm.v1.sample.metadata import SamplingMetadata
-        from vllm.v1.sample.rejection_sampler import RejectionSampler
-        from vllm.v1.sample.sampler import Sampler
-        from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
+        v1 = vllm_v1.load()
     except ImportError as exc:
         raise Skip(f"vllm V1 sampler not importable: {exc}") from None
     case = inputs.case
-    device = inputs.target_logits.device
-    if device.type == "cpu":
-        _register_vllm_cpu_kernels(current_platform)
-    b, k = case.batch, case.k
-    rows = torch.arange(b * (k + 1), device=device).view(b, k + 1)
-    num_draft_tokens = [k] * b
-    metadata = SpecDecodeMetadata(
-        draft_token_ids=inputs.draft_token_ids.to(torch.int32),
-        num_draft_tokens=num_draft_tokens,
-        cu_num_draft_tokens=(torch.arange(1, b + 1, device=device) * k).to(torch.int32),
-        cu_num_sampled_tokens=(torch.arange(1, b + 1, device=device) * (k + 1)).to(torch.int32),
-        target_logits_indices=rows[:, :k].reshape(-1).to(torch.int32),
-        bonus_logits_indices=rows[:, k].to(torch.int32),
-        logits_indices=rows.reshape(-1).to(torch.int32),
-    )
-    greedy = case.sampling == "greedy"
-    sampling = SamplingMetadata(
-        temperature=None if greedy else inputs.temperature,
-        all_greedy=greedy, all_random=not greedy,
-        top_p=inputs.top_p, top_k=inputs.top_k, generators={}, max_num_logprobs=None,
-        no_penalties=True, prompt_token_ids=None,
-        frequency_penalties=torch.zeros(b, device=device), presence_penalties=torch.zeros(b, device=device),
-        repetition_penalties=torch.ones(b, device=device), output_token_ids=[[] for _ in range(b)],
-        allowed_token_ids_mask=None, bad_words_token_ids={}, logitsprocs=LogitsProcessors(),
-    )
-    sampler = RejectionSampler(Sampler())
-    logits = inputs.target_logits
-    draft_probs = inputs.draft_probs
-    return lambda: sampler(metadata, draft_probs, logits, sampling)
+    sampling = vllm_v1.sampling_metadata(v1, inputs.temperature, inputs.top_k, inputs.top_p)  # greedy: all 0
+    return vllm_v1.step(v1, inputs.target_logits, inputs.draft_token_ids, inputs.draft_probs, case.batch, case.k,
+                        sampling)
 
 
 def _vllm_v2(inputs: ChainInputs) -> Callable[[], object]:

@@ -3,8 +3,12 @@
 One run times, on the same inputs and threads, side by side:
 
 - ``ours``: ``specdec_kernels.verify_chain(..., backend="cpu")`` (bonus token included);
-- ``vllm``: vLLM V1 ``rejection_sample`` with its CPU kernel overrides (bonus token ids given as input, so
-  it does strictly less work);
+- ``vllm_step``: vLLM V1 ``RejectionSampler.forward`` with its CPU kernel overrides, on the same
+  ``[T + B, V]`` logits: what a vLLM worker runs per speculative step (its ``Sampler`` draws the bonus
+  tokens, the draft rows are gathered, made float32 and copied, then ``rejection_sample``), the same job
+  as ours;
+- ``vllm``: vLLM V1 ``rejection_sample`` alone on the draft rows, the bonus token ids given as input (it
+  reads k / (k + 1) of our bytes and samples no bonus token: vLLM's verification kernel by itself);
 - ``torch`` / ``torch_compile``: the plainest strong torch verifier, eager and ``torch.compile``d: argmax
   (greedy), Gumbel-max by the exponential race ``argmax(z - log E)`` (random, deterministic drafts), or
   softmax + coins + ``argmax(residual / E)`` (random, stochastic drafts) over every row at once;
@@ -57,11 +61,12 @@ import torch
 import specdec_kernels as sk
 from specdec_kernels import native
 
+from . import vllm_v1
 from .common import CsvWriter, choice_list, provenance, require_positive
 
 FAMILIES = ("flat", "zipf", "peaked", "qwen3")
 MODES = ("greedy", "random_det", "random_stoch")
-PROVIDERS = ("ours", "vllm", "torch", "torch_compile")
+PROVIDERS = ("ours", "vllm_step", "vllm", "torch", "torch_compile")
 CASE_COLUMNS = ("batch", "k", "vocab", "dtype", "family", "mode", "drafts")
 RESULT_COLUMNS = (
     "max_ms", "rounds", "mean_accepted", "must_read_bytes", "read_gbs", "copy_gbs",
@@ -231,44 +236,20 @@ def torch_provider(case: Case, args, compiled: bool) -> Callable[[], object]:
     return lambda: fn(case.logits, case.drafts, case.draft_probs, case.mode, args.batch, args.k)
 
 
-def vllm_provider(args) -> Callable[[Case], Callable[[], object]] | None:
-    """Factory of vLLM ``rejection_sample`` callables, or None (reason printed) when vLLM cannot run."""
-    batch, k = args.batch, args.k
+def vllm_providers(args) -> dict[str, Callable[[Case], Callable[[], object]]]:
+    """Factories of vLLM's ``step`` and ``kernel`` callables (benchmarks/vllm_v1.py) by provider name; empty
+    (reason printed) when vLLM cannot run."""
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            from vllm.platforms import current_platform
-
-            current_platform.register_triton_kernel_overrides()
-            from vllm.v1.sample.logits_processor import LogitsProcessors
-            from vllm.v1.sample.metadata import SamplingMetadata
-            from vllm.v1.sample.rejection_sampler import rejection_sample
-    except Exception as exc:  # vllm not installed or incompatible: recorded as skipped
+        v1 = vllm_v1.load()
+    except Exception as exc:  # vllm not installed or incompatible: recorded as errors
         print(f"vllm unavailable: {exc}", file=sys.stderr)
-        return None
+        return {}
 
-    def metadata(greedy: bool) -> SamplingMetadata:
-        return SamplingMetadata(
-            temperature=torch.zeros(batch) if greedy else torch.ones(batch), all_greedy=greedy,
-            all_random=not greedy, top_p=None, top_k=None, generators={}, max_num_logprobs=None,
-            no_penalties=True, prompt_token_ids=None, frequency_penalties=torch.zeros(batch),
-            presence_penalties=torch.zeros(batch), repetition_penalties=torch.ones(batch),
-            output_token_ids=[[] for _ in range(batch)], allowed_token_ids_mask=None, bad_words_token_ids={},
-            logitsprocs=LogitsProcessors(),
-        )
+    def factory(entry: Callable) -> Callable[[Case], Callable[[], object]]:
+        return lambda case: entry(v1, case.logits, case.drafts, case.draft_probs, args.batch, args.k,
+                                  vllm_v1.sampling_metadata(v1, case.temperature))
 
-    md = {True: metadata(True), False: metadata(False)}
-    bonus = torch.zeros(batch, 1, dtype=torch.int32)
-    cu_end = (torch.arange(1, batch + 1, dtype=torch.int32) * k).contiguous()
-    draft_rows = (torch.arange(batch)[:, None] * (k + 1) + torch.arange(k)[None, :]).flatten()
-
-    def make(case: Case) -> Callable[[], object]:
-        rows = case.logits[draft_rows].contiguous()
-        drafts = case.drafts.to(torch.int32)
-        greedy = case.mode == "greedy"
-        return lambda: rejection_sample(drafts, [k] * batch, k, cu_end, case.draft_probs, rows, bonus, md[greedy])
-
-    return make
+    return {"vllm_step": factory(vllm_v1.step), "vllm": factory(vllm_v1.kernel)}
 
 
 def must_read_bytes(case: Case, num_accepted: torch.Tensor) -> int:
@@ -299,10 +280,10 @@ def run_family(family: str, args, gen: torch.Generator, writer: CsvWriter, info:
             try:
                 if name == "ours":
                     fn = ours(case, args)
-                elif name == "vllm":
-                    if vllm is None:
+                elif name in ("vllm", "vllm_step"):
+                    if name not in vllm:
                         raise RuntimeError("vllm unavailable")
-                    fn = vllm(case)
+                    fn = vllm[name](case)
                 else:
                     fn = torch_provider(case, args, compiled=name == "torch_compile")
                 fn()  # warm-up (and compilation)
@@ -391,7 +372,7 @@ def main(argv: list[str] | None = None) -> None:
     info = {**provenance(torch.device("cpu")), "command": command.strip()}
     info["device"] += f" isa={native._load().CPU_ISA}"
     gen = torch.Generator().manual_seed(0)
-    vllm = vllm_provider(args) if "vllm" in args.providers else None
+    vllm = vllm_providers(args) if {"vllm", "vllm_step"} & set(args.providers) else {}
     columns = CASE_COLUMNS + RESULT_COLUMNS
     with CsvWriter(args.out, columns) as writer:
         for family in args.families:

@@ -7,6 +7,7 @@ import importlib.util
 import pytest
 import torch
 
+import specdec_kernels as sk
 from benchmarks import bench_chain, roofline
 from benchmarks.common import BASE_COLUMNS, PROVENANCE_COLUMNS, read_csv
 from specdec_kernels import native
@@ -165,7 +166,33 @@ def test_bench_native_cpu_writes_interleaved_rounds_with_command(tmp_path):
     lines = native_cpu_table.table(rows).splitlines()
     assert len(lines) == 2 + 2 * 2 * 2 * 2  # header, rule, one line per case
     assert native_cpu_table.bandwidth(rows).count("read") == 4
-    assert all(line.count("|") == 13 for line in lines)
+    assert all(line.count("|") == 15 for line in lines)
+
+
+@pytest.mark.skipif(not native.has_device("cpu") or not HAS_VLLM, reason="needs specdec_kernels._C and vllm")
+def test_bench_native_cpu_times_vllm_step_and_kernel(tmp_path):
+    """Both vLLM providers run every mode, the step (RejectionSampler.forward) emits our greedy tokens from
+    the same [T + B, V] logits, and the table gives both ratios."""
+    from benchmarks import bench_native_cpu, native_cpu_table, vllm_v1
+
+    out = tmp_path / "native.csv"
+    argv = ["--batch", "3", "--k", "2", "--vocab", "96", "--rounds", "1", "--reps", "1", "--families", "flat",
+            "--dtypes", "float32", "--providers", "ours,vllm_step,vllm", "--out", str(out)]
+    bench_native_cpu.main(argv)
+    rows = read_csv([out])
+    timed = [r for r in rows if r["provider"] in ("vllm_step", "vllm")]
+    assert len(timed) == 2 * 3 * 2 and all(r["status"] == "ok" for r in timed)  # providers x modes x drafts
+    line = native_cpu_table.table(rows).splitlines()[2]
+    assert line.count("x |") == 2 and line.endswith("| — |")  # the two vLLM ratios; no torch provider ran
+
+    gen = torch.Generator().manual_seed(5)
+    logits = torch.randn(3 * 3, 96, generator=gen)
+    drafts = logits.view(3, 3, 96)[:, :2].argmax(-1).flatten()
+    drafts[1] = (drafts[1] + 1) % 96  # request 0 rejects its second draft
+    v1 = vllm_v1.load()
+    step = vllm_v1.step(v1, logits, drafts, None, 3, 2, vllm_v1.sampling_metadata(v1, torch.zeros(3)))
+    res = sk.verify_chain(logits, drafts, torch.arange(4) * 2, backend="cpu")
+    assert step().sampled_token_ids.tolist() == res.output_token_ids.tolist()
 
 
 def test_torch_verify_baseline_is_a_chain_verifier():
