@@ -138,7 +138,8 @@ def test_bench_native_cpu_writes_interleaved_rounds_with_command(tmp_path):
     from benchmarks import bench_native_cpu
 
     out = tmp_path / "native.csv"
-    argv = ["--batch", "2", "--k", "2", "--vocab", "64", "--rounds", "2", "--reps", "1", "--families", "flat,zipf",
+    argv = ["--batch", "2", "--k", "2", "--vocab", "64", "--rounds", "2", "--reps", "1", "--fast-reps", "2",
+            "--families", "flat,zipf",
             "--dtypes", "float32,bfloat16", "--modes", "greedy,random_stoch", "--providers", "ours,torch", "--out", str(out)]
     bench_native_cpu.main(argv)
     rows = read_csv([out])
@@ -146,6 +147,7 @@ def test_bench_native_cpu_writes_interleaved_rounds_with_command(tmp_path):
     timed = [r for r in rows if r["provider"] in ("ours", "torch")]
     assert len(timed) == 2 * 2 * 2 * 2 * 2  # families x dtypes x modes x drafts x providers
     assert {r["provider"] for r in rows} == {"ours", "torch", "stream", "sum", "copy"}
+    assert {r["provider"]: r["repeats"] for r in timed} == {"ours": "2", "torch": "1"}  # --fast-reps, --reps
     # Each dtype's fractions are against a read of its own logits: probe rows per (family, dtype), copy fp32.
     probes = {(r["family"], r["dtype"], r["provider"]): r for r in rows if r["provider"] in ("stream", "sum", "copy")}
     reads = {(f, d, p) for f in ("flat", "zipf") for d in ("float32", "bfloat16") for p in ("stream", "sum")}
