@@ -140,17 +140,11 @@ SPECDEC_SIMD_INLINE float z_log_mass(const ZSource& src, int64_t b) {
   return mx + log_f32(block_sum16(e));
 }
 
-// ResidualSource::p of the W entries from v, lane-wise (a finite row max: src.max != -inf).
-template <DType D>
-SPECDEC_SIMD_INLINE simd::f32v target_p_v(const ResidualSource& src, int64_t v) {
-  const simd::f32v z = sanitize_v(load_v<D>(src.target.row, v) / src.target.temperature);
-  return simd::exp_fma(z - src.max) / src.total;
-}
-
 // ResidualSource::residual of the W entries from v, lane-wise (a finite row max: src.max != -inf).
 template <DType D, DType Q>
 SPECDEC_SIMD_INLINE simd::f32v residual_v(const ResidualSource& src, int64_t v) {
-  const simd::f32v d = target_p_v<D>(src, v) - load_v<Q>(src.q, v);
+  const simd::f32v z = sanitize_v(load_v<D>(src.target.row, v) / src.target.temperature);
+  const simd::f32v d = simd::exp_fma(z - src.max) / src.total - load_v<Q>(src.q, v);
   return d > 0.0f ? d : 0.0f;
 }
 
@@ -163,28 +157,13 @@ SPECDEC_SIMD_INLINE float residual_log_mass(const ResidualSource& src, int64_t b
   return log_f32(block_sum16(w));
 }
 
-// log of the block_sum16 of block b's target probabilities p_v (src.p, no draft probabilities read): at
-// least the residual's log_mass up to log_f32's own error (each residual entry is a rounded p_v - q_v <= p_v
-// for q_v >= 0 or NaN, and the block sum is monotone in its terms).
-template <DType D>
-SPECDEC_SIMD_INLINE float target_log_mass(const ResidualSource& src, int64_t b) {
-  alignas(64) float w[kBlock];
-  const int64_t first = b * kBlock;
-  if (first + kBlock > src.target.vocab || src.max == -kInf) {
-    for (int i = 0; i < kBlock; ++i) w[i] = first + i < src.target.vocab ? src.p(first + i) : 0.0f;
-  } else {
-    for (int i = 0; i < kBlock; i += simd::W) simd::store(w + i, target_p_v<D>(src, first + i));
-  }
-  return log_f32(block_sum16(w));
-}
-
 // --- Candidates, scored a batch at a time -------------------------------------------------------------
-// A search's candidates (the blocks whose Philox word passes their group's test: a few hundred to a thousand
-// of a row's ~9500 blocks, on Zipf-like rows most of them) each need their own bound and the exact test's
-// log, and the survivors a log-mass and a Gumbel term (three more logs). One at a time, these scalar logs
-// and 16-entry reductions cost more than the group passes themselves. So candidates wait in a batch of
-// kBatch and are scored together: each block's largest z (16 blocks by one transposed reduction with
-// AVX-512), the exact test and the Gumbel terms lane-wise, the survivors' block sums by one more
+// A search's candidates (the blocks whose Philox word passes their group's test: from a hundred on flat
+// rows to over a thousand on Zipf-like rows, of a row's ~9500 blocks) each need their own bound and the
+// exact test's log, and the survivors a log-mass and a Gumbel term (three more logs). One at a time, these
+// scalar logs and 16-entry reductions cost more than the group passes themselves. So candidates wait in a
+// batch of kBatch and are scored together: each block's largest z (16 blocks by one transposed reduction
+// with AVX-512), the exact test and the Gumbel terms lane-wise, the survivors' block sums by one more
 // transposed reduction. Scoring a candidate later than its word test only keeps the search's bound lower
 // meanwhile, which admits more candidates, never fewer: the argmax is the same.
 inline constexpr int kBatch = 16;
@@ -397,9 +376,11 @@ struct IntervalResidualBounds {
   float bounds(int64_t b0, int nb, float* ub) const { return upper.bounds(b0, nb, ub); }
   void prepare(Candidates& c, float* mx) const { upper.prepare(c, mx); }
   void prefetch(int64_t) const {}  // the row is hot: the bracket and the max pass have just read it
-  // Offers each candidate in mask to pick (best = pick.best). A block whose upper score from its target mass
-  // (>= its residual mass at total_lo, target_log_mass; one more kIntervalSlack for the two log_f32 errors)
-  // stays below the best lower score can neither be the best nor count against it: it is dropped before
+  // Offers each candidate in mask to pick (best = pick.best). A block's target mass at total_lo, the log of
+  // the block sum of p_v = exp(z_v - max) / total_lo, is at least its residual mass there (each residual
+  // entry is a rounded p_v - q_v <= p_v for q_v >= 0 or NaN, and the block sum is monotone in its terms; one
+  // more kIntervalSlack for the two log_f32 errors). A block whose upper score from it stays below the best
+  // lower score can neither be the best nor count against it: it is dropped before
   // its draft probabilities are read (most candidates are; the read is a cache miss per block, the row's q
   // being cold, so the survivors' reads are all issued first).
   void score(const Candidates& c, const float*, uint32_t mask, const float* g, ArgMax& best) const {
