@@ -19,7 +19,13 @@ One run times, on the same inputs and threads, side by side:
   (``torch.sum`` alone reads 10-25 % slower on some machines, and kernels that prefetch showed over 100 %
   of it; a bf16 case is a read of half the fp32 bytes, so its call's fixed costs weigh twice as much, and
   so they do in its reference); ``copy`` (``dst.copy_(src)`` over the fp32 logits, bandwidth counted as
-  read + written bytes).
+  read + written bytes);
+- ``stream_need`` (per case): ``native.stream_sum`` over the first ``must_read_bytes`` of the case's own
+  logits, contiguous: a read of exactly as many bytes as the case must read, its call's fixed costs and
+  ramp included, timed beside the case's providers. A case that must read one row per request (a first
+  draft rejected) reads a quarter of the tensor, and this VM reads 20 MB 10-30 % slower per byte than 80
+  MB, so ``read_fraction`` understates such cases; ``same_size_fraction`` (the probe's time over the
+  provider's, per round) is the fraction of a read of the same size, reported beside it (not instead).
 
 Protocol: for each logits family the inputs are built once; then ``--rounds`` rounds each time every case
 and every provider (``--reps`` calls, median; ``--fast-reps`` for ours and the read probes, calls of a few
@@ -33,7 +39,8 @@ probabilities are not counted: an accepted row needs q at the draft token only, 
 search reads q only on its few candidate blocks (counting whole q rows, as this benchmark did before, made
 the stochastic fractions look up to twice as good);
 ``read_fraction`` = median over rounds of ``must_read_bytes / time / read bandwidth`` (the faster of
-``stream`` and ``sum`` over the case's dtype in the same round), with its min / max.
+``stream`` and ``sum`` over the case's dtype in the same round), with its min / max;
+``same_size_fraction`` = median over rounds of ``stream_need``'s time / the provider's, with its min / max.
 
 Cases: fp32 and bf16 logits, temperature 1 (RL rollouts), greedy and random sampling, deterministic and
 stochastic drafts, drafts ``accept`` (the worst case: drafts are our own samples, or q = p, so every draft
@@ -72,7 +79,8 @@ PROVIDERS = ("ours", "vllm_step", "vllm", "torch", "torch_compile")
 CASE_COLUMNS = ("batch", "k", "vocab", "dtype", "family", "mode", "drafts")
 RESULT_COLUMNS = (
     "max_ms", "rounds", "mean_accepted", "must_read_bytes", "read_gbs", "copy_gbs",
-    "read_fraction", "read_fraction_min", "read_fraction_max", "command",
+    "read_fraction", "read_fraction_min", "read_fraction_max", "same_size_fraction", "same_size_fraction_min",
+    "same_size_fraction_max", "command",
 )
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -293,6 +301,10 @@ def run_family(family: str, args, gen: torch.Generator, writer: CsvWriter, info:
             except Exception as exc:  # recorded in the CSV, never silently dropped
                 status[i, name] = f"error: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
     accepted = {i: ours(c, args)().num_accepted for i, c in enumerate(cases)}
+    need = {i: must_read_bytes(c, accepted[i]) for i, c in enumerate(cases)}
+    for i, case in enumerate(cases):  # the same-size read, interleaved with the case's providers
+        words = _as_words(case.logits)[: need[i] // 4]
+        callables[i, "stream_need"] = lambda w=words: native.stream_sum(w)
     times: dict[tuple[int, str], list[float]] = {key: [] for key in callables}
     bw_times: dict[tuple[str, str], list[float]] = {key: [] for key in bandwidth}
     for r in range(args.rounds):
@@ -301,9 +313,9 @@ def run_family(family: str, args, gen: torch.Generator, writer: CsvWriter, info:
             if isinstance(item, tuple):
                 bw_times[item].append(_median_time(bandwidth[item], args.fast_reps))
                 continue
-            names = [n for n in args.providers if (item, n) in callables]
+            names = [n for n in (*args.providers, "stream_need") if (item, n) in callables]
             for name in names if r % 2 == 0 else names[::-1]:
-                reps = args.fast_reps if name == "ours" else args.reps
+                reps = args.fast_reps if name in ("ours", "stream_need") else args.reps
                 times[item, name].append(_median_time(callables[item, name], reps))
     read_per_round = {
         dtype: [x.numel() * x.element_size() / min(ts, tt)
@@ -312,24 +324,27 @@ def run_family(family: str, args, gen: torch.Generator, writer: CsvWriter, info:
     read_gbs = {dtype: statistics.median(rates) for dtype, rates in read_per_round.items()}
     copy_gbs = 2 * logits32.numel() * 4 / statistics.median(bw_times["copy", "float32"])
     for i, case in enumerate(cases):
-        need = must_read_bytes(case, accepted[i])
         base = {**info, "batch": args.batch, "k": args.k, "vocab": args.vocab, "dtype": case.dtype,
                 "family": family, "mode": case.mode, "drafts": case.drafts_kind,
-                "mean_accepted": f"{float(accepted[i].float().mean()):.3f}", "must_read_bytes": need,
+                "mean_accepted": f"{float(accepted[i].float().mean()):.3f}", "must_read_bytes": need[i],
                 "read_gbs": f"{read_gbs[case.dtype] / 1e9:.4g}", "copy_gbs": f"{copy_gbs / 1e9:.4g}",
                 "rounds": args.rounds}
-        for name in args.providers:
+        same_size = times[i, "stream_need"]
+        for name in (*args.providers, "stream_need"):
             if (i, name) not in callables:
                 writer.write({**base, "provider": name, "status": status[i, name]})
                 continue
             t = times[i, name]
-            fractions = [need / ti / bw for ti, bw in zip(t, read_per_round[case.dtype], strict=True)]
+            fractions = [need[i] / ti / bw for ti, bw in zip(t, read_per_round[case.dtype], strict=True)]
+            same = [tn / ti for tn, ti in zip(same_size, t, strict=True)]
             writer.write({**base, "provider": name, "status": "ok",
-                          "repeats": args.fast_reps if name == "ours" else args.reps,
+                          "repeats": args.fast_reps if name in ("ours", "stream_need") else args.reps,
                           "median_ms": f"{statistics.median(t) * 1e3:.4g}",
                           "min_ms": f"{min(t) * 1e3:.4g}", "max_ms": f"{max(t) * 1e3:.4g}",
                           "read_fraction": f"{statistics.median(fractions):.4g}",
-                          "read_fraction_min": f"{min(fractions):.4g}", "read_fraction_max": f"{max(fractions):.4g}"})
+                          "read_fraction_min": f"{min(fractions):.4g}", "read_fraction_max": f"{max(fractions):.4g}",
+                          "same_size_fraction": f"{statistics.median(same):.4g}",
+                          "same_size_fraction_min": f"{min(same):.4g}", "same_size_fraction_max": f"{max(same):.4g}"})
     for (key, dtype), t in bw_times.items():
         writer.write({**info, "batch": args.batch, "k": args.k, "vocab": args.vocab, "dtype": dtype,
                       "family": family, "provider": key, "status": "ok", "rounds": args.rounds,

@@ -21,28 +21,30 @@ def table(rows: list[dict[str, str]], families: list[str] | None = None) -> str:
     """One markdown table: a line per case (dtype, family, mode, drafts), providers side by side."""
     cases: dict[tuple[str, ...], dict[str, dict[str, str]]] = defaultdict(dict)
     for r in rows:
-        if r["provider"] in ("stream", "sum", "copy") or (families and r["family"] not in families):
+        if r["provider"] in ("stream", "sum", "copy", "stream_need") or (families and r["family"] not in families):
             continue
         cases[r["dtype"], r["family"], r["mode"], r["drafts"]][r["provider"]] = r
     lines = [
-        "| dtype | logits | mode | drafts | accepted | ours ms [min, max] | % read bw [min, max] | "
+        "| dtype | logits | mode | drafts | accepted | ours ms [min, max] | % read bw [min, max] | % same-size read | "
         "vLLM step ms | vLLM kernel ms | torch ms | torch.compile ms | vLLM step / ours | vLLM kernel / ours | "
         "best torch / ours |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for key, by in cases.items():
         ours = by.get("ours")
         if ours is None or ours["status"] != "ok":
             continue
         t = float(ours["median_ms"])
-        frac = (f"{100 * float(ours['read_fraction']):.0f} [{100 * float(ours['read_fraction_min']):.0f}, "
-                f"{100 * float(ours['read_fraction_max']):.0f}]")
+        frac, same = (
+            f"{100 * float(ours[c]):.0f} [{100 * float(ours[c + '_min']):.0f}, {100 * float(ours[c + '_max']):.0f}]"
+            if ours.get(c) else "—"  # CSVs before the same-size probe lack it
+            for c in ("read_fraction", "same_size_fraction"))
 
         def ratio(names: tuple[str, ...], by: dict = by, t: float = t) -> str:
             times = [float(by[n]["median_ms"]) for n in names if n in by and by[n]["status"] == "ok"]
             return f"{min(times) / t:.1f}x" if times else "—"
 
-        lines.append(f"| {' | '.join(key)} | {ours['mean_accepted']} | {_ms(ours)} | {frac} | "
+        lines.append(f"| {' | '.join(key)} | {ours['mean_accepted']} | {_ms(ours)} | {frac} | {same} | "
                      f"{_ms(by.get('vllm_step'))} | {_ms(by.get('vllm'))} | {_ms(by.get('torch'))} | "
                      f"{_ms(by.get('torch_compile'))} | {ratio(('vllm_step',))} | {ratio(('vllm',))} | "
                      f"{ratio(('torch', 'torch_compile'))} |")

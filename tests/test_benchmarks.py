@@ -146,8 +146,11 @@ def test_bench_native_cpu_writes_interleaved_rounds_with_command(tmp_path):
     assert set(BASE_COLUMNS) <= set(rows[0])
     timed = [r for r in rows if r["provider"] in ("ours", "torch")]
     assert len(timed) == 2 * 2 * 2 * 2 * 2  # families x dtypes x modes x drafts x providers
-    assert {r["provider"] for r in rows} == {"ours", "torch", "stream", "sum", "copy"}
+    assert {r["provider"] for r in rows} == {"ours", "torch", "stream", "sum", "copy", "stream_need"}
     assert {r["provider"]: r["repeats"] for r in timed} == {"ours": "2", "torch": "1"}  # --fast-reps, --reps
+    # One same-size read per case, of exactly the bytes the case must read: its own fraction is 1.
+    same_size = [r for r in rows if r["provider"] == "stream_need"]
+    assert len(same_size) == len(timed) // 2 and {r["same_size_fraction"] for r in same_size} == {"1"}
     # Each dtype's fractions are against a read of its own logits: probe rows per (family, dtype), copy fp32.
     probes = {(r["family"], r["dtype"], r["provider"]): r for r in rows if r["provider"] in ("stream", "sum", "copy")}
     reads = {(f, d, p) for f in ("flat", "zipf") for d in ("float32", "bfloat16") for p in ("stream", "sum")}
@@ -160,7 +163,8 @@ def test_bench_native_cpu_writes_interleaved_rounds_with_command(tmp_path):
         assert row["command"] == "python -m benchmarks.bench_native_cpu " + " ".join(argv)
         assert float(row["min_ms"]) <= float(row["median_ms"]) <= float(row["max_ms"]) and row["rounds"] == "2"
     for row in timed:
-        assert float(row["read_fraction_min"]) <= float(row["read_fraction"]) <= float(row["read_fraction_max"])
+        for c in ("read_fraction", "same_size_fraction"):
+            assert 0 < float(row[c + "_min"]) <= float(row[c]) <= float(row[c + "_max"])
     # Drafts equal to the target's own samples (or q = p) are all accepted.
     assert all(r["mean_accepted"] == "2.000" for r in timed if r["drafts"] == "accept")
     from benchmarks import native_cpu_table
@@ -168,7 +172,7 @@ def test_bench_native_cpu_writes_interleaved_rounds_with_command(tmp_path):
     lines = native_cpu_table.table(rows).splitlines()
     assert len(lines) == 2 + 2 * 2 * 2 * 2  # header, rule, one line per case
     assert native_cpu_table.bandwidth(rows).count("read") == 4
-    assert all(line.count("|") == 15 for line in lines)
+    assert all(line.count("|") == 16 for line in lines)
 
 
 @pytest.mark.skipif(not native.has_device("cpu") or not HAS_VLLM, reason="needs specdec_kernels._C and vllm")
