@@ -303,8 +303,7 @@ def run_family(family: str, args, gen: torch.Generator, writer: CsvWriter, info:
     accepted = {i: ours(c, args)().num_accepted for i, c in enumerate(cases)}
     need = {i: must_read_bytes(c, accepted[i]) for i, c in enumerate(cases)}
     for i, case in enumerate(cases):  # the same-size read, interleaved with the case's providers
-        words = _as_words(case.logits)[: need[i] // 4]
-        callables[i, "stream_need"] = lambda w=words: native.stream_sum(w)
+        callables[i, "stream_need"] = lambda w=same_size_words(case, need[i]): native.stream_sum(w)
     times: dict[tuple[int, str], list[float]] = {key: [] for key in callables}
     bw_times: dict[tuple[str, str], list[float]] = {key: [] for key in bandwidth}
     for r in range(args.rounds):
@@ -355,12 +354,18 @@ def run_family(family: str, args, gen: torch.Generator, writer: CsvWriter, info:
 
 
 def _as_words(x: torch.Tensor) -> torch.Tensor:
-    """The bytes of contiguous logits ``x`` as float32 words, for native.stream_sum (a 16-bit tensor's
-    pairs of entries read as one word; an odd last entry left out)."""
-    if x.dtype == torch.float32:
-        return x
+    """The bytes of contiguous logits ``x`` as a flat tensor of float32 words, for native.stream_sum (a
+    16-bit tensor's pairs of entries read as one word; an odd last entry left out)."""
     flat = x.reshape(-1)
+    if x.dtype == torch.float32:
+        return flat
     return flat[: flat.numel() - flat.numel() % 2].view(torch.float32)
+
+
+def same_size_words(case: Case, need: int) -> torch.Tensor:
+    """The first ``need`` bytes of the case's logits (rounded down to whole 32-bit words), contiguous: what
+    the ``stream_need`` probe reads."""
+    return _as_words(case.logits)[: need // 4]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

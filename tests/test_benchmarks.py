@@ -151,6 +151,11 @@ def test_bench_native_cpu_writes_interleaved_rounds_with_command(tmp_path):
     # One same-size read per case, of exactly the bytes the case must read: its own fraction is 1.
     same_size = [r for r in rows if r["provider"] == "stream_need"]
     assert len(same_size) == len(timed) // 2 and {r["same_size_fraction"] for r in same_size} == {"1"}
+    case = bench_native_cpu.build_cases(torch.randn(8, 64), "flat", bench_native_cpu.parse_args(argv),
+                                        torch.Generator().manual_seed(0))
+    for c in case:  # the probe reads the bytes counted, whatever the dtype
+        w = bench_native_cpu.same_size_words(c, 3 * 64 * c.logits.element_size())
+        assert w.is_contiguous() and w.numel() * 4 == 3 * 64 * c.logits.element_size()
     # Each dtype's fractions are against a read of its own logits: probe rows per (family, dtype), copy fp32.
     probes = {(r["family"], r["dtype"], r["provider"]): r for r in rows if r["provider"] in ("stream", "sum", "copy")}
     reads = {(f, d, p) for f in ("flat", "zipf") for d in ("float32", "bfloat16") for p in ("stream", "sum")}
