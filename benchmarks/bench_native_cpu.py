@@ -23,8 +23,8 @@ One run times, on the same inputs and threads, side by side:
 - ``stream_need`` (per case): ``native.stream_sum`` over the first ``must_read_bytes`` of the case's own
   logits, contiguous: a read of exactly as many bytes as the case must read, its call's fixed costs and
   ramp included, timed beside the case's providers. A case that must read one row per request (a first
-  draft rejected) reads a quarter of the tensor, and this VM reads 20 MB 10-30 % slower per byte than 80
-  MB, so ``read_fraction`` understates such cases; ``same_size_fraction`` (the probe's time over the
+  draft rejected) reads a quarter of the tensor, and this VM reads 19 MB up to ~25 % slower per byte than
+  78-156 MB, so ``read_fraction`` understates such cases; ``same_size_fraction`` (the probe's time over the
   provider's, per round) is the fraction of a read of the same size, reported beside it (not instead).
 
 Protocol: for each logits family the inputs are built once; then ``--rounds`` rounds each time every case
