@@ -20,9 +20,10 @@ One run times, on the same inputs and threads, side by side:
   of it; a bf16 case is a read of half the fp32 bytes, so its call's fixed costs weigh twice as much, and
   so they do in its reference); ``copy`` (``dst.copy_(src)`` over the fp32 logits, bandwidth counted as
   read + written bytes);
-- ``stream_need`` (per case): ``native.stream_sum`` over the first ``must_read_bytes`` of the case's own
-  logits, contiguous: a read of exactly as many bytes as the case must read, its call's fixed costs and
-  ramp included, timed beside the case's providers. A case that must read one row per request (a first
+- ``stream_need`` and ``sum_need`` (per case): ``native.stream_sum`` and ``torch.sum`` over the first
+  ``must_read_bytes`` of the case's own logits, contiguous: reads of exactly as many bytes as the case
+  must read, their calls' fixed costs and ramp included, timed among the case's providers; the faster of
+  the two in a round is that round's same-size read. A case that must read one row per request (a first
   draft rejected) reads a quarter of the tensor, and this VM reads 19 MB up to ~25 % slower per byte than
   78-156 MB, so ``read_fraction`` understates such cases; ``same_size_fraction`` (the probe's time over the
   provider's, per round) is the fraction of a read of the same size, reported beside it (not instead).
@@ -40,7 +41,8 @@ search reads q only on its few candidate blocks (counting whole q rows, as this 
 the stochastic fractions look up to twice as good);
 ``read_fraction`` = median over rounds of ``must_read_bytes / time / read bandwidth`` (the faster of
 ``stream`` and ``sum`` over the case's dtype in the same round), with its min / max;
-``same_size_fraction`` = median over rounds of ``stream_need``'s time / the provider's, with its min / max.
+``same_size_fraction`` = median over rounds of the same-size read's time / the provider's, with its min /
+max.
 
 Cases: fp32 and bf16 logits, temperature 1 (RL rollouts), greedy and random sampling, deterministic and
 stochastic drafts, drafts ``accept`` (the worst case: drafts are our own samples, or q = p, so every draft
@@ -76,6 +78,7 @@ from .common import CsvWriter, choice_list, provenance, require_positive
 FAMILIES = ("flat", "zipf", "peaked", "qwen3")
 MODES = ("greedy", "random_det", "random_stoch")
 PROVIDERS = ("ours", "vllm_step", "vllm", "torch", "torch_compile")
+SAME_SIZE_PROBES = ("stream_need", "sum_need")  # per case: reads of exactly its must_read_bytes
 CASE_COLUMNS = ("batch", "k", "vocab", "dtype", "family", "mode", "drafts")
 RESULT_COLUMNS = (
     "max_ms", "rounds", "mean_accepted", "must_read_bytes", "read_gbs", "copy_gbs",
@@ -304,6 +307,7 @@ def run_family(family: str, args, gen: torch.Generator, writer: CsvWriter, info:
     need = {i: must_read_bytes(c, accepted[i]) for i, c in enumerate(cases)}
     for i, case in enumerate(cases):  # the same-size read, interleaved with the case's providers
         callables[i, "stream_need"] = lambda w=same_size_words(case, need[i]): native.stream_sum(w)
+        callables[i, "sum_need"] = lambda x=same_size_entries(case, need[i]): torch.sum(x)
     times: dict[tuple[int, str], list[float]] = {key: [] for key in callables}
     bw_times: dict[tuple[str, str], list[float]] = {key: [] for key in bandwidth}
     for r in range(args.rounds):
@@ -312,9 +316,9 @@ def run_family(family: str, args, gen: torch.Generator, writer: CsvWriter, info:
             if isinstance(item, tuple):
                 bw_times[item].append(_median_time(bandwidth[item], args.fast_reps))
                 continue
-            names = [n for n in (*args.providers, "stream_need") if (item, n) in callables]
+            names = [n for n in (*args.providers, *SAME_SIZE_PROBES) if (item, n) in callables]
             for name in names if r % 2 == 0 else names[::-1]:
-                reps = args.fast_reps if name in ("ours", "stream_need") else args.reps
+                reps = args.fast_reps if name in ("ours", *SAME_SIZE_PROBES) else args.reps
                 times[item, name].append(_median_time(callables[item, name], reps))
     read_per_round = {
         dtype: [x.numel() * x.element_size() / min(ts, tt)
@@ -328,8 +332,8 @@ def run_family(family: str, args, gen: torch.Generator, writer: CsvWriter, info:
                 "mean_accepted": f"{float(accepted[i].float().mean()):.3f}", "must_read_bytes": need[i],
                 "read_gbs": f"{read_gbs[case.dtype] / 1e9:.4g}", "copy_gbs": f"{copy_gbs / 1e9:.4g}",
                 "rounds": args.rounds}
-        same_size = times[i, "stream_need"]
-        for name in (*args.providers, "stream_need"):
+        same_size = [min(ts) for ts in zip(*(times[i, p] for p in SAME_SIZE_PROBES), strict=True)]
+        for name in (*args.providers, *SAME_SIZE_PROBES):
             if (i, name) not in callables:
                 writer.write({**base, "provider": name, "status": status[i, name]})
                 continue
@@ -337,13 +341,15 @@ def run_family(family: str, args, gen: torch.Generator, writer: CsvWriter, info:
             fractions = [need[i] / ti / bw for ti, bw in zip(t, read_per_round[case.dtype], strict=True)]
             same = [tn / ti for tn, ti in zip(same_size, t, strict=True)]
             writer.write({**base, "provider": name, "status": "ok",
-                          "repeats": args.fast_reps if name in ("ours", "stream_need") else args.reps,
+                          "repeats": args.fast_reps if name in ("ours", *SAME_SIZE_PROBES) else args.reps,
                           "median_ms": f"{statistics.median(t) * 1e3:.4g}",
                           "min_ms": f"{min(t) * 1e3:.4g}", "max_ms": f"{max(t) * 1e3:.4g}",
                           "read_fraction": f"{statistics.median(fractions):.4g}",
-                          "read_fraction_min": f"{min(fractions):.4g}", "read_fraction_max": f"{max(fractions):.4g}",
+                          "read_fraction_min": f"{min(fractions):.4g}",
+                          "read_fraction_max": f"{max(fractions):.4g}",
                           "same_size_fraction": f"{statistics.median(same):.4g}",
-                          "same_size_fraction_min": f"{min(same):.4g}", "same_size_fraction_max": f"{max(same):.4g}"})
+                          "same_size_fraction_min": f"{min(same):.4g}",
+                          "same_size_fraction_max": f"{max(same):.4g}"})
     for (key, dtype), t in bw_times.items():
         writer.write({**info, "batch": args.batch, "k": args.k, "vocab": args.vocab, "dtype": dtype,
                       "family": family, "provider": key, "status": "ok", "rounds": args.rounds,
@@ -366,6 +372,11 @@ def same_size_words(case: Case, need: int) -> torch.Tensor:
     """The first ``need`` bytes of the case's logits (rounded down to whole 32-bit words), contiguous: what
     the ``stream_need`` probe reads."""
     return _as_words(case.logits)[: need // 4]
+
+
+def same_size_entries(case: Case, need: int) -> torch.Tensor:
+    """The first ``need`` bytes of the case's logits, entries of its own dtype: what ``sum_need`` reads."""
+    return case.logits.reshape(-1)[: need // case.logits.element_size()]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -21,11 +21,13 @@ def table(rows: list[dict[str, str]], families: list[str] | None = None) -> str:
     """One markdown table: a line per case (dtype, family, mode, drafts), providers side by side."""
     cases: dict[tuple[str, ...], dict[str, dict[str, str]]] = defaultdict(dict)
     for r in rows:
-        if r["provider"] in ("stream", "sum", "copy", "stream_need") or (families and r["family"] not in families):
+        probe = r["provider"] in ("stream", "sum", "copy", "stream_need", "sum_need")
+        if probe or (families and r["family"] not in families):
             continue
         cases[r["dtype"], r["family"], r["mode"], r["drafts"]][r["provider"]] = r
     lines = [
-        "| dtype | logits | mode | drafts | accepted | ours ms [min, max] | % read bw [min, max] | % same-size read | "
+        "| dtype | logits | mode | drafts | accepted | ours ms [min, max] | % read bw [min, max] | "
+        "% same-size read | "
         "vLLM step ms | vLLM kernel ms | torch ms | torch.compile ms | vLLM step / ours | vLLM kernel / ours | "
         "best torch / ours |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
@@ -35,9 +37,9 @@ def table(rows: list[dict[str, str]], families: list[str] | None = None) -> str:
         if ours is None or ours["status"] != "ok":
             continue
         t = float(ours["median_ms"])
-        frac, same = (
-            f"{100 * float(ours[c]):.0f} [{100 * float(ours[c + '_min']):.0f}, {100 * float(ours[c + '_max']):.0f}]"
-            if ours.get(c) else "—"  # CSVs before the same-size probe lack it
+        frac, same = (  # "—" for CSVs from before the same-size probes
+            f"{100 * float(ours[c]):.0f} [{100 * float(ours[c + '_min']):.0f}, "
+            f"{100 * float(ours[c + '_max']):.0f}]" if ours.get(c) else "—"
             for c in ("read_fraction", "same_size_fraction"))
 
         def ratio(names: tuple[str, ...], by: dict = by, t: float = t) -> str:
