@@ -25,8 +25,9 @@ One run times, on the same inputs and threads, side by side:
   must read, their calls' fixed costs and ramp included, timed among the case's providers; the faster of
   the two in a round is that round's same-size read. A case that must read one row per request (a first
   draft rejected) reads a quarter of the tensor, and this VM reads 19 MB up to ~25 % slower per byte than
-  78-156 MB, so ``read_fraction`` understates such cases; ``same_size_fraction`` (the probe's time over the
-  provider's, per round) is the fraction of a read of the same size, reported beside it (not instead).
+  78-156 MB, so ``read_fraction`` understates such cases; ``same_size_fraction`` (the same-size read's
+  time over the provider's, per round) is the fraction of a read of the same size, reported beside it (not
+  instead).
 
 Protocol: for each logits family the inputs are built once; then ``--rounds`` rounds each time every case
 and every provider (``--reps`` calls, median; ``--fast-reps`` for ours and the read probes, calls of a few
@@ -79,6 +80,7 @@ FAMILIES = ("flat", "zipf", "peaked", "qwen3")
 MODES = ("greedy", "random_det", "random_stoch")
 PROVIDERS = ("ours", "vllm_step", "vllm", "torch", "torch_compile")
 SAME_SIZE_PROBES = ("stream_need", "sum_need")  # per case: reads of exactly its must_read_bytes
+FAST_REPS = ("ours", *SAME_SIZE_PROBES)  # timed --fast-reps calls per round (the rest: --reps)
 CASE_COLUMNS = ("batch", "k", "vocab", "dtype", "family", "mode", "drafts")
 RESULT_COLUMNS = (
     "max_ms", "rounds", "mean_accepted", "must_read_bytes", "read_gbs", "copy_gbs",
@@ -318,7 +320,7 @@ def run_family(family: str, args, gen: torch.Generator, writer: CsvWriter, info:
                 continue
             names = [n for n in (*args.providers, *SAME_SIZE_PROBES) if (item, n) in callables]
             for name in names if r % 2 == 0 else names[::-1]:
-                reps = args.fast_reps if name in ("ours", *SAME_SIZE_PROBES) else args.reps
+                reps = args.fast_reps if name in FAST_REPS else args.reps
                 times[item, name].append(_median_time(callables[item, name], reps))
     read_per_round = {
         dtype: [x.numel() * x.element_size() / min(ts, tt)
@@ -341,7 +343,7 @@ def run_family(family: str, args, gen: torch.Generator, writer: CsvWriter, info:
             fractions = [need[i] / ti / bw for ti, bw in zip(t, read_per_round[case.dtype], strict=True)]
             same = [tn / ti for tn, ti in zip(same_size, t, strict=True)]
             writer.write({**base, "provider": name, "status": "ok",
-                          "repeats": args.fast_reps if name in ("ours", *SAME_SIZE_PROBES) else args.reps,
+                          "repeats": args.fast_reps if name in FAST_REPS else args.reps,
                           "median_ms": f"{statistics.median(t) * 1e3:.4g}",
                           "min_ms": f"{min(t) * 1e3:.4g}", "max_ms": f"{max(t) * 1e3:.4g}",
                           "read_fraction": f"{statistics.median(fractions):.4g}",

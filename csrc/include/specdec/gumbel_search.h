@@ -380,9 +380,9 @@ struct IntervalResidualBounds {
   // the block sum of p_v = exp(z_v - max) / total_lo, is at least its residual mass there (each residual
   // entry is a rounded p_v - q_v <= p_v for q_v >= 0 or NaN, and the block sum is monotone in its terms; one
   // more kIntervalSlack for the two log_f32 errors). A block whose upper score from it stays below the best
-  // lower score can neither be the best nor count against it: it is dropped before
-  // its draft probabilities are read (most candidates are; the read is a cache miss per block, the row's q
-  // being cold, so the survivors' reads are all issued first).
+  // lower score can neither be the best nor count against it: it is dropped before its draft probabilities
+  // are read (most candidates are; the read is a cache miss per block, the row's q being cold, so the
+  // survivors' reads are all issued first).
   void score(const Candidates& c, const float*, uint32_t mask, const float* g, ArgMax& best) const {
     const ResidualSource& at_lo = upper.src;
     alignas(64) float target[kBatch];
