@@ -619,6 +619,27 @@ def test_lane_wise_block_log_masses_match_the_scalar_ones_bit_for_bit(isa, tmp_p
     ResidualSource::log_mass, bit for bit, by a C++ check built with this instruction set's flags
     (tests/cpp/log_mass_check.cpp). Shown able to fail: terms scaled by 1 + 1e-7 differ on ~13 % of the
     blocks; batched sums scaled by 1 + 1e-7 on 142684 of the 590112 values."""
+    out = _run_cpp_check("log_mass_check.cpp", isa, tmp_path)
+    assert out[0] == "compared" and int(out[1]) > 100000 and out[2:] == ["different", "0"], out
+
+
+@pytest.mark.parametrize("isa", list(_ISA_FLAGS))
+def test_normalizer_bracket_holds_the_true_sum(isa, tmp_path):
+    """The stochastic-draft decisions trust the cheap normalizer bracket (normalizer_bound_t with
+    bracket_error's width): the row's true sum of exp(z - shift) must lie inside it whenever it is usable, on
+    rows that reach its every path (NaN and -inf entries summed again with the clamped exp, a long -inf
+    prefix, the shift raised over ~1000 nats, terms flushed below 2^-126, the polynomial's worst point, +inf
+    rows that give no bracket), by a C++ check built with this instruction set's flags
+    (tests/cpp/bracket_check.cpp). Shown able to fail: a bracket a quarter as wide misses on 35 of the 60
+    usable rows, which the check counts as "caught"."""
+    out = _run_cpp_check("bracket_check.cpp", isa, tmp_path)
+    assert out[0::2] == ["rows", "usable", "outside", "caught"], out
+    rows, usable, outside, caught = (int(v) for v in out[1::2])
+    assert rows == 72 and usable == 60 and outside == 0 and caught > 0, out
+
+
+def _run_cpp_check(source: str, isa: str, tmp_path) -> list[str]:
+    """Builds tests/cpp/<source> with the instruction set's flags, runs it and returns its output's words."""
     import shutil
     cxx = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++")
     if cxx is None:
@@ -628,11 +649,10 @@ def test_lane_wise_block_log_masses_match_the_scalar_ones_bit_for_bit(isa, tmp_p
     exe = tmp_path / "check"
     build = subprocess.run([cxx, "-O2", "-std=c++17", "-ffp-contract=off", "-fno-math-errno", *_ISA_FLAGS[isa],
                             "-I", os.path.join(ROOT, "csrc", "include"),
-                            os.path.join(ROOT, "tests", "cpp", "log_mass_check.cpp"), "-o", str(exe)],
+                            os.path.join(ROOT, "tests", "cpp", source), "-o", str(exe)],
                            capture_output=True, text=True, timeout=300)
     assert build.returncode == 0, build.stderr[-2000:]
-    out = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120).stdout.split()
-    assert out[0] == "compared" and int(out[1]) > 100000 and out[2:] == ["different", "0"], out
+    return subprocess.run([str(exe)], capture_output=True, text=True, timeout=120).stdout.split()
 
 
 def _cpu_has(isa: str) -> bool:

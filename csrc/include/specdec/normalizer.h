@@ -87,7 +87,10 @@ SoftmaxStats softmax_stats_t(const void* row, float temperature, int64_t v0, int
 // sum overflows (or exceeds 2^100) is redone after raising the shift to its max; a +inf z or a shift
 // beyond 2^100 leaves no bound (NaN entries add at most 2^-125 each, exp2_rough's floor). Terms in any
 // order (load4_any_order): about a third of softmax_stats_t's operations per entry, no running max, a
-// two-fma exp.
+// two-fma exp. The terms come from exp2_fast (no clamp: seven vector operations per 16 entries with
+// AVX-512 where exp2_rough takes eight, the loop being bound by their count), under flush-to-zero, so a term
+// below 2^-126 is within 2^-125 as exp2_rough's floor is; a chunk whose fast sum is NaN (a NaN or infinite
+// entry) is summed again with exp2_rough.
 template <DType D>
 NormalizerBound normalizer_bound_t(const void* row, float temperature, int64_t v0, int64_t v1) {
   constexpr int64_t kChunk = 256;
@@ -97,7 +100,7 @@ NormalizerBound normalizer_bound_t(const void* row, float temperature, int64_t v
   const float scale = inv_t * kLog2e;
   const NormalizerBound none{-kInf, 0.0, 0.0f, false};
   // The chunk's sum of terms relative to shift (float, four accumulators of 4 W entries per step).
-  auto chunk_sum = [&](int64_t v, int64_t n, float shift) {
+  auto chunk_sum_with = [&](int64_t v, int64_t n, float shift, auto exp2) {
     const simd::f32v neg_shift = simd::f32v{} - shift * kLog2e;
     const simd::f32v sc = simd::f32v{} + scale;
     simd::f32v acc[4] = {};
@@ -105,7 +108,7 @@ NormalizerBound normalizer_bound_t(const void* row, float temperature, int64_t v
     for (; i + 4 * simd::W <= n; i += 4 * simd::W) {
       simd::f32v x[4];
       load4_any_order<D>(row, v + i, x);
-      for (int k = 0; k < 4; ++k) acc[k] += simd::exp2_rough(simd::fma_v(x[k], sc, neg_shift));
+      for (int k = 0; k < 4; ++k) acc[k] += exp2(simd::fma_v(x[k], sc, neg_shift));
     }
     float total = simd::sum_lanes((acc[0] + acc[1]) + (acc[2] + acc[3]));
     for (; i < n; ++i) {
@@ -114,12 +117,19 @@ NormalizerBound normalizer_bound_t(const void* row, float temperature, int64_t v
     }
     return total;
   };
+  // exp2_fast, or exp2_rough where the chunk holds a NaN or an infinite exponent (exp2_fast's NaN).
+  auto chunk_sum = [&](int64_t v, int64_t n, float shift) {
+    const float s = chunk_sum_with(v, n, shift, [](simd::f32v y) { return simd::exp2_fast(y); });
+    if (!simd::kExp2FastUnclamped || s == s) return s;
+    return chunk_sum_with(v, n, shift, [](simd::f32v y) { return simd::exp2_rough(y); });
+  };
   auto chunk_max = [&](int64_t v, int64_t n) {
     float m = -kInf;
     for (int64_t i = 0; i < n; ++i) m = std::max(m, sanitize(load_elem(row, D, v + i) * inv_t));
     return m;
   };
   NormalizerBound out{-kInf, 0.0, 0.0f, true};
+  [[maybe_unused]] const simd::FlushToZero ftz;
   for (int64_t v = v0; v < v1; v += kChunk) {
     const int64_t n = std::min(kChunk, v1 - v);
     prefetch_ahead(row, v * kElemBytes<D>, n * kElemBytes<D>, v1 * kElemBytes<D>);

@@ -445,6 +445,41 @@ SPECDEC_SIMD_INLINE f32v exp2_rough(f32v y) {
 #endif
 }
 
+// True where exp2_fast runs without exp2_rough's clamp (AVX-512: vreduceps / vscalefps take any y).
+inline constexpr bool kExp2FastUnclamped =
+#if defined(__AVX512F__)
+    true;
+#else
+    false;
+#endif
+
+// exp2_rough without its clamp where kExp2FastUnclamped (one operation fewer per vector in a loop bound by
+// vector operations): 2^y within kExp2RoughErr for finite y in [-126, 128), +inf for y >= 128, below
+// 2^-125 for y < -126 (a subnormal, or 0 under flush-to-zero: FlushToZero), NaN for a NaN or infinite y
+// (the caller redoes such a sum with exp2_rough). Elsewhere exp2_rough itself.
+SPECDEC_SIMD_INLINE f32v exp2_fast(f32v y) {
+#if defined(__AVX512F__)
+  const f32v zero = {};
+  const f32v f = bits_as<f32v>(_mm512_reduce_ps(bits_as<__m512>(y), _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC));
+  const f32v p = fma_v(fma_v(zero + kExp2RoughC2, f, zero + kExp2RoughC1), f, zero + kExp2RoughC0);
+  return bits_as<f32v>(_mm512_scalef_ps(bits_as<__m512>(p), bits_as<__m512>(y)));
+#else
+  return exp2_rough(y);
+#endif
+}
+
+// Flush-to-zero for the scope of the object (the caller's MXCSR restored after) where exp2_fast is
+// unclamped: its subnormal results become 0 rather than taking microcode assists on some cores.
+class FlushToZero {
+ public:
+#if defined(__AVX512F__)
+  FlushToZero() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ | 0x8000u); }
+  ~FlushToZero() { _mm_setcsr(saved_); }
+ private:
+  unsigned saved_;
+#endif
+};
+
 // exp_fma_f32 of math.h, lane-wise (same operations, same order).
 SPECDEC_SIMD_INLINE f32v exp_fma(f32v x) {
   f32v xc = x < -104.0f ? -104.0f : x;
