@@ -6,8 +6,8 @@
 // maximum + log 16 + slack, which needs no exp; weights: the exact log of the block sum). A block can beat
 // the best score so far only if ub_b - log(1 - u_b) + slack reaches it (-log(-log u) <= -log(1 - u)), so
 // the exact score L_b - log(-log u_b) (16 exps for logits) is computed only for those few candidates,
-// found with one integer compare of each block's Philox word against a per-group threshold and scored 16 at
-// a time (Candidates); a group whose largest bound plus the largest possible noise stays below the best
+// found with one integer compare of each block's Philox word against the threshold of its part of the group
+// (kPartBlocks) and scored 16 at a time (Candidates); a group whose largest bound plus the largest possible noise stays below the best
 // score draws no Philox words. Every bound is computed with the rounding of the exact score it bounds, so
 // a dropped block's exact score is provably below a real candidate's: the result is the exact argmax.
 #pragma once
@@ -28,6 +28,12 @@ SPECDEC_NS_BEGIN
 
 inline constexpr int kGroupBlocks = 32;
 inline constexpr int kGroup = kGroupBlocks * kBlock;
+// A group's blocks share a Philox batch; its parts of kPartBlocks blocks each get their own word threshold
+// from their own bound, as words passing a whole group's threshold mostly fail their block's exact test
+// when the group's bound comes from one high block (Zipf-like rows: four parts pass 2.7x fewer words).
+inline constexpr int kPartBlocks = 8;
+inline constexpr int kParts = kGroupBlocks / kPartBlocks;
+static_assert(kPartBlocks % simd::W == 0 || simd::W % kPartBlocks == 0, "SIMD vectors align with parts");
 static_assert(kGroupBlocks % simd::W == 0, "groups hold whole SIMD vectors of blocks");
 
 #if defined(__AVX512F__)
@@ -92,14 +98,14 @@ SPECDEC_SIMD_INLINE float max_16bit(const uint16_t* p, int64_t n) {
 
 // sanitize(max entry / T) over the blocks b0 .. b0 + nb - 1 of a row of logits (sanitize and the division
 // are monotone, so this is the largest z there exactly): one max per loaded vector (16-bit logits: the
-// integer max_16bit on whole groups), at memory speed.
+// integer max_16bit on whole parts of groups), at memory speed.
 template <DType D>
 SPECDEC_SIMD_INLINE float z_group_max(const ZSource& src, int64_t b0, int nb) {
   const int64_t first = b0 * kBlock;
   const int64_t last = std::min<int64_t>(first + static_cast<int64_t>(nb) * kBlock, src.vocab);
   if constexpr (D != DType::kFloat32) {
-    if (last - first == kGroup) {
-      const float m = max_16bit<D>(static_cast<const uint16_t*>(src.row) + first, kGroup);
+    if (last - first == static_cast<int64_t>(nb) * kBlock && (last - first) % (4 * simd::W) == 0) {
+      const float m = max_16bit<D>(static_cast<const uint16_t*>(src.row) + first, last - first);
       if (m == m) return sanitize(m / src.temperature);
     }
   }
@@ -116,6 +122,28 @@ SPECDEC_SIMD_INLINE float z_group_max(const ZSource& src, int64_t b0, int nb) {
     m = x > m ? x : m;
   }
   return sanitize(m / src.temperature);
+}
+
+// z_group_max of each part of the blocks b0 .. b0 + nb - 1 into part (-inf for a part past them); returns
+// the largest.
+template <DType D>
+SPECDEC_SIMD_INLINE float z_part_maxima(const ZSource& src, int64_t b0, int nb, float* part) {
+  float best = -kInf;
+  for (int q = 0; q < kParts; ++q) {
+    const int n = nb - q * kPartBlocks < kPartBlocks ? nb - q * kPartBlocks : kPartBlocks;
+    part[q] = n > 0 ? z_group_max<D>(src, b0 + q * kPartBlocks, n) : -kInf;
+    best = part[q] > best ? part[q] : best;
+  }
+  return best;
+}
+
+// The largest bound of each part, from the group's block bounds ub (-inf past its blocks).
+SPECDEC_SIMD_INLINE void part_bounds(const float* ub, float* part) {
+  for (int q = 0; q < kParts; ++q) {
+    float m = -kInf;
+    for (int k = 0; k < kPartBlocks; ++k) m = ub[q * kPartBlocks + k] > m ? ub[q * kPartBlocks + k] : m;
+    part[q] = m;
+  }
 }
 
 // Log-masses of candidate blocks with the terms computed W lanes at a time: the same sanitized z, max,
@@ -229,8 +257,8 @@ SPECDEC_SIMD_INLINE void candidate_z_masses(const Candidates& c, const float* mx
 }
 
 // --- Sources ---------------------------------------------------------------------------------------------
-// bounds(b0, nb, ub): an upper bound of every block bound of blocks b0 .. b0 + nb - 1, the largest of them
-// (exact sources also write ub[j] for j < nb, -inf beyond); prepare(c, mx): the candidates' own bounds
+// bounds(b0, nb, ub, part): an upper bound of every block bound of blocks b0 .. b0 + nb - 1, the largest of
+// them (exact sources also write ub[j] for j < nb, -inf beyond), and in part[q] one of the blocks of part q; prepare(c, mx): the candidates' own bounds
 // c.ub (exact sources: their ub, kept when they joined); score(c, mx, mask, g, best): best after the
 // candidates in mask with Gumbel terms g.
 
@@ -239,9 +267,13 @@ struct ZBounds {
   static constexpr bool kExact = false;
   ZSource src;
 
-  // The group's bound only, max_j ub_j = z_group_max + kLogBlockBound; candidates get their own from
-  // their largest z.
-  float bounds(int64_t b0, int nb, float*) const { return z_group_max<D>(src, b0, nb) + kLogBlockBound; }
+  // The parts' bounds only, max_j ub_j = z_group_max + kLogBlockBound over each; candidates get their own
+  // from their largest z.
+  float bounds(int64_t b0, int nb, float*, float* part) const {
+    const float m = z_part_maxima<D>(src, b0, nb, part);
+    for (int q = 0; q < kParts; ++q) part[q] += kLogBlockBound;
+    return m + kLogBlockBound;
+  }
   void prepare(Candidates& c, float* mx) const {
     load_candidates<D>(src, c);
     candidate_maxima(c, mx);
@@ -305,7 +337,7 @@ struct ResidualBounds {
   ResidualSource src;
   mutable bool any_positive = false;
 
-  float bounds(int64_t b0, int nb, float* ub) const {
+  float bounds(int64_t b0, int nb, float* ub, float* part) const {
     const float best = weight_group_bounds(b0, nb, src.target.vocab, ub, [this](int64_t first, int n, float* w) {
       int i = 0;
       if (src.max != -kInf) {
@@ -314,6 +346,7 @@ struct ResidualBounds {
       for (; i < n; ++i) w[i] = src.residual(first + i);
     });
     any_positive = any_positive || best != -kInf;
+    part_bounds(ub, part);
     return best;
   }
   void prepare(Candidates&, float*) const {}
@@ -341,7 +374,11 @@ struct LazyResidualBounds {
 
   LazyResidualBounds(const ResidualSource& s) : src(s), log_shift(kLogBlockBound - log_f32(s.total)) {}
   float bound_of(float z_max) const { return z_max == -kInf ? -kInf : (z_max - src.max) + log_shift; }
-  float bounds(int64_t b0, int nb, float*) const { return bound_of(z_group_max<D>(src.target, b0, nb)); }
+  float bounds(int64_t b0, int nb, float*, float* part) const {
+    const float m = bound_of(z_part_maxima<D>(src.target, b0, nb, part));
+    for (int q = 0; q < kParts; ++q) part[q] = bound_of(part[q]);
+    return m;
+  }
   void prepare(Candidates& c, float* mx) const {
     load_candidates<D>(src.target, c);
     candidate_maxima(c, mx);
@@ -373,7 +410,7 @@ struct IntervalResidualBounds {
   ResidualSource lower;
   mutable IntervalPick pick = kIntervalPickInit;  // pick.best is search_blocks' best
 
-  float bounds(int64_t b0, int nb, float* ub) const { return upper.bounds(b0, nb, ub); }
+  float bounds(int64_t b0, int nb, float* ub, float* part) const { return upper.bounds(b0, nb, ub, part); }
   void prepare(Candidates& c, float* mx) const { upper.prepare(c, mx); }
   void prefetch(int64_t) const {}  // the row is hot: the bracket and the max pass have just read it
   // Offers each candidate in mask to pick (best = pick.best). A block's target mass at total_lo, the log of
@@ -414,10 +451,12 @@ struct WeightBounds {
   static constexpr bool kExact = true;
   WeightSource src;
 
-  float bounds(int64_t b0, int nb, float* ub) const {
-    return weight_group_bounds(b0, nb, src.vocab, ub, [this](int64_t first, int n, float* w) {
+  float bounds(int64_t b0, int nb, float* ub, float* part) const {
+    const float best = weight_group_bounds(b0, nb, src.vocab, ub, [this](int64_t first, int n, float* w) {
       for (int i = 0; i < n; ++i) w[i] = src.w[first + i];
     });
+    part_bounds(ub, part);
+    return best;
   }
   void prepare(Candidates&, float*) const {}
   void score(const Candidates& c, const float*, uint32_t mask, const float* g, ArgMax& best) const {
@@ -428,8 +467,8 @@ struct WeightBounds {
 
 // --- The search ----------------------------------------------------------------------------------------
 
-// Folded Philox words below this threshold cannot lift a block whose bound is at most group_max to
-// `bound`: a block needs -log(1 - u) >= e = bound - group_max - slack, i.e. u >= 1 - exp(-e). The test is
+// Folded Philox words below this threshold cannot lift a block whose bound is at most part_max (its part's
+// bound) to `bound`: a block needs -log(1 - u) >= e = bound - part_max - slack, i.e. u >= 1 - exp(-e). The test is
 // made looser by 0.01 in e (far above float32 rounding of the scores) and by 1024 words (float(word)
 // rounds by at most 64 and kUniformScale is 2^-31 to 1e-7), so every block that passes the exact per-block
 // test (score_candidates) passes this one. The threshold is read from a table at e rounded down to a multiple of
@@ -447,8 +486,8 @@ struct WordThresholds {
 };
 inline const WordThresholds kWordThresholds;
 
-inline uint32_t word_threshold(float bound, float group_max) {
-  const float e = bound - group_max - kGumbelSlack - 0.01f;
+inline uint32_t word_threshold(float bound, float part_max) {
+  const float e = bound - part_max - kGumbelSlack - 0.01f;
   if (!(e > 0.0f)) return 0;
   const float k = e * WordThresholds::kSteps;  // exact (a power of two); truncation rounds it down
   return kWordThresholds.at[k < WordThresholds::kLast ? static_cast<int>(k) : WordThresholds::kLast];
@@ -497,18 +536,24 @@ ArgMax search_blocks(const Bounds& src, const PhiloxKey& key, uint32_t hi, int s
   Candidates cand;
   alignas(64) float ub[kGroupBlocks];
   alignas(64) uint32_t words[kGroupBlocks];
+  alignas(64) uint32_t thresholds[kGroupBlocks];  // each block's part's
+  float part[kParts];
   const int64_t b_end = (v1 + kBlock - 1) / kBlock;
   for (int64_t b0 = v0 / kBlock; b0 < b_end; b0 += kGroupBlocks) {
     src.prefetch(b0);
     const int nb = static_cast<int>(b_end - b0 < kGroupBlocks ? b_end - b0 : kGroupBlocks);
-    const float group_max = src.bounds(b0, nb, ub);
+    const float group_max = src.bounds(b0, nb, ub, part);
     if (group_max == -kInf || group_max + kGumbelBound < bound) continue;  // nothing here can reach the bound
     simd::philox_words32(key, philox_offset_lo(stream, kBlockDraws + static_cast<uint32_t>(b0)), hi, words);
-    const uint32_t threshold = word_threshold(bound, group_max);
+    for (int q = 0; q < kParts; ++q) {
+      const uint32_t t = word_threshold(bound, part[q]);
+      for (int k = 0; k < kPartBlocks; ++k) thresholds[q * kPartBlocks + k] = t;
+    }
     for (int j0 = 0; j0 < nb; j0 += simd::W) {
-      simd::u32v w;
+      simd::u32v w, t;
       __builtin_memcpy(&w, words + j0, sizeof(w));
-      uint32_t hit = simd::ge_mask(simd::fold(w), threshold);
+      __builtin_memcpy(&t, thresholds + j0, sizeof(t));
+      uint32_t hit = simd::ge_mask(simd::fold(w), t);
       if (nb - j0 < simd::W) hit &= (1u << (nb - j0)) - 1u;
       for (; hit != 0; hit &= hit - 1) {
         const int j = j0 + __builtin_ctz(hit);

@@ -147,20 +147,22 @@ SPECDEC_SIMD_INLINE void philox_words32(const PhiloxKey& key, uint32_t counter0,
 // Folded 31-bit Philox word (philox_uniform's integer before the float conversion).
 SPECDEC_SIMD_INLINE u32v fold(u32v w) { return w >= 0x80000000u ? ~w : w; }
 
-// Bit l set iff a[l] >= t (a, t < 2^31).
-SPECDEC_SIMD_INLINE uint32_t ge_mask(u32v a, uint32_t t) {
+// Bit l set iff a[l] >= t[l] (a, t < 2^31).
+SPECDEC_SIMD_INLINE uint32_t ge_mask(u32v a, u32v t) {
 #if defined(__AVX512F__)
-  __m512i x;
+  __m512i x, y;
   __builtin_memcpy(&x, &a, sizeof(x));
-  return _mm512_cmpge_epu32_mask(x, _mm512_set1_epi32(static_cast<int>(t)));
+  __builtin_memcpy(&y, &t, sizeof(y));
+  return _mm512_cmpge_epu32_mask(x, y);
 #elif defined(__AVX2__)
-  __m256i x;
+  __m256i x, y;
   __builtin_memcpy(&x, &a, sizeof(x));
-  const __m256i gt = _mm256_cmpgt_epi32(x, _mm256_set1_epi32(static_cast<int>(t) - 1));
+  __builtin_memcpy(&y, &t, sizeof(y));
+  const __m256i gt = _mm256_cmpgt_epi32(x, _mm256_sub_epi32(y, _mm256_set1_epi32(1)));
   return static_cast<uint32_t>(_mm256_movemask_ps(_mm256_castsi256_ps(gt)));
 #else
   uint32_t m = 0;
-  for (int l = 0; l < W; ++l) m |= (a[l] >= t ? 1u : 0u) << l;
+  for (int l = 0; l < W; ++l) m |= (a[l] >= t[l] ? 1u : 0u) << l;
   return m;
 #endif
 }
