@@ -6,10 +6,11 @@
 // maximum + log 16 + slack, which needs no exp; weights: the exact log of the block sum). A block can beat
 // the best score so far only if ub_b - log(1 - u_b) + slack reaches it (-log(-log u) <= -log(1 - u)), so
 // the exact score L_b - log(-log u_b) (16 exps for logits) is computed only for those few candidates,
-// found with one integer compare of each block's Philox word against the threshold of its part of the group
-// (kPartBlocks) and scored 16 at a time (Candidates); a group whose largest bound plus the largest possible noise stays below the best
-// score draws no Philox words. Every bound is computed with the rounding of the exact score it bounds, so
-// a dropped block's exact score is provably below a real candidate's: the result is the exact argmax.
+// found with one integer compare of each block's Philox word against a per-group threshold (for residual
+// sources, one per part of the group: kPartBlocks) and scored 16 at a time (Candidates); a group whose
+// largest bound plus the largest possible noise stays below the best score draws no Philox words. Every
+// bound is computed with the rounding of the exact score it bounds, so a dropped block's exact score is
+// provably below a real candidate's: the result is the exact argmax.
 #pragma once
 
 #include <algorithm>
@@ -28,9 +29,11 @@ SPECDEC_NS_BEGIN
 
 inline constexpr int kGroupBlocks = 32;
 inline constexpr int kGroup = kGroupBlocks * kBlock;
-// A group's blocks share a Philox batch; its parts of kPartBlocks blocks each get their own word threshold
-// from their own bound, as words passing a whole group's threshold mostly fail their block's exact test
-// when the group's bound comes from one high block (Zipf-like rows: four parts pass 2.7x fewer words).
+// A group's blocks share a Philox batch. In the residual searches of rejected rows (kPartThresholds) its
+// parts of kPartBlocks blocks each get their own word threshold from their own bound, as words passing a
+// whole group's threshold mostly fail their block's exact test when the group's bound comes from one high
+// block (Zipf-like rows: four parts pass 2.7x fewer words). The other searches keep one threshold per
+// group: on rows with few candidates the parts' maxima cost more than they save (10-20 % on bf16 rows).
 inline constexpr int kPartBlocks = 8;
 inline constexpr int kParts = kGroupBlocks / kPartBlocks;
 static_assert(kPartBlocks % simd::W == 0 || simd::W % kPartBlocks == 0, "SIMD vectors align with parts");
@@ -135,15 +138,6 @@ SPECDEC_SIMD_INLINE float z_part_maxima(const ZSource& src, int64_t b0, int nb, 
     best = part[q] > best ? part[q] : best;
   }
   return best;
-}
-
-// The largest bound of each part, from the group's block bounds ub (-inf past its blocks).
-SPECDEC_SIMD_INLINE void part_bounds(const float* ub, float* part) {
-  for (int q = 0; q < kParts; ++q) {
-    float m = -kInf;
-    for (int k = 0; k < kPartBlocks; ++k) m = ub[q * kPartBlocks + k] > m ? ub[q * kPartBlocks + k] : m;
-    part[q] = m;
-  }
 }
 
 // Log-masses of candidate blocks with the terms computed W lanes at a time: the same sanitized z, max,
@@ -258,22 +252,20 @@ SPECDEC_SIMD_INLINE void candidate_z_masses(const Candidates& c, const float* mx
 
 // --- Sources ---------------------------------------------------------------------------------------------
 // bounds(b0, nb, ub, part): an upper bound of every block bound of blocks b0 .. b0 + nb - 1, the largest of
-// them (exact sources also write ub[j] for j < nb, -inf beyond), and in part[q] one of the blocks of part q; prepare(c, mx): the candidates' own bounds
+// them (exact sources also write ub[j] for j < nb, -inf beyond; kPartThresholds sources one of the blocks
+// of each part q in part[q]); prepare(c, mx): the candidates' own bounds
 // c.ub (exact sources: their ub, kept when they joined); score(c, mx, mask, g, best): best after the
 // candidates in mask with Gumbel terms g.
 
 template <DType D>
 struct ZBounds {
   static constexpr bool kExact = false;
+  static constexpr bool kPartThresholds = false;
   ZSource src;
 
-  // The parts' bounds only, max_j ub_j = z_group_max + kLogBlockBound over each; candidates get their own
-  // from their largest z.
-  float bounds(int64_t b0, int nb, float*, float* part) const {
-    const float m = z_part_maxima<D>(src, b0, nb, part);
-    for (int q = 0; q < kParts; ++q) part[q] += kLogBlockBound;
-    return m + kLogBlockBound;
-  }
+  // The group's bound only, max_j ub_j = z_group_max + kLogBlockBound; candidates get their own from
+  // their largest z.
+  float bounds(int64_t b0, int nb, float*, float*) const { return z_group_max<D>(src, b0, nb) + kLogBlockBound; }
   void prepare(Candidates& c, float* mx) const {
     load_candidates<D>(src, c);
     candidate_maxima(c, mx);
@@ -334,10 +326,11 @@ SPECDEC_SIMD_INLINE void exact_score(const Candidates& c, uint32_t mask, const f
 template <DType D, DType Q>
 struct ResidualBounds {
   static constexpr bool kExact = true;
+  static constexpr bool kPartThresholds = false;
   ResidualSource src;
   mutable bool any_positive = false;
 
-  float bounds(int64_t b0, int nb, float* ub, float* part) const {
+  float bounds(int64_t b0, int nb, float* ub, float*) const {
     const float best = weight_group_bounds(b0, nb, src.target.vocab, ub, [this](int64_t first, int n, float* w) {
       int i = 0;
       if (src.max != -kInf) {
@@ -346,7 +339,6 @@ struct ResidualBounds {
       for (; i < n; ++i) w[i] = src.residual(first + i);
     });
     any_positive = any_positive || best != -kInf;
-    part_bounds(ub, part);
     return best;
   }
   void prepare(Candidates&, float*) const {}
@@ -369,6 +361,7 @@ struct ResidualBounds {
 template <DType D, DType Q>
 struct LazyResidualBounds {
   static constexpr bool kExact = false;
+  static constexpr bool kPartThresholds = true;
   ResidualSource src;
   float log_shift;  // kLogBlockBound - log(total)
 
@@ -406,6 +399,7 @@ struct LazyResidualBounds {
 template <DType D, DType Q>
 struct IntervalResidualBounds {
   static constexpr bool kExact = false;
+  static constexpr bool kPartThresholds = true;
   LazyResidualBounds<D, Q> upper;
   ResidualSource lower;
   mutable IntervalPick pick = kIntervalPickInit;  // pick.best is search_blocks' best
@@ -449,14 +443,13 @@ struct IntervalResidualBounds {
 
 struct WeightBounds {
   static constexpr bool kExact = true;
+  static constexpr bool kPartThresholds = false;
   WeightSource src;
 
-  float bounds(int64_t b0, int nb, float* ub, float* part) const {
-    const float best = weight_group_bounds(b0, nb, src.vocab, ub, [this](int64_t first, int n, float* w) {
+  float bounds(int64_t b0, int nb, float* ub, float*) const {
+    return weight_group_bounds(b0, nb, src.vocab, ub, [this](int64_t first, int n, float* w) {
       for (int i = 0; i < n; ++i) w[i] = src.w[first + i];
     });
-    part_bounds(ub, part);
-    return best;
   }
   void prepare(Candidates&, float*) const {}
   void score(const Candidates& c, const float*, uint32_t mask, const float* g, ArgMax& best) const {
@@ -545,14 +538,17 @@ ArgMax search_blocks(const Bounds& src, const PhiloxKey& key, uint32_t hi, int s
     const float group_max = src.bounds(b0, nb, ub, part);
     if (group_max == -kInf || group_max + kGumbelBound < bound) continue;  // nothing here can reach the bound
     simd::philox_words32(key, philox_offset_lo(stream, kBlockDraws + static_cast<uint32_t>(b0)), hi, words);
-    for (int q = 0; q < kParts; ++q) {
-      const uint32_t t = word_threshold(bound, part[q]);
-      for (int k = 0; k < kPartBlocks; ++k) thresholds[q * kPartBlocks + k] = t;
+    const uint32_t group_threshold = word_threshold(bound, group_max);
+    if constexpr (Bounds::kPartThresholds) {
+      for (int q = 0; q < kParts; ++q) {
+        const uint32_t t = word_threshold(bound, part[q]);
+        for (int k = 0; k < kPartBlocks; ++k) thresholds[q * kPartBlocks + k] = t;
+      }
     }
     for (int j0 = 0; j0 < nb; j0 += simd::W) {
-      simd::u32v w, t;
+      simd::u32v w, t = simd::u32v{} + group_threshold;
       __builtin_memcpy(&w, words + j0, sizeof(w));
-      __builtin_memcpy(&t, thresholds + j0, sizeof(t));
+      if constexpr (Bounds::kPartThresholds) __builtin_memcpy(&t, thresholds + j0, sizeof(t));
       uint32_t hit = simd::ge_mask(simd::fold(w), t);
       if (nb - j0 < simd::W) hit &= (1u << (nb - j0)) - 1u;
       for (; hit != 0; hit &= hit - 1) {
