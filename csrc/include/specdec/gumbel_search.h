@@ -253,9 +253,9 @@ SPECDEC_SIMD_INLINE void candidate_z_masses(const Candidates& c, const float* mx
 // --- Sources ---------------------------------------------------------------------------------------------
 // bounds(b0, nb, ub, part): an upper bound of every block bound of blocks b0 .. b0 + nb - 1, the largest of
 // them (exact sources also write ub[j] for j < nb, -inf beyond; kPartThresholds sources one of the blocks
-// of each part q in part[q]); prepare(c, mx): the candidates' own bounds
-// c.ub (exact sources: their ub, kept when they joined); score(c, mx, mask, g, best): best after the
-// candidates in mask with Gumbel terms g.
+// of each part q in part[q]); prepare(c, mx): the candidates' own bounds c.ub (exact sources: their ub,
+// kept when they joined); score(c, mx, mask, g, best): best after the candidates in mask with Gumbel
+// terms g.
 
 template <DType D>
 struct ZBounds {
@@ -460,12 +460,13 @@ struct WeightBounds {
 
 // --- The search ----------------------------------------------------------------------------------------
 
-// Folded Philox words below this threshold cannot lift a block whose bound is at most part_max (its part's
-// bound) to `bound`: a block needs -log(1 - u) >= e = bound - part_max - slack, i.e. u >= 1 - exp(-e). The test is
-// made looser by 0.01 in e (far above float32 rounding of the scores) and by 1024 words (float(word)
-// rounds by at most 64 and kUniformScale is 2^-31 to 1e-7), so every block that passes the exact per-block
-// test (score_candidates) passes this one. The threshold is read from a table at e rounded down to a multiple of
-// 1/64 (looser still: at most 1.6 % more candidates), where an exp per group cost ~7 ns of a ~50 ns group.
+// Folded Philox words below this threshold cannot lift a block whose bound is at most max_bound (its
+// group's or part's) to `bound`: a block needs -log(1 - u) >= e = bound - max_bound - slack, i.e.
+// u >= 1 - exp(-e). The test is made looser by 0.01 in e (far above float32 rounding of the scores) and by
+// 1024 words (float(word) rounds by at most 64 and kUniformScale is 2^-31 to 1e-7), so every block that
+// passes the exact per-block test (score_candidates) passes this one. The threshold is read from a table at
+// e rounded down to a multiple of 1/64 (looser still: at most 1.6 % more candidates), where an exp per
+// group cost ~7 ns of a ~50 ns group.
 struct WordThresholds {
   static constexpr int kSteps = 64;             // table entries per nat of e
   static constexpr int kLast = 24 * kSteps;     // e >= 24: 1 - exp(-e) rounds to 1 in the words' 31 bits
@@ -479,8 +480,8 @@ struct WordThresholds {
 };
 inline const WordThresholds kWordThresholds;
 
-inline uint32_t word_threshold(float bound, float part_max) {
-  const float e = bound - part_max - kGumbelSlack - 0.01f;
+inline uint32_t word_threshold(float bound, float max_bound) {
+  const float e = bound - max_bound - kGumbelSlack - 0.01f;
   if (!(e > 0.0f)) return 0;
   const float k = e * WordThresholds::kSteps;  // exact (a power of two); truncation rounds it down
   return kWordThresholds.at[k < WordThresholds::kLast ? static_cast<int>(k) : WordThresholds::kLast];
