@@ -323,8 +323,8 @@ def run_family(family: str, args, gen: torch.Generator, writer: CsvWriter, info:
                 reps = args.fast_reps if name in FAST_REPS else args.reps
                 times[item, name].append(_median_time(callables[item, name], reps))
     read_per_round = {
-        dtype: [x.numel() * x.element_size() / min(ts, tt)
-                for ts, tt in zip(bw_times["sum", dtype], bw_times["stream", dtype], strict=True)]
+        dtype: [x.numel() * x.element_size() / t
+                for t in _faster_per_round(bw_times["sum", dtype], bw_times["stream", dtype])]
         for dtype, x in tensors.items()}
     read_gbs = {dtype: statistics.median(rates) for dtype, rates in read_per_round.items()}
     copy_gbs = 2 * logits32.numel() * 4 / statistics.median(bw_times["copy", "float32"])
@@ -334,7 +334,7 @@ def run_family(family: str, args, gen: torch.Generator, writer: CsvWriter, info:
                 "mean_accepted": f"{float(accepted[i].float().mean()):.3f}", "must_read_bytes": need[i],
                 "read_gbs": f"{read_gbs[case.dtype] / 1e9:.4g}", "copy_gbs": f"{copy_gbs / 1e9:.4g}",
                 "rounds": args.rounds}
-        same_size = [min(ts) for ts in zip(*(times[i, p] for p in SAME_SIZE_PROBES), strict=True)]
+        same_size = _faster_per_round(*(times[i, p] for p in SAME_SIZE_PROBES))
         for name in (*args.providers, *SAME_SIZE_PROBES):
             if (i, name) not in callables:
                 writer.write({**base, "provider": name, "status": status[i, name]})
@@ -359,6 +359,11 @@ def run_family(family: str, args, gen: torch.Generator, writer: CsvWriter, info:
                       "median_ms": f"{statistics.median(t) * 1e3:.4g}", "min_ms": f"{min(t) * 1e3:.4g}",
                       "max_ms": f"{max(t) * 1e3:.4g}", "read_gbs": f"{read_gbs[dtype] / 1e9:.4g}",
                       "copy_gbs": f"{copy_gbs / 1e9:.4g}"})
+
+
+def _faster_per_round(*probes: list[float]) -> list[float]:
+    """Per round, the shortest of the read probes' times: that round's read."""
+    return [min(ts) for ts in zip(*probes, strict=True)]
 
 
 def _as_words(x: torch.Tensor) -> torch.Tensor:
