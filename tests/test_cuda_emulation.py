@@ -177,3 +177,25 @@ def test_resource_report_parsing_and_register_limits():
     assert any("registers" in p for p in cuda_limits.check_resources(launches, heavy, h200))
     missing = cuda_limits.check_resources(launches[:1], {}, h200)
     assert missing and "no sm_90a resource report" in missing[0]
+
+
+def test_the_emulated_cuda_runtime_header_coexists_with_the_standard_library(tmp_path):
+    """csrc/cuda_host/cuda_runtime.h defines CUDA's keywords as macros; none may be a name the standard library
+    spells in its own attributes (a `__noinline__` macro broke <string> under GCC 13, and <memory> under 12)."""
+    import os
+    import shutil
+    import subprocess
+
+    cxx = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no C++ compiler")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    headers = ["memory", "string", "vector", "functional", "thread", "mutex", "sstream", "algorithm", "atomic",
+               "optional", "variant", "unordered_map", "map", "iostream", "random", "numeric", "cmath"]
+    src = tmp_path / "tu.cpp"
+    src.write_text("#include <cuda_runtime.h>\n" + "".join(f"#include <{h}>\n" for h in headers)
+                   + "int main() { return *std::make_shared<int>(0); }\n")
+    build = subprocess.run([cxx, "-std=c++17", "-fsyntax-only", "-DSPECDEC_CUDA_HOST", "-D__CUDA_ARCH__=900",
+                            "-I", os.path.join(root, "csrc", "cuda_host"), "-I", os.path.join(root, "csrc", "include"),
+                            str(src)], capture_output=True, text=True, timeout=120)
+    assert build.returncode == 0, build.stderr[-2000:]

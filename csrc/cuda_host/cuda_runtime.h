@@ -23,7 +23,8 @@
 #define __device__
 #define __host__
 #define __forceinline__ inline __attribute__((always_inline))
-#define __noinline__ __attribute__((noinline))
+// No __noinline__: libstdc++ spells __attribute__((__noinline__)) (GCC 13: from <string>), which such a
+// macro breaks; no kernel uses it.
 #define __launch_bounds__(...)
 #define __restrict__ __restrict
 #define __align__(n) alignas(n)
