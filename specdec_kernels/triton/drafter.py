@@ -20,9 +20,11 @@ import torch
 import triton
 import triton.language as tl
 
+from ..drafters.base import STREAM_DRAFT
 from . import gumbel
 
-STREAM_DRAFT = 3
+# A compiled kernel reads module globals only as constexpr (the interpreter reads any).
+_STREAM_DRAFT = tl.constexpr(STREAM_DRAFT)
 
 
 @dataclass(frozen=True)
@@ -151,7 +153,7 @@ def _head_tile_kernel(h_ptr, w_ptr, d2t_ptr, temp_ptr, seed_ptr, pos_ptr,
     if SAMPLE:
         seed = tl.load(seed_ptr + rows, mask=rmask, other=0)
         pos = tl.load(pos_ptr + rows, mask=rmask, other=0)
-        offset_base = (pos[:, None].to(tl.int64) << 32) | (STREAM_DRAFT << 30)
+        offset_base = (pos[:, None].to(tl.int64) << 32) | (_STREAM_DRAFT << 30)
         u = gumbel.uniform(seed[:, None], offset_base, tgt[None, :].to(tl.int64))
         noise = -tl.log(-tl.log(u))
         score = tl.where(greedy[:, None], z, z + noise)
