@@ -187,7 +187,10 @@ def _verify_chain_block_kernel(
         emitted = tl.full((), 1, tl.int1)
     else:
         w = tl.full((), 1.0, tl.float32)
-        w_tau = w
+        # Not `w_tau = w`: the compiler finds loop-carried names by comparing each name's value before and
+        # after one pass over the body, and `w_tau = w` in the body would leave w_tau's value unchanged
+        # (both names hold the same initial value), so w_tau would not be carried out of the loop.
+        w_tau = tl.full((), 1.0, tl.float32)
         running = tl.full((), 1, tl.int1)
         for j in range(0, num_drafts + 1):
             if running & (j <= block_len):
