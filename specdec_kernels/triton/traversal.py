@@ -6,6 +6,10 @@ next child, mass M, divisor, whether a child was deleted) live in registers of `
 per-depth mass rows (and, without replacement, the running draft laws) in a [B, D + 1, V] float32
 workspace. Entering a node reads its target row (truncation thresholds, softmax statistics, ``r = a p``);
 deleting a rejected child is one pass over its parent's row; dead subtrees (weight 0) are never read.
+Every helper that writes a workspace row starts and ends with a barrier: all of the program's threads read
+single entries of those rows (a weight, a draft probability), and a thread that ran ahead into the next
+write would change what a slower thread still reads (seen on an H200 as 3 requests in 65476 taking another
+path than the reference).
 Greedy requests follow the argmax as token level does; deterministic trees run the token-level kernel.
 """
 
@@ -42,6 +46,7 @@ def _set(values, idx, d, value):
 @triton.jit
 def _store_mass_row(row_ptr, r_ptr, vocab_size, temperature, threshold, m, total, a, BLOCK_V: tl.constexpr):
     """r = a * p over the row (p the truncated target)."""
+    tl.debug_barrier()  # no thread still reads the old row (the walk reads single entries of it)
     for start in range(0, vocab_size, BLOCK_V):
         offs = start + tl.arange(0, BLOCK_V).to(tl.int64)
         mask = offs < vocab_size
@@ -53,6 +58,7 @@ def _store_mass_row(row_ptr, r_ptr, vocab_size, temperature, threshold, m, total
 @triton.jit
 def _delete_update(r_ptr, divisor, q_ptr, vocab_size, BLOCK_V: tl.constexpr):
     """r <- max(0, r / divisor - q) in place; returns its sum (float64)."""
+    tl.debug_barrier()  # no thread still reads the old row (the walk reads single entries of it)
     mass = tl.zeros((), tl.float64)
     for start in range(0, vocab_size, BLOCK_V):
         offs = start + tl.arange(0, BLOCK_V).to(tl.int64)
@@ -68,6 +74,7 @@ def _delete_update(r_ptr, divisor, q_ptr, vocab_size, BLOCK_V: tl.constexpr):
 
 @triton.jit
 def _copy_row(src_ptr, dst_ptr, vocab_size, BLOCK_V: tl.constexpr):
+    tl.debug_barrier()  # no thread still reads the old row (the walk reads single entries of it)
     for start in range(0, vocab_size, BLOCK_V):
         offs = start + tl.arange(0, BLOCK_V).to(tl.int64)
         mask = offs < vocab_size
@@ -78,6 +85,7 @@ def _copy_row(src_ptr, dst_ptr, vocab_size, BLOCK_V: tl.constexpr):
 @triton.jit
 def _remove_token(q_ptr, vocab_size, x, BLOCK_V: tl.constexpr):
     """q <- norm(q with q(x) = 0), all zeros when nothing is left."""
+    tl.debug_barrier()  # no thread still reads the old row (the walk reads single entries of it)
     tl.store(q_ptr + x, 0.0)
     tl.debug_barrier()
     total = tl.zeros((), tl.float32)

@@ -162,6 +162,7 @@ def _find_child(tokens_ptr, next_sibling_ptr, first, y):
 @triton.jit
 def _init_p(row_ptr, p_ptr, V, temp, kth_key, top_p_key, BLOCK: tl.constexpr):
     """p = softmax(truncated scaled logits) into the workspace (one-hot on 0 for an all -inf row)."""
+    tl.debug_barrier()  # no thread still reads the previous row (the walk reads single entries of it)
     m, total = _row_max_sum(row_ptr, V, temp, kth_key, top_p_key, BLOCK)
     finite = m != float("-inf")
     shift = tl.where(finite, m, 0.0)
@@ -195,6 +196,7 @@ def _update_residual(p_ptr, q_ptr, V, BLOCK: tl.constexpr):
 @triton.jit
 def _remove_token(q_ptr, V, x, BLOCK: tl.constexpr):
     """q <- norm(q with q(x) = 0), all zeros when nothing is left."""
+    tl.debug_barrier()  # no thread still reads the old row (the walk reads single entries of it)
     tl.store(q_ptr + x, 0.0)
     tl.debug_barrier()
     total = tl.zeros((), tl.float32)
@@ -212,6 +214,7 @@ def _remove_token(q_ptr, V, x, BLOCK: tl.constexpr):
 
 @triton.jit
 def _copy_row(src_ptr, dst_ptr, V, BLOCK: tl.constexpr):
+    tl.debug_barrier()  # no thread still reads the old row (the walk reads single entries of it)
     for start in range(0, V, BLOCK):
         offs = start + tl.arange(0, BLOCK)
         x = tl.load(src_ptr + offs, mask=offs < V, other=0.0).to(tl.float32)
