@@ -6,17 +6,28 @@ the same math done by torch in bfloat16; token ids must be identical on float32 
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
 from specdec_kernels.drafters import head_ops
-from tests.conftest import requires_triton
+from tests.conftest import DEVICE, requires_triton
 
 pytestmark = [pytest.mark.triton, requires_triton, pytest.mark.usefixtures("one_thread")]
 
 
 def _err(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).abs().max())
+
+
+def _triton(fn, *args):
+    """``fn(*args, "triton")`` with its tensors on the test device (CUDA on a GPU; the interpreter runs CPU
+    tensors), and its tensors back on the CPU to compare with the torch spec."""
+    out = fn(*(a.to(DEVICE) if isinstance(a, torch.Tensor) else a for a in args), "triton")
+    if isinstance(out, torch.Tensor):
+        return out.cpu()
+    return type(out)(*(t.cpu() for t in out))
 
 
 def _vocab(vd: int, v: int, seed: int) -> torch.Tensor:
@@ -35,10 +46,10 @@ def test_fused_norm_fc_accuracy(norm, r, ht, h):
     ref = head_ops.fuse_features(x, nw, w, 1e-6, "torch")
     bf = lambda t: None if t is None else t.bfloat16()
     low = head_ops.fuse_features(x.bfloat16(), bf(nw), w.bfloat16(), 1e-6, "torch")
-    got = head_ops.fuse_features(x.bfloat16(), bf(nw), w.bfloat16(), 1e-6, "triton")
+    got = _triton(head_ops.fuse_features, x.bfloat16(), bf(nw), w.bfloat16(), 1e-6)
     assert got.dtype == torch.bfloat16 and got.shape == (r, h)
     assert _err(got, ref) <= 2 * _err(low, ref) + 1e-6
-    got32 = head_ops.fuse_features(x, nw, w, 1e-6, "triton")
+    got32 = _triton(head_ops.fuse_features, x, nw, w, 1e-6)
     torch.testing.assert_close(got32, ref, rtol=1e-4, atol=1e-4)
 
 
@@ -50,11 +61,11 @@ def test_lm_head_topk(k, r, h, vd, v):
     w = torch.randn(vd, h) / h**0.5
     d2t = _vocab(vd, v, r)
     ref = head_ops.head_topk(x, w, d2t, k, "torch")
-    got = head_ops.head_topk(x, w, d2t, k, "triton")
+    got = _triton(head_ops.head_topk, x, w, d2t, k)
     assert torch.equal(got.target_ids, ref.target_ids)
     torch.testing.assert_close(got.log_probs, ref.log_probs, rtol=1e-5, atol=1e-5)
     low = head_ops.head_topk(x.bfloat16(), w.bfloat16(), d2t, k, "torch")
-    gotb = head_ops.head_topk(x.bfloat16(), w.bfloat16(), d2t, k, "triton")
+    gotb = _triton(head_ops.head_topk, x.bfloat16(), w.bfloat16(), d2t, k)
     # compare log-probs of the reference's ids (ids may legitimately differ on bf16 near-ties)
     same = (gotb.target_ids == ref.target_ids) & (low.target_ids == ref.target_ids)
     assert _err(gotb.log_probs[same], ref.log_probs[same]) <= 2 * _err(low.log_probs[same], ref.log_probs[same]) + 1e-6
@@ -65,7 +76,7 @@ def test_lm_head_topk_ties_go_to_lowest_draft_id():
     w = torch.zeros(80, 16)
     w[[5, 9, 70]] = 1.0  # three tied maxima in two different vocab tiles
     d2t = torch.zeros(80, dtype=torch.int64)
-    got = head_ops.head_topk(x, w, d2t, 3, "triton")
+    got = _triton(head_ops.head_topk, x, w, d2t, 3)
     assert got.target_ids.tolist() == [[5, 9, 70]] * 2
 
 
@@ -80,7 +91,7 @@ def test_lm_head_sample_matches_reference(k):
     seed = torch.arange(r) * 977 + 5
     pos = torch.arange(r) * 13 + (1 << 20)
     ref = head_ops.head_sample(x, w, d2t, v, temp, seed, pos, k, "torch")
-    got = head_ops.head_sample(x, w, d2t, v, temp, seed, pos, k, "triton")
+    got = _triton(head_ops.head_sample, x, w, d2t, v, temp, seed, pos, k)
     assert torch.equal(got.target_ids, ref.target_ids)
     torch.testing.assert_close(got.log_probs, ref.log_probs, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got.q, ref.q, rtol=1e-5, atol=1e-7)
@@ -97,9 +108,10 @@ def test_drafter_backend_triton_matches_torch():
     ids = torch.randint(0, 80, (2, 6))
     feats = torch.randn(2, 6, 96)
     out = []
-    for backend in ("torch", "triton"):
-        d = Eagle3Drafter(head, backend=backend)
-        d.prefill(ids, torch.tensor([6, 3]), torch.tensor([1, 2]), feats)
-        out.append(d.propose_tree(2, 2, 2, torch.tensor([1.0, 0.0]), torch.tensor([3, 4])))
+    for backend, device in (("torch", "cpu"), ("triton", DEVICE)):
+        d = Eagle3Drafter(copy.deepcopy(head).to(device), backend=backend)
+        d.prefill(*(t.to(device) for t in (ids, torch.tensor([6, 3]), torch.tensor([1, 2]), feats)))
+        tree = d.propose_tree(2, 2, 2, torch.tensor([1.0, 0.0], device=device), torch.tensor([3, 4], device=device))
+        out.append(tree._replace(**{f: getattr(tree, f).cpu() for f in ("node_token_ids", "draft_probs")}))
     assert torch.equal(out[0].node_token_ids, out[1].node_token_ids)
     torch.testing.assert_close(out[0].draft_probs, out[1].draft_probs, rtol=1e-4, atol=1e-6)

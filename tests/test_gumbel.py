@@ -10,7 +10,7 @@ import specdec_kernels as sk
 from specdec_kernels import native
 from specdec_kernels.reference import gumbel, philox
 from specdec_kernels.testing import stats
-from tests.conftest import TRITON_RUNNABLE
+from tests.conftest import DEVICE, TRITON_RUNNABLE
 
 NEG_INF = float("-inf")
 FLOAT32_MAX = torch.finfo(torch.float32).max
@@ -113,5 +113,6 @@ def test_triton_matches_reference_on_stress_rows():
     empty = torch.zeros(0, dtype=torch.int64)
     cu = torch.zeros(n + 1, dtype=torch.int64)
     ref = sk.verify_chain(rows, empty, cu, backend="reference", **kwargs)
-    got = sk.verify_chain(rows, empty, cu, backend="triton", **kwargs)
-    assert torch.equal(ref.output_token_ids, got.output_token_ids)
+    on_device = {name: t.to(DEVICE) for name, t in kwargs.items()}
+    got = sk.verify_chain(rows.to(DEVICE), empty.to(DEVICE), cu.to(DEVICE), backend="triton", **on_device)
+    assert torch.equal(ref.output_token_ids, got.output_token_ids.cpu())

@@ -46,7 +46,7 @@ def test_traversal_sequence_law(backend, mode, tree, setting):
     alpha = stats.SUITE_BUDGET.claim(f"traversal-seq:{backend}:{mode}-{tree}-{setting}")
     seed = ol.TRAVERSAL_SEQUENCE_CASES.index((mode, tree, setting))
     p = sequence_law_p_value(ol.TREE_PATHS[tree], None if mode == "deterministic" else mode, cfg.temperature,
-                             cfg.top_k, cfg.top_p, seed=seed, backend=backend, method="traversal")
+                             cfg.top_k, cfg.top_p, seed=seed, backend=backend, method="traversal", device=DEVICE)
     assert p >= alpha, f"sequence law rejected: p = {p:.3g} < {alpha:.3g}"
 
 

@@ -84,6 +84,7 @@ def generate_with_trees(
     backend: str = "reference",
     advance_position: bool = True,
     method: str = "token",
+    device: str | torch.device = "cpu",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Speculative generation of ``num_seqs`` sequences of ``length`` tokens with tree drafting.
 
@@ -91,8 +92,9 @@ def generate_with_trees(
     drafter (top-k tokens when ``tree_sampling`` is None, else siblings drawn "iid" or
     "without_replacement"), verifies it with ``verify_tree`` against the Markov target and appends the
     emitted tokens. ``verify_sampling`` overrides the sibling_sampling told to the verifier (to plant a
-    mismatch); ``advance_position=False`` plants reused randomness; ``method`` is verify_tree's. Returns ([num_seqs, length] tokens,
-    [rounds] mean accepted length per round).
+    mismatch); ``advance_position=False`` plants reused randomness; ``method`` is verify_tree's; ``device``
+    is where verification runs (drafting and bookkeeping stay on the CPU). Returns ([num_seqs, length]
+    tokens, [rounds] mean accepted length per round).
     """
     from ..api import verify_tree
     from ..drafters.tree_builder import TreeTopology, build_static_tree
@@ -112,14 +114,17 @@ def generate_with_trees(
         tree = build_static_tree(drafter, last, topology, tree_sampling, gen)
         logits = target_table[tree.node_token_ids]
         pos = filled if advance_position else torch.zeros_like(filled)
+        args = (logits, tree.node_token_ids, tree.parent, tree.cu_num_nodes, tree.draft_probs, temp, tk, tp,
+                req_seed, pos)
         res = verify_tree(
-            logits, tree.node_token_ids, tree.parent, tree.cu_num_nodes, tree.draft_probs, temp, tk, tp,
-            req_seed, pos, sibling_sampling=verify_sampling or tree.sibling_sampling or "iid",
+            *(None if a is None else a.to(device) for a in args),
+            sibling_sampling=verify_sampling or tree.sibling_sampling or "iid",
             backend=backend, validate=validate, method=method,
         )
-        out = res.output_token_ids.to(torch.int64)
-        count = res.num_accepted.to(torch.int64) + 1
-        accepted.append(res.num_accepted.double().mean())
+        out = res.output_token_ids.to("cpu", torch.int64)
+        num_accepted = res.num_accepted.to("cpu", torch.int64)
+        count = num_accepted + 1
+        accepted.append(num_accepted.double().mean())
         cols = filled[:, None] + torch.arange(out.shape[1])
         ok = (torch.arange(out.shape[1])[None, :] < count[:, None]) & (cols < length)
         rows = torch.arange(num_seqs)[:, None].expand_as(cols)
