@@ -279,6 +279,49 @@ def test_torch_ops_eager_and_compiled():
     assert all(torch.equal(a, b) for a, b in zip(out, ref_tree, strict=True))
 
 
+def _own_libstdcxx_symbols(path: str) -> list[str]:
+    """libstdc++ stream and locale runtime symbols the shared library ``path`` defines itself."""
+    import shutil
+
+    nm = shutil.which("nm")
+    if nm is None:
+        pytest.skip("no nm (binutils)")
+    defined = subprocess.run([nm, "-D", "--defined-only", path], capture_output=True, text=True, timeout=60)
+    assert defined.returncode == 0, defined.stderr
+    names = [line.split()[-1] for line in defined.stdout.splitlines() if line.split()]
+    return [n for n in names if n.startswith(("_ZNSo9_M_insert", "_ZNSt6locale", "_ZNSt8ios_base"))]
+
+
+def test_the_extension_uses_the_process_libstdcxx():
+    """_C must not carry its own copy of libstdc++'s streams (a compiler that links libstdc++ statically): two
+    copies in one process disagree on locale facet ids, and the first number an error message formats
+    crashes the process (seen on an H200 image: every check that raises died in ostream::_M_insert<long>)."""
+    path = native._load().__file__
+    own = _own_libstdcxx_symbols(path)
+    assert own == [], (f"{path} defines libstdc++ runtime symbols {own[:5]}: build it with a compiler that links "
+                       "libstdc++ dynamically (e.g. CXX=/usr/bin/g++)")
+
+
+def test_the_libstdcxx_check_finds_a_static_copy(tmp_path):
+    import shutil
+
+    cxx = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no C++ compiler")
+    src = tmp_path / "s.cpp"
+    src.write_text("#include <sstream>\n#include <string>\n"
+                   "std::string f(long x) { std::ostringstream o; o << x; return o.str(); }\n")
+    found = {}
+    for name, flags in (("static", ["-static-libstdc++"]), ("shared", [])):
+        lib = tmp_path / f"lib{name}.so"
+        build = subprocess.run([cxx, "-shared", "-fPIC", "-O2", *flags, str(src), "-o", str(lib)],
+                               capture_output=True, text=True, timeout=120)
+        if build.returncode != 0:
+            pytest.skip(f"{cxx} cannot link libstdc++ {name}ally: {build.stderr[-300:]}")
+        found[name] = _own_libstdcxx_symbols(str(lib))
+    assert found["static"] and not found["shared"]
+
+
 def test_op_rejects_bad_shapes():
     with pytest.raises(ValueError, match="T \\+ B = 1 \\+ 1 rows"):
         torch.ops.specdec.verify_chain(torch.zeros(3, 4), torch.zeros(1, dtype=torch.int64),

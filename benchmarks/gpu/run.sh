@@ -38,6 +38,20 @@ if [ -d csrc ]; then
   export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0a} MAX_JOBS=${MAX_JOBS:-16}
   timeout "${BUILD_TIMEOUT:-120}" "$PY" -m pip install -q --no-deps --no-build-isolation -e . \
     || echo "!! native build failed or timed out; native providers will be skipped"
+  # A compiler that links libstdc++ statically (the H200 image's /opt/gcc did) gives _C its own copy of the
+  # streams: the first error message that formats a number then crashes the process
+  # (tests/test_native.py::test_the_extension_uses_the_process_libstdcxx). Rebuild with the system g++.
+  so=$(ls specdec_kernels/_C*.so 2>/dev/null | head -n 1)
+  if [ -n "$so" ] && nm -D --defined-only "$so" 2>/dev/null | grep -q ' _ZNSo9_M_insert'; then
+    echo "!! $so carries its own libstdc++ streams ($(command -v "${CXX:-c++}")); rebuilding with /usr/bin/g++"
+    if [ -x /usr/bin/g++ ]; then
+      rm -rf build/cmake-*
+      CXX=/usr/bin/g++ timeout "${BUILD_TIMEOUT:-120}" "$PY" -m pip install -q --no-deps --no-build-isolation -e . \
+        || echo "!! rebuild with /usr/bin/g++ failed"
+    else
+      echo "!! no /usr/bin/g++: errors raised by the extension will crash the process"
+    fi
+  fi
 fi
 "$PY" -c "import specdec_kernels as sk; print('backends on cuda:', sk.available_backends('cuda'))"
 
