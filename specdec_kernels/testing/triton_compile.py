@@ -36,7 +36,6 @@ def capture_launches() -> list[tuple[Any, tuple, dict]]:
     import triton
 
     from .. import api
-    from ..drafters import head_ops
 
     seen: dict[tuple, tuple[Any, tuple, dict]] = {}
 
@@ -59,7 +58,6 @@ def capture_launches() -> list[tuple[Any, tuple, dict]]:
             call()
     finally:
         triton.runtime.JITFunction.run, api._triton_usable = previous_run, previous_usable
-    del head_ops
     return list(seen.values())
 
 
