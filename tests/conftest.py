@@ -14,6 +14,16 @@ HAS_TRITON = importlib.util.find_spec("triton") is not None
 TRITON_RUNNABLE = HAS_TRITON and (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
+def host_cxx() -> str:
+    """The host C++ compiler the C++ checks build with ($CXX, else g++, else c++); skips the test without one."""
+    import shutil
+
+    cxx = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no C++ compiler")
+    return cxx
+
+
 requires_triton = pytest.mark.skipif(
     not TRITON_RUNNABLE, reason="needs triton and a GPU, or TRITON_INTERPRET=1 on CPU"
 )

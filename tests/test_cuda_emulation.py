@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from specdec_kernels.testing import cuda_host, cuda_limits
+from tests.conftest import host_cxx
 
 pytestmark = [
     pytest.mark.native,
@@ -183,12 +184,9 @@ def test_the_emulated_cuda_runtime_header_coexists_with_the_standard_library(tmp
     """csrc/cuda_host/cuda_runtime.h defines CUDA's keywords as macros; none may be a name the standard library
     spells in its own attributes (a `__noinline__` macro broke <string> under GCC 13, and <memory> under 12)."""
     import os
-    import shutil
     import subprocess
 
-    cxx = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++")
-    if cxx is None:
-        pytest.skip("no C++ compiler")
+    cxx = host_cxx()
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     headers = ["memory", "string", "vector", "functional", "thread", "mutex", "sstream", "algorithm", "atomic",
                "optional", "variant", "unordered_map", "map", "iostream", "random", "numeric", "cmath"]

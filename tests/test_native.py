@@ -21,6 +21,7 @@ import torch
 
 import specdec_kernels as sk
 from specdec_kernels import native
+from tests.conftest import host_cxx
 
 pytestmark = [
     pytest.mark.native,
@@ -303,11 +304,7 @@ def test_the_extension_uses_the_process_libstdcxx():
 
 
 def test_the_libstdcxx_check_finds_a_static_copy(tmp_path):
-    import shutil
-
-    cxx = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++")
-    if cxx is None:
-        pytest.skip("no C++ compiler")
+    cxx = host_cxx()
     src = tmp_path / "s.cpp"
     src.write_text("#include <sstream>\n#include <string>\n"
                    "std::string f(long x) { std::ostringstream o; o << x; return o.str(); }\n")
@@ -683,10 +680,7 @@ def test_normalizer_bracket_holds_the_true_sum(isa, tmp_path):
 
 def _run_cpp_check(source: str, isa: str, tmp_path) -> list[str]:
     """Builds tests/cpp/<source> with the instruction set's flags, runs it and returns its output's words."""
-    import shutil
-    cxx = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++")
-    if cxx is None:
-        pytest.skip("no C++ compiler")
+    cxx = host_cxx()
     if isa != "generic" and not _cpu_has(isa):
         pytest.skip(f"this CPU has no {isa}")
     exe = tmp_path / "check"
