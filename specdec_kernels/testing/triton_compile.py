@@ -100,16 +100,10 @@ def _chain_inputs(batch, vocab, dtype, gen, probs, top_k, top_p) -> dict:
     cu = torch.zeros(batch + 1, dtype=torch.int64)
     cu[1:] = lengths.cumsum(0)
     drafts = int(cu[-1])
-    out = dict(target_logits=torch.randn(drafts + batch, vocab, generator=gen).to(dtype),
-               draft_token_ids=torch.randint(0, vocab, (drafts,), generator=gen), cu_num_draft_tokens=cu,
-               draft_probs=torch.softmax(torch.randn(drafts, vocab, generator=gen), -1) if probs else None,
-               temperature=torch.tensor([1.0, 0.0, 0.7])[:batch], seed=torch.arange(batch),
-               position=torch.arange(batch) * 7)
-    if top_k:
-        out["top_k"] = torch.tensor([5, 0, 40], dtype=torch.int32)[:batch]
-    if top_p:
-        out["top_p"] = torch.tensor([0.9, 1.0, 0.5])[:batch]
-    return out
+    return dict(target_logits=torch.randn(drafts + batch, vocab, generator=gen).to(dtype),
+                draft_token_ids=torch.randint(0, vocab, (drafts,), generator=gen), cu_num_draft_tokens=cu,
+                draft_probs=torch.softmax(torch.randn(drafts, vocab, generator=gen), -1) if probs else None,
+                **_sampling(batch, top_k, top_p))
 
 
 def _tree_inputs(batch, vocab, dtype, gen, probs, top_k, top_p, sibling) -> dict:
@@ -118,11 +112,18 @@ def _tree_inputs(batch, vocab, dtype, gen, probs, top_k, top_p, sibling) -> dict
     parents = [-1, 0, 0, 1, 1, 2]  # one shape per request: depth 2, distinct sibling tokens
     n = len(parents)
     tokens = torch.stack([torch.randperm(vocab, generator=gen)[:n] for _ in range(batch)]).reshape(-1)
-    out = dict(target_logits=torch.randn(batch * n, vocab, generator=gen).to(dtype), node_token_ids=tokens,
-               parent=torch.tensor(parents).repeat(batch), cu_num_nodes=torch.arange(batch + 1) * n,
-               draft_probs=torch.softmax(torch.randn(batch * n, vocab, generator=gen), -1) if probs else None,
-               temperature=torch.tensor([1.0, 0.0, 0.7])[:batch], seed=torch.arange(batch),
-               position=torch.arange(batch) * 7, sibling_sampling=sibling)
+    return dict(target_logits=torch.randn(batch * n, vocab, generator=gen).to(dtype), node_token_ids=tokens,
+                parent=torch.tensor(parents).repeat(batch), cu_num_nodes=torch.arange(batch + 1) * n,
+                draft_probs=torch.softmax(torch.randn(batch * n, vocab, generator=gen), -1) if probs else None,
+                sibling_sampling=sibling, **_sampling(batch, top_k, top_p))
+
+
+def _sampling(batch, top_k, top_p) -> dict:
+    """Per-request sampling (random, greedy, random at T = 0.7), with top-k / top-p when asked."""
+    import torch
+
+    out = dict(temperature=torch.tensor([1.0, 0.0, 0.7])[:batch], seed=torch.arange(batch),
+               position=torch.arange(batch) * 7)
     if top_k:
         out["top_k"] = torch.tensor([5, 0, 40], dtype=torch.int32)[:batch]
     if top_p:
