@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
-# One short GPU lease (H200, < 12 min): install carried wheels, build the CUDA extension when its sources
+# One GPU lease: install carried wheels, build the CUDA extension when its sources
 # exist, run the GPU tests (every CUDA backend's tokens equal to the reference, the statistical suite on
-# cuda and triton), then the chain sweep (vLLM and FlashInfer providers where importable).
-# Everything lands in $OUT: run.log, pytest.xml, chain_cuda.csv, chain_cuda.png.
+# cuda and triton), the identity check (each GPU backend's tokens vs the reference's, 65476 requests per
+# step-law case and seed), then the chain sweep (vLLM and FlashInfer providers where importable).
+# Everything lands in $OUT: run.log, pytest.xml, identity_<backend>.log, chain_cuda.csv, chain_cuda.png.
 #
 # Usage, from the repository root on the GPU machine:   bash benchmarks/gpu/run.sh
 # Environment knobs: OUT (default benchmarks/results/gpu_run), PYTHON (default python3),
 # SWEEP_ARGS (bench_chain arguments; default "--k 1,3,7 --dtype bfloat16": batch {1,8,64,256} x vocab
-# {32000,151936,262144} x greedy/random x deterministic/stochastic),
-# TEST_TIMEOUT / BUILD_TIMEOUT / SWEEP_TIMEOUT in seconds (defaults 300 / 120 / 180), BENCH_DEVICE (default
-# cuda; "cpu" dry-runs the script on a machine without a GPU).
+# {32000,151936,262144} x greedy/random x deterministic/stochastic), timeouts in seconds: BUILD_TIMEOUT
+# (default 240), TEST_TIMEOUT (300), IDENTITY_TIMEOUT (150 per backend), SWEEP_TIMEOUT (180); BENCH_DEVICE
+# (default cuda; "cpu" dry-runs the script on a machine without a GPU). The default timeouts add up to about
+# 20 minutes; under a 10-minute limit per command, e.g.
+#   BUILD_TIMEOUT=200 TEST_TIMEOUT=200 IDENTITY_TIMEOUT=60 SWEEP_TIMEOUT=60 bash benchmarks/gpu/run.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/benchmarks/results/gpu_run}
@@ -36,21 +39,14 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 if [ -d csrc ]; then
   step "building the native extension (CUDA sm_90a)"
   export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0a} MAX_JOBS=${MAX_JOBS:-16}
-  timeout "${BUILD_TIMEOUT:-120}" "$PY" -m pip install -q --no-deps --no-build-isolation -e . \
+  timeout "${BUILD_TIMEOUT:-240}" "$PY" -m pip install -q --no-deps --no-build-isolation -e . \
     || echo "!! native build failed or timed out; native providers will be skipped"
-  # A compiler that links libstdc++ statically (the H200 image's /opt/gcc did) gives _C its own copy of the
-  # streams: the first error message that formats a number then crashes the process
-  # (tests/test_native.py::test_the_extension_uses_the_process_libstdcxx). Rebuild with the system g++.
+  # The H200 image's /opt/gcc/bin/g++ (CXX, CC and CUDAHOSTCXX point at it) links libstdc++ statically, so _C
+  # carried its own copy of the streams and crashed on its first error message; CMake now links the shared
+  # libstdc++.so.6 in that case (cmake/SharedLibstdcxx.cmake). Report what the build did.
   so=$(ls specdec_kernels/_C*.so 2>/dev/null | head -n 1)
-  if [ -n "$so" ] && nm -D --defined-only "$so" 2>/dev/null | grep -q ' _ZNSo9_M_insert'; then
-    echo "!! $so carries its own libstdc++ streams ($(command -v "${CXX:-c++}")); rebuilding with /usr/bin/g++"
-    if [ -x /usr/bin/g++ ]; then
-      rm -rf build/cmake-*
-      CXX=/usr/bin/g++ timeout "${BUILD_TIMEOUT:-120}" "$PY" -m pip install -q --no-deps --no-build-isolation -e . \
-        || echo "!! rebuild with /usr/bin/g++ failed"
-    else
-      echo "!! no /usr/bin/g++: errors raised by the extension will crash the process"
-    fi
+  if [ -n "$so" ]; then
+    echo "libstdc++ stream symbols defined by $so: $(nm -D --defined-only "$so" 2>/dev/null | grep -c ' _ZNSo9_M_insert') (0 expected)"
   fi
 fi
 "$PY" -c "import specdec_kernels as sk; print('backends on cuda:', sk.available_backends('cuda'))"
@@ -66,6 +62,15 @@ timeout "${TEST_TIMEOUT:-300}" "$PY" -m pytest -q -m "triton or native or stat" 
   --ignore=tests/test_cuda_host.py --ignore=tests/test_cuda_emulation.py \
   --continue-on-collection-errors --junitxml="$OUT/pytest.xml"
 echo "pytest exit code: $?"
+
+step "identity: each GPU backend's tokens vs the reference's, every step-law case, 3 seeds x 65476 requests"
+# specdec_kernels.testing.identity: rare faults (a race, a value the compiled kernel loses) that the test
+# sizes above miss. One line per job, flushed: a timeout keeps what was checked.
+for backend in $("$PY" -c "import specdec_kernels as sk; print(' '.join(b for b in sk.available_backends('cuda') if b != 'reference'))"); do
+  timeout "${IDENTITY_TIMEOUT:-150}" "$PY" -m specdec_kernels.testing.identity --backend "$backend" --device "${BENCH_DEVICE:-cuda}" \
+    --workers 4 > "$OUT/identity_$backend.log" 2>&1
+  echo "identity $backend exit code: $? ($(grep -c '^!!' "$OUT/identity_$backend.log") jobs differ)"; grep '^!!\|^identity' "$OUT/identity_$backend.log" | head -n 12
+done
 
 step "chain sweep"
 # shellcheck disable=SC2086  # SWEEP_ARGS is a list of arguments
