@@ -3,7 +3,8 @@
 # A GCC whose own search directory holds a dangling libstdc++.so (a relocated toolchain that is handed
 # `-B<its lib dir>`, as on one H200 image: /opt/gcc) silently links libstdc++.a instead. The extension then
 # carries its own copy of the stream and locale runtime beside the process's libstdc++.so.6; the two disagree
-# on locale facet ids, and the first number an error message formats crashes the process.
+# on locale facet ids, and the first number an error message formats crashes the process (on that image) or
+# goes missing from the message (here).
 #
 # The check links a probe shared library with the project's C++ compiler and looks for libstdc++'s stream
 # symbols among the ones it defines. When the probe carries them, each target gets the shared libstdc++.so.6
@@ -11,7 +12,7 @@
 # archive; without such a library, configuring stops with a message that names the compiler. The probe's
 # verdict is cached: -DSPECDEC_STATIC_LIBSTDCXX=OFF skips the check and the mend.
 #
-# tests/test_native.py::test_shared_libstdcxx_module_mends_a_static_toolchain builds a project with a
+# tests/test_build_toolchain.py::test_shared_libstdcxx_module_mends_a_static_toolchain builds a project with a
 # toolchain like that one, with and without this module.
 
 function(specdec_use_shared_libstdcxx)
