@@ -357,7 +357,9 @@ def run_family(family: str, args, gen: torch.Generator, writer: CsvWriter, info:
                       "family": family, "provider": key, "status": "ok", "rounds": args.rounds,
                       "repeats": args.fast_reps,
                       "median_ms": f"{statistics.median(t) * 1e3:.4g}", "min_ms": f"{min(t) * 1e3:.4g}",
-                      "max_ms": f"{max(t) * 1e3:.4g}", "read_gbs": f"{read_gbs[dtype] / 1e9:.4g}",
+                      "max_ms": f"{max(t) * 1e3:.4g}",
+                      # the fp32 copy probe runs whatever --dtypes selects; bf16 alone has no fp32 read
+                      "read_gbs": f"{read_gbs[dtype] / 1e9:.4g}" if dtype in read_gbs else "",
                       "copy_gbs": f"{copy_gbs / 1e9:.4g}"})
 
 

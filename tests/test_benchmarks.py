@@ -134,6 +134,22 @@ def test_bench_tree_writes_sets_intervals_and_exact_with_command(tmp_path):
 
 
 @pytest.mark.skipif(not native.has_device("cpu"), reason="specdec_kernels._C not built")
+def test_bench_native_cpu_runs_bf16_alone(tmp_path):
+    """--dtypes bfloat16 alone: the fp32 copy probe has no fp32 read beside it (was a KeyError)."""
+    from benchmarks import bench_native_cpu, native_cpu_table
+
+    out = tmp_path / "bf16.csv"
+    bench_native_cpu.main(["--batch", "2", "--k", "2", "--vocab", "64", "--rounds", "1", "--reps", "1",
+                           "--fast-reps", "1", "--families", "flat", "--dtypes", "bfloat16", "--modes", "random_det",
+                           "--providers", "ours", "--out", str(out)])
+    rows = read_csv([out])
+    assert {r["dtype"] for r in rows if r["provider"] == "ours"} == {"bfloat16"}
+    copy = next(r for r in rows if r["provider"] == "copy")
+    assert copy["read_gbs"] == "" and float(copy["copy_gbs"]) > 0
+    assert "| bfloat16 | flat | random_det |" in native_cpu_table.table(rows)
+
+
+@pytest.mark.skipif(not native.has_device("cpu"), reason="specdec_kernels._C not built")
 def test_bench_native_cpu_writes_interleaved_rounds_with_command(tmp_path):
     from benchmarks import bench_native_cpu
 
