@@ -43,6 +43,8 @@ def test_a_planted_bug_is_counted(bug, case, method, api):
     (["--seeds", "a"], "--seeds must be a comma list"),
     (["--methods", "tree"], "--methods must name"),
     (["--n", "0"], "--n and --workers"),
+    (["--backend", "fast", "--device", "cpu"], "--backend 'fast' is not available on cpu"),
+    (["--device", "gpu0"], "--device"),
 ])
 def test_bad_arguments_get_one_line(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_info:

@@ -105,6 +105,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--methods must name block, token or traversal, got {args.methods!r}")
     if args.n < 1 or args.workers < 1:
         parser.error("--n and --workers must be >= 1")
+    from .. import available_backends
+
+    try:
+        offered = available_backends(args.device)
+    except (RuntimeError, ValueError) as exc:
+        parser.error(f"--device: {exc}")
+    if args.backend not in offered:
+        parser.error(f"--backend {args.backend!r} is not available on {args.device} here (available: {', '.join(offered)})")
     todo = jobs(methods)
     threads = max(1, (os.cpu_count() or 1) // args.workers)
     print(f"identity: {args.backend} on {args.device} vs the reference on cpu, {len(todo)} jobs x seeds {seeds}, "
