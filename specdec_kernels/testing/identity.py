@@ -29,13 +29,16 @@ from dataclasses import dataclass
 
 import torch
 
+from ..api import CHAIN_METHODS, TREE_METHODS
 from . import optimal_law as ol
 from .optimal_mutants import planted
 
 __all__ = ["Job", "jobs", "differences", "main"]
 
-CHAIN_APIS = (("block", "chain"), ("token", "chain"), ("traversal", "tree"), ("token", "tree"))
-TREE_APIS = (("traversal", "tree"), ("token", "tree"))
+# (method, entry point) pairs: chains through both entry points, trees through verify_tree.
+TREE_APIS = tuple((m, "tree") for m in TREE_METHODS)
+CHAIN_APIS = tuple((m, "chain") for m in CHAIN_METHODS) + TREE_APIS
+METHODS = tuple(dict.fromkeys(m for m, _ in CHAIN_APIS))
 
 
 @dataclass(frozen=True)
@@ -49,7 +52,7 @@ class Job:
         return f"{ol.STEP_CASES[self.case].name} {self.method} {self.api}"
 
 
-def jobs(methods: tuple[str, ...] = ("block", "token", "traversal")) -> list[Job]:
+def jobs(methods: tuple[str, ...] = METHODS) -> list[Job]:
     """Every (step case, method, entry point): chains through verify_chain and verify_tree, trees through
     verify_tree."""
     out = []
@@ -93,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--n", type=int, default=65476, help="requests per case and seed (default 65476)")
     parser.add_argument("--seeds", default="11,12,13", help="comma list (default 11,12,13)")
-    parser.add_argument("--methods", default="block,token,traversal", help="comma list (default all)")
+    parser.add_argument("--methods", default=",".join(METHODS), help="comma list (default all)")
     parser.add_argument("--workers", type=int, default=1, help="processes (default 1)")
     args = parser.parse_args(argv)
     try:
@@ -101,8 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError:
         parser.error(f"--seeds must be a comma list of integers, got {args.seeds!r}")
     methods = tuple(args.methods.split(","))
-    if not set(methods) <= {"block", "token", "traversal"}:
-        parser.error(f"--methods must name block, token or traversal, got {args.methods!r}")
+    if not set(methods) <= set(METHODS):
+        parser.error(f"--methods must name {', '.join(METHODS)}, got {args.methods!r}")
     if args.n < 1 or args.workers < 1:
         parser.error("--n and --workers must be >= 1")
     from .. import available_backends
