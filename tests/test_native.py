@@ -299,8 +299,8 @@ def test_the_extension_uses_the_process_libstdcxx():
     crashes the process (seen on an H200 image: every check that raises died in ostream::_M_insert<long>)."""
     path = native._load().__file__
     own = _own_libstdcxx_symbols(path)
-    assert own == [], (f"{path} defines libstdc++ runtime symbols {own[:5]}: build it with a compiler that links "
-                       "libstdc++ dynamically (e.g. CXX=/usr/bin/g++)")
+    assert own == [], (f"{path} defines libstdc++ runtime symbols {own[:5]}: cmake/SharedLibstdcxx.cmake should "
+                       "have linked the shared libstdc++ (or build with a compiler that links it dynamically)")
 
 
 def test_the_libstdcxx_check_finds_a_static_copy(tmp_path):
