@@ -1,7 +1,7 @@
 // Bit-for-bit check of the searches' lane-wise block log-masses (gumbel_search.h z_log_mass,
-// residual_log_mass, and the batched candidate_z_masses) against the scalar ZSource /
-// ResidualSource::log_mass that the walks and the reference's order define, on random fp32 and bf16 rows
-// with NaN, +-inf and -inf entries, three logit scales and two temperatures. Built and run by
+// residual_log_mass, and the batched candidate_z_masses, every slot or a scattered subset) against the
+// scalar ZSource / ResidualSource::log_mass that the walks and the reference's order define, on random
+// fp32 and bf16 rows with NaN, +-inf and -inf entries, three logit scales and two temperatures. Built and run by
 // tests/test_native.py once per instruction set; prints "compared N different D".
 #include <cmath>
 #include <cstdio>
@@ -36,9 +36,17 @@ long compare_row(const void* row, const std::vector<float>& q, float temperature
     load_candidates<D>(z, c);
     alignas(64) float mx[kBatch], mass[kBatch];
     candidate_maxima(c, mx);
-    candidate_z_masses(c, mx, (1u << n) - 1u, mass);
-    for (int i = 0; i < n; ++i) bad += differ(z.log_mass(c.block[i]), mass[i]);
-    *compared += n;
+    // Every slot, then a scattered subset (only the masked slots are scored).
+    const uint32_t all = (1u << n) - 1u, some = (static_cast<uint32_t>(next) * 2654435761u >> 7) & all;
+    for (uint32_t mask : {all, some}) {
+      candidate_z_masses(c, mx, mask, mass);
+      for (int i = 0; i < n; ++i) {
+        if ((mask >> i) & 1u) {
+          bad += differ(z.log_mass(c.block[i]), mass[i]);
+          *compared += 1;
+        }
+      }
+    }
   }
   return bad;
 }

@@ -12,6 +12,7 @@
 #include "math.h"
 #include "normalizer.h"
 #include "philox.h"
+#include "search_sources.h"
 #include "simd.h"
 #include "types.h"
 
