@@ -337,20 +337,25 @@ SPECDEC_SIMD_INLINE void score_candidates(const Bounds& src, Candidates& c, ArgM
   c.n = 0;
 }
 
-// search_blocks' loop over the groups of blocks [b_first, b_end), best and bound updated in place;
-// words_of(b0) gives group b0's 32 Philox words (drawn then, or read from the probe window).
-template <class Bounds, class Words>
-SPECDEC_SIMD_INLINE void search_groups(const Bounds& src, int64_t b_first, int64_t b_end, Candidates& cand,
-                                       ArgMax& best, float& bound, Words words_of) {
+// argmax_b L_b - log(-log u_b) over the blocks of entries [v0, v1) (v0 a multiple of 4 blocks), starting
+// from `start` (a real candidate anywhere in the row, or kArgMaxInit). Returns {score, block}.
+template <class Bounds>
+ArgMax search_blocks(const Bounds& src, const PhiloxKey& key, uint32_t hi, int stream, int64_t v0, int64_t v1,
+                     ArgMax start) {
+  ArgMax best = start;
+  float bound = start.value;
+  Candidates cand;
   alignas(64) float ub[kGroupBlocks];
+  alignas(64) uint32_t words[kGroupBlocks];
   alignas(64) uint32_t thresholds[kGroupBlocks];  // each block's part's
   float part[kParts];
-  for (int64_t b0 = b_first; b0 < b_end; b0 += kGroupBlocks) {
+  const int64_t b_end = (v1 + kBlock - 1) / kBlock;
+  for (int64_t b0 = v0 / kBlock; b0 < b_end; b0 += kGroupBlocks) {
     src.prefetch(b0);
     const int nb = static_cast<int>(b_end - b0 < kGroupBlocks ? b_end - b0 : kGroupBlocks);
     const float group_max = src.bounds(b0, nb, ub, part);
     if (group_max == -kInf || group_max + kGumbelBound < bound) continue;  // nothing here can reach the bound
-    const uint32_t* words = words_of(b0);
+    simd::philox_words32(key, philox_offset_lo(stream, kBlockDraws + static_cast<uint32_t>(b0)), hi, words);
     const uint32_t group_threshold = word_threshold(bound, group_max);
     if constexpr (Bounds::kPartThresholds) {
       for (int q = 0; q < kParts; ++q) {
@@ -373,71 +378,6 @@ SPECDEC_SIMD_INLINE void search_groups(const Bounds& src, int64_t b_first, int64
       }
     }
   }
-}
-
-// The probe window of search_blocks: the first kProbeGroups groups of a search, whose words are all drawn
-// before their logits are read.
-inline constexpr int kProbeGroups = 64;
-
-// argmax_b L_b - log(-log u_b) over the blocks of entries [v0, v1) (v0 a multiple of 4 blocks), starting
-// from `start` (a real candidate anywhere in the row, or kArgMaxInit). Returns {score, block}.
-//
-// A bound that rises from the seed admits most of a row's candidates in its first groups: the best of the
-// first i blocks' scores grows like log i, so block i passes with odds ~1 / i (a harmonic sum). Sources with
-// a probe (Bounds::kProbe) therefore draw the probe window's words first and score the block with the
-// largest uniform among them before reading any logits: on rows whose blocks weigh alike (flat logits)
-// the winner is mostly the block with the largest noise, and the bound starts near the best score of the
-// window's 2048 blocks (3x fewer candidates per flat bf16 row: 47 instead of 144). The probe is a real
-// candidate and is scored again, to the same value, when its group comes: the argmax is unchanged.
-template <class Bounds>
-ArgMax search_blocks(const Bounds& src, const PhiloxKey& key, uint32_t hi, int stream, int64_t v0, int64_t v1,
-                     ArgMax start) {
-  ArgMax best = start;
-  float bound = start.value;
-  Candidates cand;
-  const int64_t b_end = (v1 + kBlock - 1) / kBlock;
-  int64_t b0 = v0 / kBlock;
-  const auto draw = [&](int64_t b, uint32_t* out) {
-    simd::philox_words32(key, philox_offset_lo(stream, kBlockDraws + static_cast<uint32_t>(b)), hi, out);
-  };
-  if constexpr (Bounds::kProbe) {
-   if (b0 < b_end) {
-    const int64_t w_end = std::min<int64_t>(b_end, b0 + kProbeGroups * kGroupBlocks);
-    alignas(64) uint32_t window[kProbeGroups * kGroupBlocks];
-    simd::u32v top = {};  // lane-wise largest folded word and its block (relative to b0)
-    simd::i32v top_at = {};
-    for (int64_t g = b0; g < w_end; g += kGroupBlocks) {
-      uint32_t* w = window + (g - b0);
-      draw(g, w);
-      for (int j0 = 0; j0 < kGroupBlocks; j0 += simd::W) {
-        simd::u32v x;
-        __builtin_memcpy(&x, w + j0, sizeof(x));
-        const simd::i32v folded = simd::bits_as<simd::i32v>(simd::fold(x));  // < 2^31: signed order is fine
-        const simd::i32v at = simd::iota_i32() + static_cast<int32_t>(g - b0 + j0);
-        const simd::i32v more = (folded > simd::bits_as<simd::i32v>(top)) & (at < static_cast<int32_t>(w_end - b0));
-        top = more ? simd::bits_as<simd::u32v>(folded) : top;
-        top_at = more ? at : top_at;
-      }
-    }
-    int64_t probe = -1;
-    uint32_t t = 0;
-    for (int l = 0; l < simd::W; ++l) {
-      if (probe < 0 || top[l] > t) {
-        t = top[l];
-        probe = b0 + top_at[l];
-      }
-    }
-    best = better(best, src.probe(key, hi, stream, probe));
-    bound = best.value;
-    search_groups(src, b0, w_end, cand, best, bound, [&](int64_t g) { return window + (g - b0); });
-    b0 = w_end;
-   }
-  }
-  alignas(64) uint32_t words[kGroupBlocks];
-  search_groups(src, b0, b_end, cand, best, bound, [&](int64_t g) {
-    draw(g, words);
-    return static_cast<const uint32_t*>(words);
-  });
   score_candidates(src, cand, best, bound);
   return best;
 }

@@ -21,11 +21,10 @@ SPECDEC_NS_BEGIN
 // them (exact sources also write ub[j] for j < nb, -inf beyond; kPartThresholds sources one of the blocks
 // of each part q in part[q]); prepare(c, mx): the candidates' own bounds c.ub (exact sources: their ub,
 // kept when they joined); score(c, mx, mask, g, best): best after the candidates in mask with Gumbel
-// terms g; kProbe sources also give probe(key, hi, stream, b), block b's exact score (search_blocks' probe).
+// terms g.
 
 template <DType D>
 struct ZBounds {
-  static constexpr bool kProbe = true;
   static constexpr bool kExact = false;
   static constexpr bool kPartThresholds = false;
   ZSource src;
@@ -49,11 +48,6 @@ struct ZBounds {
   void prefetch(int64_t b) const {  // the group of block b's bytes, kPrefetchAhead ahead
     constexpr int64_t e = kElemBytes<D>;
     prefetch_ahead(src.row, b * kBlock * e, kGroup * e, src.vocab * e);
-  }
-  // Block b's exact score (search_blocks' probe): block_score's, with the lane-wise log-mass.
-  ArgMax probe(const PhiloxKey& key, uint32_t hi, int stream, int64_t b) const {
-    const float u = philox_draw(key, hi, stream, kBlockDraws + static_cast<uint32_t>(b));
-    return {z_log_mass<D>(src, b) - gumbel_log_term(u), b};
   }
 };
 
@@ -97,7 +91,6 @@ SPECDEC_SIMD_INLINE void exact_score(const Candidates& c, uint32_t mask, const f
 
 template <DType D, DType Q>
 struct ResidualBounds {
-  static constexpr bool kProbe = false;
   static constexpr bool kExact = true;
   static constexpr bool kPartThresholds = false;
   ResidualSource src;
@@ -133,7 +126,6 @@ struct ResidualBounds {
 // the bound: validation rejects it, and with validation off it is garbage in (testing/fuzz.py).
 template <DType D, DType Q>
 struct LazyResidualBounds {
-  static constexpr bool kProbe = false;
   static constexpr bool kExact = false;
   static constexpr bool kPartThresholds = true;
   ResidualSource src;
@@ -172,7 +164,6 @@ struct LazyResidualBounds {
 // pick_is_certain(pick).
 template <DType D, DType Q>
 struct IntervalResidualBounds {
-  static constexpr bool kProbe = false;
   static constexpr bool kExact = false;
   static constexpr bool kPartThresholds = true;
   LazyResidualBounds<D, Q> upper;
@@ -217,7 +208,6 @@ struct IntervalResidualBounds {
 };
 
 struct WeightBounds {
-  static constexpr bool kProbe = false;
   static constexpr bool kExact = true;
   static constexpr bool kPartThresholds = false;
   WeightSource src;
