@@ -243,7 +243,7 @@ def _check_draft_probs(
             f"draft_probs must have shape [{rows_name}, V] = [{num_rows}, {vocab_size}], "
             f"got {tuple(draft_probs.shape)}"
         )
-    return draft_probs.contiguous()
+    return draft_probs if draft_probs.is_contiguous() else draft_probs.contiguous()  # no op when it is (_as)
 
 
 def _check_method(method, op: str) -> str:
