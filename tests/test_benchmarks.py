@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import specdec_kernels as sk
-from benchmarks import bench_chain, roofline
+from benchmarks import bench_chain, call_overhead, roofline
 from benchmarks.common import BASE_COLUMNS, PROVENANCE_COLUMNS, read_csv
 from specdec_kernels import native
 
@@ -266,3 +266,16 @@ def test_ab_builds_times_two_checkouts_alternately(tmp_path):
             assert all(float(r[f"{label}_read_fraction"]) > 0 for label in ("before", "after"))
     with pytest.raises(SystemExit):
         ab_builds.main(["--before", str(tmp_path), "--out", str(out)])  # no checkout there
+
+
+def test_call_overhead_times_every_call_cold_and_warm(capsys):
+    result = call_overhead.main(["--calls", "2", "--batch", "4", "--vocab", "32"])
+    assert set(result) == {"verify_chain", "native_op", "torch.sum(16)", "stream_sum(16)"}
+    assert all(cold > 0 and warm > 0 for cold, warm in result.values())
+    assert "from evicted caches / warm" in capsys.readouterr().out
+
+
+def test_call_overhead_rejects_bad_counts(capsys):
+    with pytest.raises(SystemExit):
+        call_overhead.main(["--calls", "0"])
+    assert "--calls must be >= 1" in capsys.readouterr().err
