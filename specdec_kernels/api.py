@@ -74,7 +74,17 @@ def available_backends(device: torch.device | str = "cpu") -> list[str]:
     return names
 
 
+# The native op of each (backend, op) once resolved: a native backend given by name resolves the same way on
+# every call, and the import and attribute lookups below cost ~50 us per call when the caches are cold (a
+# verification step after a forward pass; benchmarks.call_overhead).
+_NATIVE_RESOLVED: dict[tuple[str, str], Callable] = {}
+
+
 def _resolve(backend: str, device: torch.device, op: str) -> Callable:
+    if backend == device.type:
+        fn = _NATIVE_RESOLVED.get((backend, op))
+        if fn is not None:
+            return fn
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "auto":
@@ -94,7 +104,9 @@ def _resolve(backend: str, device: torch.device, op: str) -> Callable:
         raise ValueError(f"backend={backend!r} needs {backend} tensors, got tensors on {device}")
     from . import native
 
-    return native.op(f"verify_{op}", device.type)
+    fn = native.op(f"verify_{op}", device.type)
+    _NATIVE_RESOLVED[backend, op] = fn
+    return fn
 
 
 # ----------------------------------------------------------------------------------------------------

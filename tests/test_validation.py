@@ -343,3 +343,21 @@ def test_fuzz_raw_op_arguments_raise_value_or_type_errors(op, index, choice, wid
         return
     vocab = args[0].shape[-1]
     assert all(((r >= -1) & (r < max(vocab, args[0].shape[0]))).all() for r in res)
+
+
+@pytest.mark.skipif(not native.available(), reason="needs the compiled extension")
+def test_a_resolved_native_op_is_reused_and_a_wrong_device_still_fails():
+    """The API keeps the native op it resolved for a backend named explicitly (the lookup costs tens of us
+    per call from cold caches), and the cache never answers for a device that backend cannot run on."""
+    from specdec_kernels import api
+
+    cpu = torch.device("cpu")
+    first = api._resolve("cpu", cpu, "chain")
+    assert api._resolve("cpu", cpu, "chain") is first is native.op("verify_chain", "cpu")
+    assert api._resolve("cpu", cpu, "tree") is native.op("verify_tree", "cpu")
+    with pytest.raises(ValueError, match="backend='cuda' needs cuda tensors"):
+        api._resolve("cuda", cpu, "chain")
+    with pytest.raises(ValueError, match="backend='cpu' needs cpu tensors"):
+        api._resolve("cpu", torch.device("meta"), "chain")
+    with pytest.raises(ValueError, match="backend must be one of"):
+        api._resolve("meta", torch.device("meta"), "chain")  # backend == device type, yet no native backend
