@@ -115,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     except (RuntimeError, ValueError) as exc:
         parser.error(f"--device: {exc}")
     if args.backend not in offered:
-        parser.error(f"--backend {args.backend!r} is not available on {args.device} here (available: {', '.join(offered)})")
+        parser.error(f"--backend {args.backend!r} is not available on {args.device} here "
+                     f"(available: {', '.join(offered)})")
     todo = jobs(methods)
     threads = max(1, (os.cpu_count() or 1) // args.workers)
     print(f"identity: {args.backend} on {args.device} vs the reference on cpu, {len(todo)} jobs x seeds {seeds}, "
