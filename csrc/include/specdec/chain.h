@@ -131,8 +131,9 @@ struct StochasticDecision {
 // - each term within E = kExp2RoughErr + 2^-23 (300 + 3 |shift|): the polynomial, and the rounding of
 //   the exponent fma(row, log2 e / T, -shift log2 e) (its two constants, the fma, and z's own rounding
 //   in the exact pass) for the terms that count (|exponent| <= 128);
-// - the float sums within 2^-15 (at most 256 terms each); terms below 2^-126, NaN included, off by at most
-//   2^-125 each (V 2^-124 in all; the sum itself is at least ~1, the term of the shift).
+// - the float sums within 2^-15 (at most 256 terms per lane, normalizer.h); terms below 2^-126, NaN
+//   included, off by at most 2^-125 each (V 2^-124 in all; the sum itself is at least ~1, the term of the
+//   shift).
 // The exact pass's p(x) lies within d = 2^-15 + (V / 256 + 16) 2^-22 of the true one (the exponent's
 // rounding at |z - max| <= 104, ~2 ulp per exp, at most one rescale of a lane per chunk), or within 2^-140
 // absolutely (bracket_error). False when the bracket is too wide or the coin falls inside it (about 0.4 %

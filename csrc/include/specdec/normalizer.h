@@ -90,11 +90,17 @@ SoftmaxStats softmax_stats_t(const void* row, float temperature, int64_t v0, int
 // two-fma exp. The terms come from exp2_fast (no clamp: seven vector operations per 16 entries with
 // AVX-512 where exp2_rough takes eight, the loop being bound by their count), under flush-to-zero, so a term
 // below 2^-126 is within 2^-125 as exp2_rough's floor is; a chunk whose fast sum is NaN (a NaN or infinite
-// entry) is summed again with exp2_rough.
+// entry) is summed again with exp2_rough. The shift comes from a chunk of kShiftChunk entries; after it the
+// chunks are kSumChunk entries long, so that their horizontal sum, double accumulation and overflow test
+// (a dependency chain of ~10 operations) come once per 4096 entries rather than per 256: 15 % less time per
+// row from L2. Each of the 4 W float lanes sums at most kSumChunk / (4 W) <= 256 terms (W >= 4), so a
+// chunk's float sum stays within 2^-15 (chain.h certain_accept).
 template <DType D>
 NormalizerBound normalizer_bound_t(const void* row, float temperature, int64_t v0, int64_t v1) {
-  constexpr int64_t kChunk = 256;
-  static_assert(kChunk % (4 * simd::W) == 0, "chunks hold whole groups of four vectors");
+  constexpr int64_t kShiftChunk = 256;  // also the prefetch step
+  constexpr int64_t kSumChunk = 4096;
+  static_assert(kShiftChunk % (4 * simd::W) == 0, "chunks hold whole groups of four vectors");
+  static_assert(kSumChunk % kShiftChunk == 0 && kSumChunk / (4 * simd::W) <= 256, "a lane sums <= 256 terms");
   constexpr float kLog2e = 1.44269504089f;
   const float inv_t = 1.0f / temperature;
   const float scale = inv_t * kLog2e;
@@ -104,12 +110,17 @@ NormalizerBound normalizer_bound_t(const void* row, float temperature, int64_t v
     const simd::f32v neg_shift = simd::f32v{} - shift * kLog2e;
     const simd::f32v sc = simd::f32v{} + scale;
     simd::f32v acc[4] = {};
-    int64_t i = 0;
-    for (; i + 4 * simd::W <= n; i += 4 * simd::W) {
+    auto add4 = [&](int64_t at) {
       simd::f32v x[4];
-      load4_any_order<D>(row, v + i, x);
+      load4_any_order<D>(row, at, x);
       for (int k = 0; k < 4; ++k) acc[k] += exp2(simd::fma_v(x[k], sc, neg_shift));
+    };
+    int64_t i = 0;
+    for (; i + kShiftChunk <= n; i += kShiftChunk) {
+      prefetch_ahead(row, (v + i) * kElemBytes<D>, kShiftChunk * kElemBytes<D>, v1 * kElemBytes<D>);
+      for (int64_t j = 0; j < kShiftChunk; j += 4 * simd::W) add4(v + i + j);
     }
+    for (; i + 4 * simd::W <= n; i += 4 * simd::W) add4(v + i);
     float total = simd::sum_lanes((acc[0] + acc[1]) + (acc[2] + acc[3]));
     for (; i < n; ++i) {
       const float y = fma_f32(load_elem(row, D, v + i), scale, -(shift * kLog2e));
@@ -130,9 +141,8 @@ NormalizerBound normalizer_bound_t(const void* row, float temperature, int64_t v
   };
   NormalizerBound out{-kInf, 0.0, 0.0f, true};
   [[maybe_unused]] const simd::FlushToZero ftz;
-  for (int64_t v = v0; v < v1; v += kChunk) {
-    const int64_t n = std::min(kChunk, v1 - v);
-    prefetch_ahead(row, v * kElemBytes<D>, n * kElemBytes<D>, v1 * kElemBytes<D>);
+  for (int64_t v = v0, n = 0; v < v1; v += n) {
+    n = std::min(out.shift == -kInf ? kShiftChunk : kSumChunk, v1 - v);
     if (out.shift == -kInf) {  // no finite z yet: this chunk sets the shift, or holds none either
       const float m = chunk_max(v, n);
       if (m == -kInf) continue;  // -inf and NaN entries only: nothing to add
