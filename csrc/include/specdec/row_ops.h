@@ -152,13 +152,15 @@ ResidualResult residual_blocks_t(const ResidualArgs& r, const PhiloxKey& key, ui
 }
 
 template <DType D, DType Q>
-IntervalPick residual_interval_t(const ResidualArgs& r, float total_hi, const PhiloxKey& key, uint32_t hi, int64_t v0,
-                                 int64_t v1) {
+IntervalPick residual_interval_t(const ResidualArgs& r, float total_hi, const IntervalSeed& seed, const PhiloxKey& key,
+                                 uint32_t hi, int64_t v0, int64_t v1) {
   const ResidualSource at_lo{ZSource{r.row, D, r.temperature, r.vocab}, r.max, r.total, r.q, Q};
   ResidualSource at_hi = at_lo;
   at_hi.total = total_hi;
-  const IntervalResidualBounds<D, Q> src{LazyResidualBounds<D, Q>(at_lo), at_hi};
-  search_blocks(src, key, hi, kStreamRecovery, v0, v1, kArgMaxInit);
+  const IntervalResidualBounds<D, Q> src{LazyResidualBounds<D, Q>(at_lo), at_hi, seed.lo.index, seed.lo.value};
+  const int64_t first = seed.lo.index * kBlock;
+  if (seed.lo.index >= 0 && first >= v0 && first < v1) offer(src.pick, seed.lo, seed.hi);
+  search_blocks(src, key, hi, kStreamRecovery, v0, v1, seed.lo.index >= 0 ? seed.lo : kArgMaxInit);
   return src.pick;
 }
 
@@ -299,21 +301,21 @@ inline ResidualResult residual_blocks_any(const ResidualArgs& r, const PhiloxKey
 }
 
 template <DType D>
-IntervalPick residual_interval_q(const ResidualArgs& r, float total_hi, const PhiloxKey& key, uint32_t hi, int64_t v0,
-                                 int64_t v1) {
+IntervalPick residual_interval_q(const ResidualArgs& r, float total_hi, const IntervalSeed& seed, const PhiloxKey& key,
+                                 uint32_t hi, int64_t v0, int64_t v1) {
   switch (r.q_dtype) {
-    case DType::kBFloat16: return residual_interval_t<D, DType::kBFloat16>(r, total_hi, key, hi, v0, v1);
-    case DType::kFloat16: return residual_interval_t<D, DType::kFloat16>(r, total_hi, key, hi, v0, v1);
-    default: return residual_interval_t<D, DType::kFloat32>(r, total_hi, key, hi, v0, v1);
+    case DType::kBFloat16: return residual_interval_t<D, DType::kBFloat16>(r, total_hi, seed, key, hi, v0, v1);
+    case DType::kFloat16: return residual_interval_t<D, DType::kFloat16>(r, total_hi, seed, key, hi, v0, v1);
+    default: return residual_interval_t<D, DType::kFloat32>(r, total_hi, seed, key, hi, v0, v1);
   }
 }
 
-inline IntervalPick residual_interval_any(const ResidualArgs& r, float total_hi, const PhiloxKey& key, uint32_t hi,
-                                          int64_t v0, int64_t v1) {
+inline IntervalPick residual_interval_any(const ResidualArgs& r, float total_hi, const IntervalSeed& seed,
+                                          const PhiloxKey& key, uint32_t hi, int64_t v0, int64_t v1) {
   switch (r.dtype) {
-    case DType::kBFloat16: return residual_interval_q<DType::kBFloat16>(r, total_hi, key, hi, v0, v1);
-    case DType::kFloat16: return residual_interval_q<DType::kFloat16>(r, total_hi, key, hi, v0, v1);
-    default: return residual_interval_q<DType::kFloat32>(r, total_hi, key, hi, v0, v1);
+    case DType::kBFloat16: return residual_interval_q<DType::kBFloat16>(r, total_hi, seed, key, hi, v0, v1);
+    case DType::kFloat16: return residual_interval_q<DType::kFloat16>(r, total_hi, seed, key, hi, v0, v1);
+    default: return residual_interval_q<DType::kFloat32>(r, total_hi, seed, key, hi, v0, v1);
   }
 }
 

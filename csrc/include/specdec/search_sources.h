@@ -168,6 +168,8 @@ struct IntervalResidualBounds {
   static constexpr bool kPartThresholds = true;
   LazyResidualBounds<D, Q> upper;
   ResidualSource lower;
+  int64_t seed_block;  // scored before the search (IntervalSeed, -1: none): never a candidate here
+  float seed_lo;       // its lower score, which a block's upper score must reach (-inf: none)
   mutable IntervalPick pick = kIntervalPickInit;  // pick.best is search_blocks' best
 
   float bounds(int64_t b0, int nb, float* ub, float* part) const { return upper.bounds(b0, nb, ub, part); }
@@ -177,7 +179,8 @@ struct IntervalResidualBounds {
   // the block sum of p_v = exp(z_v - max) / total_lo, is at least its residual mass there (each residual
   // entry is a rounded p_v - q_v <= p_v for q_v >= 0 or NaN, and the block sum is monotone in its terms; one
   // more kIntervalSlack for the two log_f32 errors). A block whose upper score from it stays below the best
-  // lower score can neither be the best nor count against it: it is dropped before its draft probabilities
+  // lower score (or the seed's: a real candidate of another slice if not this one's) can neither be the best
+  // nor count against it: it is dropped, as is the seed block itself, before its draft probabilities
   // are read (most candidates are; the read is a cache miss per block, the row's q being cold, so the
   // survivors' reads are all issued first).
   void score(const Candidates& c, const float*, uint32_t mask, const float* g, ArgMax& best) const {
@@ -185,7 +188,10 @@ struct IntervalResidualBounds {
     alignas(64) float target[kBatch];
     candidate_log_sums(
         mask, [&](int j, int k) { return simd::exp_fma(simd::load(c.z[j] + k) - at_lo.max) / at_lo.total; }, target);
-    const auto dropped = [&](int j) { return (target[j] + 2.0f * kIntervalSlack) - g[j] < pick.best.value; };
+    const auto dropped = [&](int j) {
+      const float floor = pick.best.value > seed_lo ? pick.best.value : seed_lo;
+      return c.block[j] == seed_block || (target[j] + 2.0f * kIntervalSlack) - g[j] < floor;
+    };
     uint32_t keep = 0;
     for (uint32_t m = mask; m != 0; m &= m - 1) keep |= dropped(__builtin_ctz(m)) ? 0u : 1u << __builtin_ctz(m);
     constexpr int64_t eq = kElemBytes<Q>;

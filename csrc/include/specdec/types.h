@@ -63,6 +63,14 @@ struct IntervalPick {
   float runner_hi;  // the largest upper bound of any other block's score
 };
 
+// A block scored before an interval search of the residual ({lower score, block} and its upper score, as
+// the search scores its candidates): its lower score prunes from the start, the slice holding the block
+// offers it to its pick, and no slice scores it again. block = -1: none.
+struct IntervalSeed {
+  ArgMax lo;
+  float hi;
+};
+
 // Hot vocabulary-range loops of one instruction-set build (csrc/include/specdec/row_ops.h). The
 // Gumbel-max searches are level 1 of two-level Gumbel-max (gumbel.h): {score, block} over the blocks of
 // [v0, v1) (v0 a multiple of 64), from `start`.
@@ -79,9 +87,9 @@ struct RowKernels {
   // Blocks of the residual (recovery stream).
   ResidualResult (*residual_blocks)(const ResidualArgs& r, const PhiloxKey& key, uint32_t hi, int64_t v0,
                                     int64_t v1);
-  // Blocks of the residual with its normalizer in [r.total, total_hi] (a finite r.max, r.total > 0).
-  IntervalPick (*residual_interval)(const ResidualArgs& r, float total_hi, const PhiloxKey& key, uint32_t hi,
-                                    int64_t v0, int64_t v1);
+  // Blocks of the residual with its normalizer in [r.total, total_hi] (a finite r.max, r.total > 0), seeded.
+  IntervalPick (*residual_interval)(const ResidualArgs& r, float total_hi, const IntervalSeed& seed,
+                                    const PhiloxKey& key, uint32_t hi, int64_t v0, int64_t v1);
   // Blocks of nonnegative weights w.
   ArgMax (*weight_blocks)(const float* w, int64_t vocab, const PhiloxKey& key, uint32_t hi, int stream, int64_t v0,
                           int64_t v1);
