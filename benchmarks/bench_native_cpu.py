@@ -15,14 +15,18 @@ One run times, on the same inputs and threads, side by side:
 - ``stream`` (``specdec_kernels.native.stream_sum``: a read-only pass with the verification passes' own
   software prefetch, on the same threads) and ``sum`` (``torch.sum``, without prefetch), each over every
   dtype's own logits tensor (bf16 entries read in pairs as 32-bit words by ``stream``): the faster of the
-  two in a round is the read bandwidth of that dtype's bytes, the reference of that dtype's fractions
-  (``torch.sum`` alone reads 10-25 % slower on some machines, and kernels that prefetch showed over 100 %
-  of it; a bf16 case is a read of half the fp32 bytes, so its call's fixed costs weigh twice as much, and
-  so they do in its reference); ``copy`` (``dst.copy_(src)`` over the fp32 logits, bandwidth counted as
-  read + written bytes);
+  two in a round is the family's read bandwidth of that dtype's bytes (``torch.sum`` alone reads 10-25 %
+  slower on some machines, faster on others; a bf16 case is a read of half the fp32 bytes, so its call's
+  fixed costs weigh twice as much, and so they do in its reference); ``copy`` (``dst.copy_(src)`` over the
+  fp32 logits, bandwidth counted as read + written bytes);
+- ``stream_read`` and ``sum_read`` (per case): the same two reads of the case's dtype's whole tensor, timed
+  right next to ours (ours, then these probes, on even rounds; the reverse on odd ones): the faster of the
+  two in a round is the case's read bandwidth in that round, the reference of its fractions. The family's
+  probes can run tens of seconds from a case (its baselines take that long), and this VM's bandwidth has
+  moved by 1.6x within such a span;
 - ``stream_need`` and ``sum_need`` (per case): ``native.stream_sum`` and ``torch.sum`` over the first
   ``must_read_bytes`` of the case's own logits, contiguous: reads of exactly as many bytes as the case
-  must read, their calls' fixed costs and ramp included, timed among the case's providers; the faster of
+  must read, their calls' fixed costs and ramp included, timed next to the case's read probes; the faster of
   the two in a round is that round's same-size read. A case that must read one row per request (a first
   draft rejected) reads a quarter of the tensor, and this VM reads 19 MB up to ~25 % slower per byte than
   78-156 MB, so ``read_fraction`` understates such cases; ``same_size_fraction`` (the same-size read's
@@ -32,16 +36,16 @@ One run times, on the same inputs and threads, side by side:
 Protocol: for each logits family the inputs are built once; then ``--rounds`` rounds each time every case
 and every provider (``--reps`` calls, median; ``--fast-reps`` for ours and the read probes, calls of a few
 milliseconds, so that one call slowed by the VM's neighbours does not make a round's figure), providers in
-one order on even rounds and reversed on odd
-rounds; the CSV row of a (case, provider) gives the min / median / max over rounds of those medians. Caches
+one order on even rounds (ours, its probes, the baselines) and reversed on odd rounds; the CSV row of a (case, provider) gives the min / median / max over rounds of those medians. Caches
 are evicted (a 256 MiB write) before every timed call. ``must_read_bytes`` is what an exact verifier has to
 read given our outcome on that input: each request's logit rows up to its first rejection (all k + 1 when
 every draft is accepted; every entry of a random row is needed, for its normalizer or its Gumbel race). Draft
 probabilities are not counted: an accepted row needs q at the draft token only, and a rejected row's residual
 search reads q only on its few candidate blocks (counting whole q rows, as this benchmark did before, made
 the stochastic fractions look up to twice as good);
-``read_fraction`` = median over rounds of ``must_read_bytes / time / read bandwidth`` (the faster of
-``stream`` and ``sum`` over the case's dtype in the same round), with its min / max;
+``read_fraction`` = median over rounds of ``must_read_bytes / time / read bandwidth`` (the faster of the
+case's ``stream_read`` and ``sum_read`` in the same round), with its min / max; a case row's ``read_gbs`` is
+the median over rounds of that bandwidth, a ``stream`` / ``sum`` row's the family's;
 ``same_size_fraction`` = median over rounds of the same-size read's time / the provider's, with its min /
 max.
 
@@ -79,8 +83,10 @@ from .common import CsvWriter, choice_list, provenance, require_positive
 FAMILIES = ("flat", "zipf", "peaked", "qwen3")
 MODES = ("greedy", "random_det", "random_stoch")
 PROVIDERS = ("ours", "vllm_step", "vllm", "torch", "torch_compile")
+READ_PROBES = ("stream_read", "sum_read")  # per case, timed next to ours: reads of its dtype's whole tensor
 SAME_SIZE_PROBES = ("stream_need", "sum_need")  # per case: reads of exactly its must_read_bytes
-FAST_REPS = ("ours", *SAME_SIZE_PROBES)  # timed --fast-reps calls per round (the rest: --reps)
+PROBES = (*READ_PROBES, *SAME_SIZE_PROBES)
+FAST_REPS = ("ours", *PROBES)  # timed --fast-reps calls per round (the rest: --reps)
 CASE_COLUMNS = ("batch", "k", "vocab", "dtype", "family", "mode", "drafts")
 RESULT_COLUMNS = (
     "max_ms", "rounds", "mean_accepted", "must_read_bytes", "read_gbs", "copy_gbs",
@@ -307,7 +313,9 @@ def run_family(family: str, args, gen: torch.Generator, writer: CsvWriter, info:
                 status[i, name] = f"error: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
     accepted = {i: ours(c, args)().num_accepted for i, c in enumerate(cases)}
     need = {i: must_read_bytes(c, accepted[i]) for i, c in enumerate(cases)}
-    for i, case in enumerate(cases):  # the same-size read, interleaved with the case's providers
+    for i, case in enumerate(cases):  # the case's read probes, interleaved with its providers
+        callables[i, "stream_read"] = bandwidth["stream", case.dtype]
+        callables[i, "sum_read"] = bandwidth["sum", case.dtype]
         callables[i, "stream_need"] = lambda w=same_size_words(case, need[i]): native.stream_sum(w)
         callables[i, "sum_need"] = lambda x=same_size_entries(case, need[i]): torch.sum(x)
     times: dict[tuple[int, str], list[float]] = {key: [] for key in callables}
@@ -318,7 +326,7 @@ def run_family(family: str, args, gen: torch.Generator, writer: CsvWriter, info:
             if isinstance(item, tuple):
                 bw_times[item].append(_median_time(bandwidth[item], args.fast_reps))
                 continue
-            names = [n for n in (*args.providers, *SAME_SIZE_PROBES) if (item, n) in callables]
+            names = [n for n in _case_order(args.providers) if (item, n) in callables]
             for name in names if r % 2 == 0 else names[::-1]:
                 reps = args.fast_reps if name in FAST_REPS else args.reps
                 times[item, name].append(_median_time(callables[item, name], reps))
@@ -327,20 +335,24 @@ def run_family(family: str, args, gen: torch.Generator, writer: CsvWriter, info:
                 for t in _faster_per_round(bw_times["sum", dtype], bw_times["stream", dtype])]
         for dtype, x in tensors.items()}
     read_gbs = {dtype: statistics.median(rates) for dtype, rates in read_per_round.items()}
+    # Each case's own read bandwidth per round: its read probes, timed next to ours.
+    case_read = {i: [tensors[c.dtype].numel() * tensors[c.dtype].element_size() / t
+                     for t in _faster_per_round(*(times[i, p] for p in READ_PROBES))]
+                 for i, c in enumerate(cases)}
     copy_gbs = 2 * logits32.numel() * 4 / statistics.median(bw_times["copy", "float32"])
     for i, case in enumerate(cases):
         base = {**info, "batch": args.batch, "k": args.k, "vocab": args.vocab, "dtype": case.dtype,
                 "family": family, "mode": case.mode, "drafts": case.drafts_kind,
                 "mean_accepted": f"{float(accepted[i].float().mean()):.3f}", "must_read_bytes": need[i],
-                "read_gbs": f"{read_gbs[case.dtype] / 1e9:.4g}", "copy_gbs": f"{copy_gbs / 1e9:.4g}",
+                "read_gbs": f"{statistics.median(case_read[i]) / 1e9:.4g}", "copy_gbs": f"{copy_gbs / 1e9:.4g}",
                 "rounds": args.rounds}
         same_size = _faster_per_round(*(times[i, p] for p in SAME_SIZE_PROBES))
-        for name in (*args.providers, *SAME_SIZE_PROBES):
+        for name in (*args.providers, *PROBES):
             if (i, name) not in callables:
                 writer.write({**base, "provider": name, "status": status[i, name]})
                 continue
             t = times[i, name]
-            fractions = [need[i] / ti / bw for ti, bw in zip(t, read_per_round[case.dtype], strict=True)]
+            fractions = [need[i] / ti / bw for ti, bw in zip(t, case_read[i], strict=True)]
             same = [tn / ti for tn, ti in zip(same_size, t, strict=True)]
             writer.write({**base, "provider": name, "status": "ok",
                           "repeats": args.fast_reps if name in FAST_REPS else args.reps,
@@ -361,6 +373,13 @@ def run_family(family: str, args, gen: torch.Generator, writer: CsvWriter, info:
                       # the fp32 copy probe runs whatever --dtypes selects; bf16 alone has no fp32 read
                       "read_gbs": f"{read_gbs[dtype] / 1e9:.4g}" if dtype in read_gbs else "",
                       "copy_gbs": f"{copy_gbs / 1e9:.4g}"})
+
+
+def _case_order(providers: list[str]) -> list[str]:
+    """A case's timing order in an even round (odd rounds reverse it): ours, then its read probes, so that
+    its fractions are against reads taken seconds from it, then the baselines."""
+    first = ["ours"] if "ours" in providers else []
+    return [*first, *PROBES, *(p for p in providers if p != "ours")]
 
 
 def _faster_per_round(*probes: list[float]) -> list[float]:
