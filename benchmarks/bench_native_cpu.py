@@ -33,21 +33,20 @@ One run times, on the same inputs and threads, side by side:
   time over the provider's, per round) is the fraction of a read of the same size, reported beside it (not
   instead).
 
-Protocol: for each logits family the inputs are built once; then ``--rounds`` rounds each time every case
-and every provider (``--reps`` calls, median; ``--fast-reps`` for ours and the read probes, calls of a few
-milliseconds, so that one call slowed by the VM's neighbours does not make a round's figure), providers in
-one order on even rounds (ours, its probes, the baselines) and reversed on odd rounds; the CSV row of a (case, provider) gives the min / median / max over rounds of those medians. Caches
-are evicted (a 256 MiB write) before every timed call. ``must_read_bytes`` is what an exact verifier has to
-read given our outcome on that input: each request's logit rows up to its first rejection (all k + 1 when
-every draft is accepted; every entry of a random row is needed, for its normalizer or its Gumbel race). Draft
-probabilities are not counted: an accepted row needs q at the draft token only, and a rejected row's residual
-search reads q only on its few candidate blocks (counting whole q rows, as this benchmark did before, made
-the stochastic fractions look up to twice as good);
-``read_fraction`` = median over rounds of ``must_read_bytes / time / read bandwidth`` (the faster of the
-case's ``stream_read`` and ``sum_read`` in the same round), with its min / max; a case row's ``read_gbs`` is
-the median over rounds of that bandwidth, a ``stream`` / ``sum`` row's the family's;
-``same_size_fraction`` = median over rounds of the same-size read's time / the provider's, with its min /
-max.
+Protocol: for each logits family the inputs are built once; then ``--rounds`` rounds each time every case and
+every provider (``--reps`` calls, median; ``--fast-reps`` for ours and the read probes, calls of a few
+milliseconds, so that one call slowed by the VM's neighbours does not make a round's figure), providers in one
+order on even rounds (ours, its probes, the baselines) and reversed on odd rounds; the CSV row of a (case,
+provider) gives the min / median / max over rounds of those medians. Caches are evicted (a 256 MiB write)
+before every timed call. ``must_read_bytes`` is what an exact verifier has to read given our outcome on that
+input: each request's logit rows up to its first rejection (all k + 1 when every draft is accepted; every
+entry of a random row is needed, for its normalizer or its Gumbel race). Draft probabilities are not counted:
+an accepted row needs q at the draft token only, and a rejected row's residual search reads q only on its few
+candidate blocks (counting whole q rows, as this benchmark did before, made the stochastic fractions look up
+to twice as good); ``read_fraction`` = median over rounds of ``must_read_bytes / time / read bandwidth`` (the
+faster of the case's ``stream_read`` and ``sum_read`` in the same round), with its min / max; a case row's
+``read_gbs`` is the median over rounds of that bandwidth, a ``stream`` / ``sum`` row's the family's;
+``same_size_fraction`` = median over rounds of the same-size read's time / the provider's, with its min / max.
 
 Cases: fp32 and bf16 logits, temperature 1 (RL rollouts), greedy and random sampling, deterministic and
 stochastic drafts, drafts ``accept`` (the worst case: drafts are our own samples, or q = p, so every draft
@@ -344,8 +343,8 @@ def run_family(family: str, args, gen: torch.Generator, writer: CsvWriter, info:
         base = {**info, "batch": args.batch, "k": args.k, "vocab": args.vocab, "dtype": case.dtype,
                 "family": family, "mode": case.mode, "drafts": case.drafts_kind,
                 "mean_accepted": f"{float(accepted[i].float().mean()):.3f}", "must_read_bytes": need[i],
-                "read_gbs": f"{statistics.median(case_read[i]) / 1e9:.4g}", "copy_gbs": f"{copy_gbs / 1e9:.4g}",
-                "rounds": args.rounds}
+                "read_gbs": f"{statistics.median(case_read[i]) / 1e9:.4g}",
+                "copy_gbs": f"{copy_gbs / 1e9:.4g}", "rounds": args.rounds}
         same_size = _faster_per_round(*(times[i, p] for p in SAME_SIZE_PROBES))
         for name in (*args.providers, *PROBES):
             if (i, name) not in callables:

@@ -162,8 +162,8 @@ def test_bench_native_cpu_writes_interleaved_rounds_with_command(tmp_path):
     assert set(BASE_COLUMNS) <= set(rows[0])
     timed = [r for r in rows if r["provider"] in ("ours", "torch")]
     assert len(timed) == 2 * 2 * 2 * 2 * 2  # families x dtypes x modes x drafts x providers
-    assert {r["provider"] for r in rows} == {"ours", "torch", "stream", "sum", "copy", "stream_read", "sum_read",
-                                             "stream_need", "sum_need"}
+    assert {r["provider"] for r in rows} == {"ours", "torch", "stream", "sum", "copy",
+                                             "stream_read", "sum_read", "stream_need", "sum_need"}
     assert {r["provider"]: r["repeats"] for r in timed} == {"ours": "2", "torch": "1"}  # --fast-reps, --reps
     # Two same-size reads per case, of exactly the bytes the case must read; the faster of the two in a round
     # is the reference, so neither probe's fraction of it exceeds 1.
@@ -184,7 +184,8 @@ def test_bench_native_cpu_writes_interleaved_rounds_with_command(tmp_path):
     by_case = {}
     for row in rows:
         if row["provider"] not in ("stream", "sum", "copy"):
-            by_case.setdefault((row["family"], row["dtype"], row["mode"], row["drafts"]), set()).add(row["read_gbs"])
+            key = (row["family"], row["dtype"], row["mode"], row["drafts"])
+            by_case.setdefault(key, set()).add(row["read_gbs"])
     assert len(by_case) == len(timed) // 2 and all(len(v) == 1 for v in by_case.values())
     for row in timed:
         tensor_bytes = 6 * 64 * (2 if row["dtype"] == "bfloat16" else 4)  # (k + 1) B rows of V entries
@@ -193,7 +194,8 @@ def test_bench_native_cpu_writes_interleaved_rounds_with_command(tmp_path):
         fastest = min(float(r["min_ms"]) for r in probes_of_case)
         slowest = min(float(r["max_ms"]) for r in probes_of_case)  # each round's faster probe is no slower
         assert len(probes_of_case) == 2
-        assert tensor_bytes / slowest / 1e6 * 0.999 <= float(row["read_gbs"]) <= tensor_bytes / fastest / 1e6 * 1.001
+        gbs = float(row["read_gbs"])
+        assert tensor_bytes / slowest / 1e6 * 0.999 <= gbs <= tensor_bytes / fastest / 1e6 * 1.001
         assert int(row["must_read_bytes"]) % (64 * (2 if row["dtype"] == "bfloat16" else 4)) == 0
     for row in rows:
         assert row["status"] == "ok", row
