@@ -186,15 +186,14 @@ inline TotalBracket total_bracket(const NormalizerBound& nb, int64_t V, float m)
   return {lo_f, hi_f, true};
 }
 
-// The interval search's seed (types.h IntervalSeed): block b's residual scores at the bracket's two ends, as
-// IntervalResidualBounds::score computes them. certain_recovery seeds with the block of the row's max, whose
+// The interval search's seed: block b's residual scores at the bracket's two ends (interval_scores, as
+// IntervalResidualBounds::score computes a candidate's). certain_recovery seeds with the block of the row's max, whose
 // p is the row's largest: on peaked rows its score prunes 3x more of the blocks ahead of it than the first
 // blocks' do (from ~470 candidates per row to ~150).
-inline IntervalSeed interval_seed(const ResidualSource& upper, const ResidualSource& lower, const PhiloxKey& key,
-                                  uint32_t hi, int64_t b) {
+inline IntervalScore interval_seed(const ResidualSource& upper, const ResidualSource& lower, const PhiloxKey& key,
+                                   uint32_t hi, int64_t b) {
   const float g = gumbel_log_term(philox_draw(key, hi, kStreamRecovery, kBlockDraws + static_cast<uint32_t>(b)));
-  const float l = lower.log_mass(b), h = upper.log_mass(b);
-  return {{l == -kInf ? -kInf : (l - kIntervalSlack) - g, b}, h == -kInf ? -kInf : (h + kIntervalSlack) - g};
+  return interval_scores(lower.log_mass(b), upper.log_mass(b), g, b);
 }
 
 // A rejection of draft x and its recovery token that the bracket makes certain, without the exact
@@ -215,7 +214,7 @@ int64_t certain_recovery(const RowKernels& K, Exec& exec, const ZSource& src, co
   if (!(coin_q >= exp_fma_f32(src.z(x) - m) / tb.lo)) return -1;
   const ResidualSource upper{src, m, tb.lo, q, q_dtype};
   const ResidualSource lower{src, m, tb.hi, q, q_dtype};
-  const IntervalSeed seed = interval_seed(upper, lower, key, hi, top.index / kBlock);
+  const IntervalScore seed = interval_seed(upper, lower, key, hi, top.index / kBlock);
   const ResidualArgs args{src.row, src.dtype, src.temperature, m, tb.lo, q, q_dtype, src.vocab};
   const IntervalPick pick =
       exec.interval([&](int64_t v0, int64_t v1) { return K.residual_interval(args, tb.hi, seed, key, hi, v0, v1); });

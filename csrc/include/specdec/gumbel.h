@@ -132,6 +132,12 @@ SPECDEC_HD int64_t sample_in_block(const Source& src, const PhiloxKey& key, uint
 // i.e. every log of a residual mass or entry (ulp <= 2^-16 there).
 constexpr float kIntervalSlack = 0x1p-12f;
 
+// The scores of block b whose residual log-mass is at least l and at most h (log_f32 values at the
+// normalizer's two ends), with Gumbel term g: each widened by kIntervalSlack, -inf where the mass is 0.
+SPECDEC_HD IntervalScore interval_scores(float l, float h, float g, int64_t b) {
+  return {{l == -kInf ? -kInf : (l - kIntervalSlack) - g, b}, h == -kInf ? -kInf : (h + kIntervalSlack) - g};
+}
+
 // Offers a candidate {lower bound of its score, index} with its upper bound to an interval pick: the better
 // lower bound (ties to the lower index, as better) becomes the best; every other upper bound joins
 // runner_hi. A candidate whose lower bound is -inf only joins runner_hi.

@@ -152,7 +152,7 @@ ResidualResult residual_blocks_t(const ResidualArgs& r, const PhiloxKey& key, ui
 }
 
 template <DType D, DType Q>
-IntervalPick residual_interval_t(const ResidualArgs& r, float total_hi, const IntervalSeed& seed, const PhiloxKey& key,
+IntervalPick residual_interval_t(const ResidualArgs& r, float total_hi, const IntervalScore& seed, const PhiloxKey& key,
                                  uint32_t hi, int64_t v0, int64_t v1) {
   const ResidualSource at_lo{ZSource{r.row, D, r.temperature, r.vocab}, r.max, r.total, r.q, Q};
   ResidualSource at_hi = at_lo;
@@ -301,7 +301,7 @@ inline ResidualResult residual_blocks_any(const ResidualArgs& r, const PhiloxKey
 }
 
 template <DType D>
-IntervalPick residual_interval_q(const ResidualArgs& r, float total_hi, const IntervalSeed& seed, const PhiloxKey& key,
+IntervalPick residual_interval_q(const ResidualArgs& r, float total_hi, const IntervalScore& seed, const PhiloxKey& key,
                                  uint32_t hi, int64_t v0, int64_t v1) {
   switch (r.q_dtype) {
     case DType::kBFloat16: return residual_interval_t<D, DType::kBFloat16>(r, total_hi, seed, key, hi, v0, v1);
@@ -310,7 +310,7 @@ IntervalPick residual_interval_q(const ResidualArgs& r, float total_hi, const In
   }
 }
 
-inline IntervalPick residual_interval_any(const ResidualArgs& r, float total_hi, const IntervalSeed& seed,
+inline IntervalPick residual_interval_any(const ResidualArgs& r, float total_hi, const IntervalScore& seed,
                                           const PhiloxKey& key, uint32_t hi, int64_t v0, int64_t v1) {
   switch (r.dtype) {
     case DType::kBFloat16: return residual_interval_q<DType::kBFloat16>(r, total_hi, seed, key, hi, v0, v1);

@@ -168,7 +168,7 @@ struct IntervalResidualBounds {
   static constexpr bool kPartThresholds = true;
   LazyResidualBounds<D, Q> upper;
   ResidualSource lower;
-  int64_t seed_block;  // scored before the search (IntervalSeed, -1: none): never a candidate here
+  int64_t seed_block;  // scored before the search (IntervalScore, -1: none): never a candidate here
   float seed_lo;       // its lower score, which a block's upper score must reach (-inf: none)
   mutable IntervalPick pick = kIntervalPickInit;  // pick.best is search_blocks' best
 
@@ -205,9 +205,8 @@ struct IntervalResidualBounds {
       if (dropped(j)) continue;  // the best may have risen meanwhile
       const int64_t b = c.block[j];
       const float l = residual_log_mass<D, Q>(lower, b), h = residual_log_mass<D, Q>(at_lo, b);
-      const float s_lo = l == -kInf ? -kInf : (l - kIntervalSlack) - g[j];
-      const float s_hi = h == -kInf ? -kInf : (h + kIntervalSlack) - g[j];
-      offer(pick, {s_lo, b}, s_hi);
+      const IntervalScore s = interval_scores(l, h, g[j], b);
+      offer(pick, s.lo, s.hi);
     }
     best = pick.best;
   }

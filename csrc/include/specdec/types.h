@@ -63,10 +63,11 @@ struct IntervalPick {
   float runner_hi;  // the largest upper bound of any other block's score
 };
 
-// A block scored before an interval search of the residual ({lower score, block} and its upper score, as
-// the search scores its candidates): its lower score prunes from the start, the slice holding the block
-// offers it to its pick, and no slice scores it again. block = -1: none.
-struct IntervalSeed {
+// A block's scores when its residual mass is known only within an interval: {lower score, block} and its
+// upper score (gumbel.h interval_scores, offer). As an interval search's seed, scored before the search:
+// its lower score prunes from the start, the slice holding the block offers it to its pick, and no slice
+// scores it again. block = -1: none.
+struct IntervalScore {
   ArgMax lo;
   float hi;
 };
@@ -88,7 +89,7 @@ struct RowKernels {
   ResidualResult (*residual_blocks)(const ResidualArgs& r, const PhiloxKey& key, uint32_t hi, int64_t v0,
                                     int64_t v1);
   // Blocks of the residual with its normalizer in [r.total, total_hi] (a finite r.max, r.total > 0), seeded.
-  IntervalPick (*residual_interval)(const ResidualArgs& r, float total_hi, const IntervalSeed& seed,
+  IntervalPick (*residual_interval)(const ResidualArgs& r, float total_hi, const IntervalScore& seed,
                                     const PhiloxKey& key, uint32_t hi, int64_t v0, int64_t v1);
   // Blocks of nonnegative weights w.
   ArgMax (*weight_blocks)(const float* w, int64_t vocab, const PhiloxKey& key, uint32_t hi, int stream, int64_t v0,
