@@ -37,16 +37,17 @@ Protocol: for each logits family the inputs are built once; then ``--rounds`` ro
 every provider (``--reps`` calls, median; ``--fast-reps`` for ours and the read probes, calls of a few
 milliseconds, so that one call slowed by the VM's neighbours does not make a round's figure), providers in one
 order on even rounds (ours, its probes, the baselines) and reversed on odd rounds; the CSV row of a (case,
-provider) gives the min / median / max over rounds of those medians. Caches are evicted (a 256 MiB write)
-before every timed call. ``must_read_bytes`` is what an exact verifier has to read given our outcome on that
-input: each request's logit rows up to its first rejection (all k + 1 when every draft is accepted; every
-entry of a random row is needed, for its normalizer or its Gumbel race). Draft probabilities are not counted:
-an accepted row needs q at the draft token only, and a rejected row's residual search reads q only on its few
-candidate blocks (counting whole q rows, as this benchmark did before, made the stochastic fractions look up
-to twice as good); ``read_fraction`` = median over rounds of ``must_read_bytes / time / read bandwidth`` (the
-faster of the case's ``stream_read`` and ``sum_read`` in the same round), with its min / max; a case row's
-``read_gbs`` is the median over rounds of that bandwidth, a ``stream`` / ``sum`` row's the family's;
-``same_size_fraction`` = median over rounds of the same-size read's time / the provider's, with its min / max.
+provider) gives the min / median / max over rounds of those medians. Caches are evicted before every timed
+call: a write of twice the last-level cache, at least 256 MiB (``evict_bytes``, or ``--evict-mib``; the CSV's
+``evict_mib``). ``must_read_bytes`` is what an exact verifier has to read given our outcome on that input:
+each request's logit rows up to its first rejection (all k + 1 when every draft is accepted; every entry of a
+random row is needed, for its normalizer or its Gumbel race). Draft probabilities are not counted: an accepted
+row needs q at the draft token only, and a rejected row's residual search reads q only on its few candidate
+blocks (counting whole q rows, as this benchmark did before, made the stochastic fractions look up to twice as
+good); ``read_fraction`` = median over rounds of ``must_read_bytes / time / read bandwidth`` (the faster of
+the case's ``stream_read`` and ``sum_read`` in the same round), with its min / max; a case row's ``read_gbs``
+is the median over rounds of that bandwidth, a ``stream`` / ``sum`` row's the family's; ``same_size_fraction``
+= median over rounds of the same-size read's time / the provider's, with its min / max.
 
 Cases: fp32 and bf16 logits, temperature 1 (RL rollouts), greedy and random sampling, deterministic and
 stochastic drafts, drafts ``accept`` (the worst case: drafts are our own samples, or q = p, so every draft
@@ -77,7 +78,7 @@ import specdec_kernels as sk
 from specdec_kernels import native
 
 from . import vllm_v1
-from .common import CsvWriter, choice_list, provenance, require_positive
+from .common import CsvWriter, choice_list, largest_cache_bytes, provenance, require_positive
 
 FAMILIES = ("flat", "zipf", "peaked", "qwen3")
 MODES = ("greedy", "random_det", "random_stoch")
@@ -90,18 +91,31 @@ CASE_COLUMNS = ("batch", "k", "vocab", "dtype", "family", "mode", "drafts")
 RESULT_COLUMNS = (
     "max_ms", "rounds", "mean_accepted", "must_read_bytes", "read_gbs", "copy_gbs",
     "read_fraction", "read_fraction_min", "read_fraction_max", "same_size_fraction", "same_size_fraction_min",
-    "same_size_fraction_max", "command",
+    "same_size_fraction_max", "evict_mib", "command",
 )
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def evict_bytes(cache_bytes: int) -> int:
+    """The size of the eviction write: twice the last-level cache, and at least 256 MiB.
+
+    One cache's worth is not enough: on a 2-core Xeon VM with a 480 MiB L3, a 19 MB read ran 9 % faster
+    after a 512 MiB write than after 1 or 2 GiB (which agreed), and 256 MiB, the size used before, left
+    it faster still."""
+    return max(256 << 20, 2 * cache_bytes)
+
 
 _EVICT = torch.empty(0)
 
 
-def _evict_caches() -> None:
-    """Write a buffer larger than the last-level cache so that every timed call reads from memory."""
+def _evict_caches(num_bytes: int | None = None) -> None:
+    """Write ``num_bytes`` (default: the size the last eviction wrote, else ``evict_bytes`` of this machine's
+    last-level cache) so that the next call reads its inputs, and runs its code, from memory."""
     global _EVICT
-    if _EVICT.numel() == 0:
-        _EVICT = torch.empty(64 << 20)  # 256 MiB
+    if num_bytes is None:
+        num_bytes = _EVICT.numel() * 4 or evict_bytes(largest_cache_bytes())
+    if _EVICT.numel() * 4 != num_bytes:
+        _EVICT = torch.empty(num_bytes // 4)
     _EVICT.fill_(1.0)
 
 
@@ -422,9 +436,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--modes", type=choice_list(MODES), default=list(MODES))
     ap.add_argument("--drafts", type=choice_list(("accept", "model")), default=["accept", "model"])
     ap.add_argument("--providers", type=choice_list(PROVIDERS), default=list(PROVIDERS))
+    ap.add_argument("--evict-mib", type=int, default=0,
+                    help="MiB written before every timed call (default 0: twice the last-level cache, >= 256)")
     ap.add_argument("--out", required=True, help="CSV path (written row by row)")
     args = ap.parse_args(argv)
     require_positive(ap, args, ("batch", "k", "vocab", "threads", "rounds", "reps", "fast_reps"))
+    if args.evict_mib < 0:
+        ap.error(f"--evict-mib must be >= 0, got {args.evict_mib}")
     return args
 
 
@@ -435,7 +453,9 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("specdec_kernels._C is not built: pip install --no-build-isolation -e .")
     torch.set_num_threads(args.threads)
     command = "python -m benchmarks.bench_native_cpu " + " ".join(sys.argv[1:] if argv is None else argv)
-    info = {**provenance(torch.device("cpu")), "command": command.strip()}
+    evict_mib = args.evict_mib or evict_bytes(largest_cache_bytes()) >> 20
+    _evict_caches(evict_mib << 20)
+    info = {**provenance(torch.device("cpu")), "command": command.strip(), "evict_mib": evict_mib}
     info["device"] += f" isa={native._load().CPU_ISA}"
     gen = torch.Generator().manual_seed(0)
     vllm = vllm_providers(args) if {"vllm", "vllm_step"} & set(args.providers) else {}

@@ -7,8 +7,8 @@ work, so its time is the call's fixed cost: ``specdec_kernels.verify_chain`` (th
 dispatcher, the output allocation, the OpenMP region), the native op alone (``native.op``, on arguments
 checked once beforehand), and, for scale, ``torch.sum`` and ``native.stream_sum`` of 16 floats (the
 bandwidth probes of ``bench_native_cpu``). Every call is timed twice per round, right after the same
-cache eviction as ``bench_native_cpu`` (a 256 MiB write: code and data of the whole stack are cold, as in a
-verification step after a forward pass that streamed the weights) and warm, in an order alternated between
+cache eviction as ``bench_native_cpu`` (a write of twice the last-level cache, >= 256 MiB: code and data of
+the whole stack are cold, as in a verification step after a forward pass that streamed the weights) and warm, in an order alternated between
 rounds; the medians over ``--calls`` rounds are printed, one line per call.
 """
 

@@ -82,6 +82,22 @@ def device_name(device: torch.device) -> str:
     return f"{cpu} ({torch.get_num_threads()} threads)"
 
 
+def largest_cache_bytes(sysfs: str | os.PathLike = "/sys/devices/system/cpu/cpu0/cache") -> int:
+    """The largest CPU cache (the last level) that Linux reports for cpu0, in bytes; 0 when unknown."""
+    sizes = [0]
+    for index in Path(sysfs).glob("index*"):
+        try:
+            text = (index / "size").read_text().strip()
+        except OSError:
+            continue
+        units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+        scale = units.get(text[-1:].upper(), 1)
+        digits = text[:-1] if text[-1:].upper() in units else text
+        if digits.isdigit():
+            sizes.append(int(digits) * scale)
+    return max(sizes)
+
+
 def provenance(device: torch.device) -> dict[str, str]:
     """Device, library versions, git commit and UTC date for the rows of one run."""
     return {

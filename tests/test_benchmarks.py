@@ -140,8 +140,8 @@ def test_bench_native_cpu_runs_bf16_alone(tmp_path):
 
     out = tmp_path / "bf16.csv"
     bench_native_cpu.main(["--batch", "2", "--k", "2", "--vocab", "64", "--rounds", "1", "--reps", "1",
-                           "--fast-reps", "1", "--families", "flat", "--dtypes", "bfloat16", "--modes", "random_det",
-                           "--providers", "ours", "--out", str(out)])
+                           "--fast-reps", "1", "--evict-mib", "16", "--families", "flat", "--dtypes", "bfloat16",
+                           "--modes", "random_det", "--providers", "ours", "--out", str(out)])
     rows = read_csv([out])
     assert {r["dtype"] for r in rows if r["provider"] == "ours"} == {"bfloat16"}
     copy = next(r for r in rows if r["provider"] == "copy")
@@ -156,7 +156,8 @@ def test_bench_native_cpu_writes_interleaved_rounds_with_command(tmp_path):
     out = tmp_path / "native.csv"
     argv = ["--batch", "2", "--k", "2", "--vocab", "64", "--rounds", "2", "--reps", "1", "--fast-reps", "2",
             "--families", "flat,zipf",
-            "--dtypes", "float32,bfloat16", "--modes", "greedy,random_stoch", "--providers", "ours,torch", "--out", str(out)]
+            "--dtypes", "float32,bfloat16", "--modes", "greedy,random_stoch", "--providers", "ours,torch",
+            "--evict-mib", "16", "--out", str(out)]
     bench_native_cpu.main(argv)
     rows = read_csv([out])
     assert set(BASE_COLUMNS) <= set(rows[0])
@@ -200,6 +201,7 @@ def test_bench_native_cpu_writes_interleaved_rounds_with_command(tmp_path):
     for row in rows:
         assert row["status"] == "ok", row
         assert row["command"] == "python -m benchmarks.bench_native_cpu " + " ".join(argv)
+        assert row["evict_mib"] == "16"
         assert float(row["min_ms"]) <= float(row["median_ms"]) <= float(row["max_ms"]) and row["rounds"] == "2"
     for row in timed:
         for c in ("read_fraction", "same_size_fraction"):
@@ -225,8 +227,8 @@ def test_bench_native_cpu_fractions_use_the_case_own_read_probes(tmp_path):
 
     out = tmp_path / "native.csv"
     bench_native_cpu.main(["--batch", "2", "--k", "2", "--vocab", "4096", "--rounds", "1", "--reps", "1",
-                           "--fast-reps", "1", "--families", "flat", "--dtypes", "float32", "--modes",
-                           "greedy", "--drafts", "model", "--providers", "ours", "--out", str(out)])
+                           "--fast-reps", "1", "--evict-mib", "16", "--families", "flat", "--dtypes", "float32",
+                           "--modes", "greedy", "--drafts", "model", "--providers", "ours", "--out", str(out)])
     rows = {r["provider"]: r for r in read_csv([out])}
     tensor_bytes = 6 * 4096 * 4
     case_gbs = tensor_bytes / min(float(rows[p]["median_ms"]) for p in ("stream_read", "sum_read")) / 1e6
@@ -281,6 +283,24 @@ def test_torch_verify_baseline_is_a_chain_verifier():
 
 
 @pytest.mark.skipif(not native.has_device("cpu"), reason="specdec_kernels._C not built")
+def test_eviction_is_twice_the_last_level_cache(tmp_path):
+    """The eviction write is sized from the largest cache sysfs reports (a 480 MiB L3 leaves data cached
+    after a 256 MiB write), never below 256 MiB; an unreadable or missing size counts as none."""
+    from benchmarks import bench_native_cpu
+    from benchmarks.common import largest_cache_bytes
+
+    for index, size in (("index0", "48K"), ("index2", "2048K"), ("index3", "491520K"), ("index4", "junk")):
+        (tmp_path / index).mkdir()
+        (tmp_path / index / "size").write_text(size + "\n")
+    (tmp_path / "index5").mkdir()  # no size file
+    assert largest_cache_bytes(tmp_path) == 480 << 20
+    assert largest_cache_bytes(tmp_path / "missing") == 0
+    assert bench_native_cpu.evict_bytes(480 << 20) == 960 << 20
+    assert bench_native_cpu.evict_bytes(32 << 20) == bench_native_cpu.evict_bytes(0) == 256 << 20
+    with pytest.raises(SystemExit):
+        bench_native_cpu.parse_args(["--evict-mib", "-1", "--out", str(tmp_path / "x.csv")])
+
+
 def test_ab_builds_times_two_checkouts_alternately(tmp_path):
     """The before / after harness on one checkout given twice: a row per case with both builds' rounds,
     the ratio of medians and the command; a bad argument is one clear error."""
