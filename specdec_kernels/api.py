@@ -78,6 +78,13 @@ def available_backends(device: torch.device | str = "cpu") -> list[str]:
 # every call, and the import and attribute lookups below cost ~50 us per call when the caches are cold (a
 # verification step after a forward pass; benchmarks.call_overhead).
 _NATIVE_RESOLVED: dict[tuple[str, str], Callable] = {}
+# The native CPU op of each (backend, method) of verify_chain that resolved to one on CPU tensors ("cpu", or
+# "auto" where the native backend comes first). An unvalidated call that has nothing to normalise (every
+# per-request tensor given, no top_k, an int max_draft_len) goes straight to it: the op checks shapes, dtypes,
+# devices and the cu it reads (csrc/checks.h), and whatever it rejects is retried on the checked path below,
+# which converts what it can (int32 ids, non-contiguous tensors, ...) and otherwise raises the Python layer's
+# own error. From cold caches the checked path costs ~90 us of Python per call (benchmarks.call_overhead).
+_UNCHECKED_CPU_CHAIN: dict[tuple[str, str], Callable] = {}
 
 
 def _resolve(backend: str, device: torch.device, op: str) -> Callable:
@@ -330,12 +337,24 @@ def verify_chain(
         ``ChainResult(output_token_ids [B, max_draft_len + 1] int32 -1 padded, num_accepted [B] int32)``:
         each request's accepted drafts followed by one recovered or bonus token.
     """
+    if (not validate and type(max_draft_len) is int and top_k is None and temperature is not None
+            and seed is not None and position is not None and type(backend) is str and type(method) is str):
+        fn = _UNCHECKED_CPU_CHAIN.get((backend, method))
+        if fn is not None and (backend == "cpu" or getattr(target_logits, "is_cpu", False) is True):
+            try:
+                return fn(target_logits, draft_token_ids, cu_num_draft_tokens, draft_probs, temperature, None, top_p,
+                          seed, position, max_draft_len)
+            except (TypeError, ValueError, RuntimeError):
+                pass  # the checked path normalises what it can, and names the argument otherwise
     op = _check_method(method, "chain")
     args = checked_chain_args(
         target_logits, draft_token_ids, cu_num_draft_tokens, draft_probs, temperature, top_k, top_p, seed, position,
         max_draft_len=max_draft_len, validate=validate,
     )
-    return _resolve(backend, target_logits.device, op)(*args)
+    fn = _resolve(backend, target_logits.device, op)
+    if target_logits.device.type == "cpu" and fn is _NATIVE_RESOLVED.get(("cpu", op)) and isinstance(backend, str):
+        _UNCHECKED_CPU_CHAIN[backend, method] = fn
+    return fn(*args)
 
 
 def checked_chain_args(

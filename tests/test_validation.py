@@ -361,3 +361,55 @@ def test_a_resolved_native_op_is_reused_and_a_wrong_device_still_fails():
         api._resolve("cpu", torch.device("meta"), "chain")
     with pytest.raises(ValueError, match="backend must be one of"):
         api._resolve("meta", torch.device("meta"), "chain")  # backend == device type, yet no native backend
+
+
+# ------------------------------------------------------------------------------------------------------
+# Unvalidated CPU calls: the op's own checks, the Python layer's errors
+# ------------------------------------------------------------------------------------------------------
+
+@needs_native
+@pytest.mark.parametrize("backend", ["cpu", "auto"])
+def test_unvalidated_cpu_calls_skip_the_python_checks_and_keep_their_errors(backend, monkeypatch):
+    """An unvalidated call with nothing to normalise goes straight to the native op (the Python checks cost
+    ~90 us of a call from cold caches); anything the op rejects is retried on the checked path, so int32 or
+    non-contiguous inputs still verify, and a bad argument gets the Python layer's message, not the op's."""
+    from specdec_kernels import api
+
+    kw = _chain(backend=backend, validate=False, max_draft_len=3, draft_probs=torch.softmax(torch.randn(5, 12), -1))
+    expected = {m: sk.verify_chain(**{**kw, "backend": "reference", "method": m}) for m in ("token", "block")}
+    for method in expected:  # the first call of each method resolves its op on the checked path
+        sk.verify_chain(**kw, method=method)
+    checked = []
+    original = api.checked_chain_args
+    monkeypatch.setattr(api, "checked_chain_args", lambda *a, **k: checked.append(1) or original(*a, **k))
+
+    def run(**changes):
+        checked.clear()
+        res = sk.verify_chain(**{**kw, **changes})
+        want = expected[changes.get("method", "token")]
+        assert torch.equal(res.output_token_ids, want.output_token_ids)
+        assert torch.equal(res.num_accepted, want.num_accepted)
+        return len(checked)
+
+    assert run() == 0
+    assert run(top_p=torch.ones(3)) == 0
+    assert run(method="block") == 0
+    cu32 = kw["cu_num_draft_tokens"].to(torch.int32)
+    assert run(cu_num_draft_tokens=cu32) == 1  # int32 cu: converted on the checked path
+    wide = torch.zeros(8, 24)  # T + B rows
+    wide[:, ::2] = kw["target_logits"]
+    assert run(target_logits=wide[:, ::2]) == 1  # non-contiguous logits: made contiguous there
+    assert run(top_k=torch.zeros(3, dtype=torch.int64)) == 1  # top-k is clamped and narrowed there
+    assert run(max_draft_len=np.int64(3)) == 1
+    with pytest.raises(ValueError, match=r"temperature must have one entry per request \(3\), got 2"):
+        sk.verify_chain(**{**kw, "temperature": torch.ones(2)})
+    with pytest.raises(TypeError, match="seed must be a torch.Tensor, got list"):
+        sk.verify_chain(**{**kw, "seed": [1, 2, 3]})
+    with pytest.raises(TypeError, match="max_draft_len must be an int or None, got bool"):
+        sk.verify_chain(**{**kw, "max_draft_len": True})
+    with pytest.raises(ValueError, match="max_draft_len must be in"):
+        sk.verify_chain(**{**kw, "max_draft_len": -1})
+    with pytest.raises(ValueError, match="method must be one of"):
+        sk.verify_chain(**{**kw, "method": "tokens"})
+    with pytest.raises(ValueError, match="cu_num_draft_tokens must be non-decreasing"):  # the op's host check
+        sk.verify_chain(**{**kw, "cu_num_draft_tokens": torch.tensor([0, 5, 3, 5])})
