@@ -280,6 +280,28 @@ def test_torch_ops_eager_and_compiled():
     assert all(torch.equal(a, b) for a, b in zip(out, ref_tree, strict=True))
 
 
+def test_torch_ops_pass_opcheck_with_logits_that_require_grad():
+    """torch.library.opcheck (schema, autograd registration, fake tensors, AOT dispatch) on every verifier
+    op. Autograd falls through to the kernels (integer outputs carry no gradient), so logits that require
+    grad give the same tokens and outputs with no grad_fn."""
+    gen = torch.Generator().manual_seed(3)
+    inputs = _chain_case(4, 3, 200, torch.float32, gen, greedy_frac=0.3)
+    q = torch.softmax(torch.randn(inputs["draft_token_ids"].numel(), 200, generator=gen), -1)
+    args = (inputs["target_logits"], inputs["draft_token_ids"], inputs["cu_num_draft_tokens"], q,
+            inputs["temperature"], None, None, inputs["seed"], inputs["position"], 3)
+    tree = _tree_case(3, 40, torch.float32, gen, probs=True, sibling="iid")
+    targs = tuple(tree[k] for k in ("target_logits", "node_token_ids", "parent", "cu_num_nodes", "draft_probs",
+                                    "temperature", "top_k", "top_p", "seed", "position", "sibling_sampling")) + (8,)
+    for name, a in (("verify_chain", args), ("verify_chain_block", args), ("verify_tree", targs),
+                    ("verify_tree_traversal", targs)):
+        op = getattr(torch.ops.specdec, name).default
+        report = torch.library.opcheck(op, a)
+        assert set(report.values()) == {"SUCCESS"}, (name, report)
+        plain = op(*a)
+        graded = op(a[0].detach().clone().requires_grad_(True), *a[1:])
+        assert all(torch.equal(x, y) and y.grad_fn is None for x, y in zip(plain, graded, strict=True)), name
+
+
 def _own_libstdcxx_symbols(path: str) -> list[str]:
     """libstdc++ stream and locale runtime symbols the shared library ``path`` defines itself."""
     import shutil
