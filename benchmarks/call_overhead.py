@@ -8,8 +8,9 @@ dispatcher, the output allocation, the OpenMP region), the native op alone (``na
 checked once beforehand), and, for scale, ``torch.sum`` and ``native.stream_sum`` of 16 floats (the
 bandwidth probes of ``bench_native_cpu``). Every call is timed twice per round, right after the same
 cache eviction as ``bench_native_cpu`` (a write of twice the last-level cache, >= 256 MiB: code and data of
-the whole stack are cold, as in a verification step after a forward pass that streamed the weights) and warm, in an order alternated between
-rounds; the medians over ``--calls`` rounds are printed, one line per call.
+the whole stack are cold, as in a verification step after a forward pass that streamed the weights) and
+warm, in an order alternated between rounds; the medians over ``--calls`` rounds are printed, one line per
+call.
 """
 
 from __future__ import annotations
