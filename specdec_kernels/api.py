@@ -352,7 +352,7 @@ def verify_chain(
         max_draft_len=max_draft_len, validate=validate,
     )
     fn = _resolve(backend, target_logits.device, op)
-    if target_logits.device.type == "cpu" and fn is _NATIVE_RESOLVED.get(("cpu", op)) and isinstance(backend, str):
+    if fn is _NATIVE_RESOLVED.get(("cpu", op)):  # resolves only for CPU tensors
         _UNCHECKED_CPU_CHAIN[backend, method] = fn
     return fn(*args)
 

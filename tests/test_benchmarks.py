@@ -282,7 +282,6 @@ def test_torch_verify_baseline_is_a_chain_verifier():
     assert out.tolist() == [[1, 2, 3], [4, 0, 1]]
 
 
-@pytest.mark.skipif(not native.has_device("cpu"), reason="specdec_kernels._C not built")
 def test_eviction_is_twice_the_last_level_cache(tmp_path):
     """The eviction write is sized from the largest cache sysfs reports (a 480 MiB L3 leaves data cached
     after a 256 MiB write), never below 256 MiB; an unreadable or missing size counts as none."""
@@ -301,6 +300,7 @@ def test_eviction_is_twice_the_last_level_cache(tmp_path):
         bench_native_cpu.parse_args(["--evict-mib", "-1", "--out", str(tmp_path / "x.csv")])
 
 
+@pytest.mark.skipif(not native.has_device("cpu"), reason="specdec_kernels._C not built")
 def test_ab_builds_times_two_checkouts_alternately(tmp_path):
     """The before / after harness on one checkout given twice: a row per case with both builds' rounds,
     the ratio of medians and the command; a bad argument is one clear error."""

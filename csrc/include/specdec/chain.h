@@ -187,9 +187,9 @@ inline TotalBracket total_bracket(const NormalizerBound& nb, int64_t V, float m)
 }
 
 // The interval search's seed: block b's residual scores at the bracket's two ends (interval_scores, as
-// IntervalResidualBounds::score computes a candidate's). certain_recovery seeds with the block of the row's max, whose
-// p is the row's largest: on peaked rows its score prunes 3x more of the blocks ahead of it than the first
-// blocks' do (from ~470 candidates per row to ~150).
+// IntervalResidualBounds::score computes a candidate's). certain_recovery seeds with the block of the row's
+// max, whose p is the row's largest: on peaked rows its score prunes 3x more of the blocks ahead of it than
+// the first blocks' do (from ~470 candidates per row to ~150).
 inline IntervalScore interval_seed(const ResidualSource& upper, const ResidualSource& lower, const PhiloxKey& key,
                                    uint32_t hi, int64_t b) {
   const float g = gumbel_log_term(philox_draw(key, hi, kStreamRecovery, kBlockDraws + static_cast<uint32_t>(b)));
