@@ -5,7 +5,6 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <vector>
 
@@ -117,24 +116,12 @@ void for_each_request(int64_t num_reqs, int64_t vocab, Walk walk) {
   }
   const int threads = omp_get_max_threads();
   if (threads <= 1 || num_reqs >= 2 * threads || vocab < 16 * kSliceAlign) {
-    // Requests are claimed one at a time (dynamic scheduling), each thread claiming its next one before it
-    // walks the current one, so that the walk may prefetch the next one's first row (RowScratch::next_request);
-    // near the batch's end a thread claims no further, leaving the last requests to whichever thread is free.
-    std::atomic<int64_t> counter{0};
 #pragma omp parallel num_threads(threads)
     {
       RowScratch scratch;
       SerialExec exec{vocab};
-      int64_t b = counter.fetch_add(1, std::memory_order_relaxed);
-      while (b < num_reqs) {
-        int64_t following = -1;
-        if (counter.load(std::memory_order_relaxed) + threads < num_reqs) {
-          following = counter.fetch_add(1, std::memory_order_relaxed);
-        }
-        scratch.next_request = following < num_reqs ? following : -1;
-        walk(b, exec, scratch);
-        b = following >= 0 ? following : counter.fetch_add(1, std::memory_order_relaxed);
-      }
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t b = 0; b < num_reqs; ++b) walk(b, exec, scratch);
     }
   } else {
     RowScratch scratch;

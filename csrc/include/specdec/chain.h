@@ -50,7 +50,6 @@ struct RowScratch {
   std::vector<float> z;       // the current row's scaled, truncated logits
   std::vector<float> select;  // top-k selection
   TopPScratch top_p;
-  int64_t next_request = -1;  // the request this thread walks next (for_each_request), -1: not known
 };
 
 // Scale one row into scratch.z and apply top-k / top-p; returns the row max (kept by both).
@@ -206,8 +205,7 @@ inline IntervalScore interval_seed(const ResidualSource& upper, const ResidualSo
 // the exact path's.
 template <class Exec>
 int64_t certain_recovery(const RowKernels& K, Exec& exec, const ZSource& src, const void* q, DType q_dtype, int64_t x,
-                         const NormalizerBound& nb, float coin_q, const PhiloxKey& key, uint32_t hi,
-                         const void* ahead, int64_t ahead_bytes) {
+                         const NormalizerBound& nb, float coin_q, const PhiloxKey& key, uint32_t hi) {
   if (!bracket_error(nb, src.vocab).ok) return -1;
   const ArgMax top = exec.argmax([&](int64_t v0, int64_t v1) { return K.greedy_argmax(src.row, src.dtype, v0, v1); });
   const float m = sanitize(top.value * (1.0f / src.temperature));  // softmax_stats' max: its z are row * (1 / T)
@@ -217,7 +215,7 @@ int64_t certain_recovery(const RowKernels& K, Exec& exec, const ZSource& src, co
   const ResidualSource upper{src, m, tb.lo, q, q_dtype};
   const ResidualSource lower{src, m, tb.hi, q, q_dtype};
   const IntervalScore seed = interval_seed(upper, lower, key, hi, top.index / kBlock);
-  const ResidualArgs args{src.row, src.dtype, src.temperature, m, tb.lo, q, q_dtype, src.vocab, ahead, ahead_bytes};
+  const ResidualArgs args{src.row, src.dtype, src.temperature, m, tb.lo, q, q_dtype, src.vocab};
   const IntervalPick pick =
       exec.interval([&](int64_t v0, int64_t v1) { return K.residual_interval(args, tb.hi, seed, key, hi, v0, v1); });
   if (!pick_is_certain(pick)) return -1;
@@ -226,8 +224,7 @@ int64_t certain_recovery(const RowKernels& K, Exec& exec, const ZSource& src, co
 
 template <class Exec>
 StochasticDecision stochastic_decide(const RowKernels& K, Exec& exec, const ZSource& src, const void* q,
-                                     DType q_dtype, int64_t draft, bool valid, int64_t seed, int64_t position,
-                                     const void* ahead = nullptr, int64_t ahead_bytes = 0) {
+                                     DType q_dtype, int64_t draft, bool valid, int64_t seed, int64_t position) {
   const int64_t x = valid ? draft : 0;
   const float q_x = load_elem(q, q_dtype, x);
   const float coin = philox_rand(seed, position, kStreamCoin, 0);
@@ -236,8 +233,7 @@ StochasticDecision stochastic_decide(const RowKernels& K, Exec& exec, const ZSou
         [&](int64_t v0, int64_t v1) { return K.normalizer_bound(src.row, src.dtype, src.temperature, v0, v1); });
     if (certain_accept(nb, src.vocab, src.z(x), coin * q_x)) return {true, draft};
     const int64_t token =
-        certain_recovery(K, exec, src, q, q_dtype, x, nb, coin * q_x, philox_key(seed), philox_offset_hi(position),
-                         ahead, ahead_bytes);
+        certain_recovery(K, exec, src, q, q_dtype, x, nb, coin * q_x, philox_key(seed), philox_offset_hi(position));
     if (token >= 0) return {false, token};
   }
   const SoftmaxStats st =
@@ -296,13 +292,8 @@ void verify_chain_request(const RowKernels& K, const ChainArgs& a, int64_t b, Ex
         accept = valid && token == draft;
       } else {
         const void* q = static_cast<const char*>(a.draft_probs) + static_cast<size_t>(first_draft + j) * V * q_elem;
-        // A rejection ends the request: its recovery search runs on this row, now cached, while the first
-        // row of the thread's next request streams in.
-        const int64_t nb = s.next_request;
-        const void* ahead =
-            nb >= 0 ? static_cast<const char*>(a.logits) + static_cast<size_t>(a.cu[nb] + nb) * V * elem : nullptr;
-        const StochasticDecision d = stochastic_decide(K, exec, src, q, a.probs_dtype, draft, valid, a.seed[b], pos,
-                                                       ahead, static_cast<int64_t>(V * elem));
+        const StochasticDecision d =
+            stochastic_decide(K, exec, src, q, a.probs_dtype, draft, valid, a.seed[b], pos);
         accept = d.accept;
         token = d.token;
       }

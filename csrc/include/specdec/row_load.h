@@ -63,24 +63,6 @@ SPECDEC_SIMD_INLINE void prefetch_ahead(const void* row, int64_t offset, int64_t
   for (int64_t i = offset + kPrefetchAhead; i < end; i += 64) __builtin_prefetch(static_cast<const char*>(row) + i);
 }
 
-// Bytes pulled into the L2 cache a few lines at a time, spread over the groups of a pass that reads only cached
-// data (the residual search of a rejected row, which the bracket and the max pass have just read): the
-// memory stream of the thread's next row overlaps that compute instead of following it.
-struct AheadPrefetch {
-  const char* next = nullptr;
-  const char* end = nullptr;
-  int64_t lines_per_step = 0;
-
-  AheadPrefetch() = default;
-  AheadPrefetch(const void* bytes, int64_t num_bytes, int64_t steps)
-      : next(static_cast<const char*>(bytes)),
-        end(static_cast<const char*>(bytes) + (bytes != nullptr ? num_bytes : 0)),
-        lines_per_step(steps > 0 ? (num_bytes / 64 + steps) / steps : 0) {}
-  SPECDEC_SIMD_INLINE void step() {
-    for (int64_t i = 0; i < lines_per_step && next < end; ++i, next += 64) __builtin_prefetch(next, 0, 2);
-  }
-};
-
 // The 4 W entries from index v as four float32 vectors in an order of their own, for sums that do not
 // depend on it (normalizer_bound_t): bf16 is read as 2 W 32-bit words twice, each giving its low halves
 // and its high halves (a shift and a mask, no widening shuffle); other dtypes as load_v in order.

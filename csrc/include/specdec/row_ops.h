@@ -157,9 +157,7 @@ IntervalPick residual_interval_t(const ResidualArgs& r, float total_hi, const In
   const ResidualSource at_lo{ZSource{r.row, D, r.temperature, r.vocab}, r.max, r.total, r.q, Q};
   ResidualSource at_hi = at_lo;
   at_hi.total = total_hi;
-  const int64_t groups = ((v1 - v0) / kBlock + kGroupBlocks) / kGroupBlocks;
-  const IntervalResidualBounds<D, Q> src{LazyResidualBounds<D, Q>(at_lo), at_hi, seed.lo.index, seed.lo.value,
-                                         kIntervalPickInit, AheadPrefetch(r.ahead, r.ahead_bytes, groups)};
+  const IntervalResidualBounds<D, Q> src{LazyResidualBounds<D, Q>(at_lo), at_hi, seed.lo.index, seed.lo.value};
   const int64_t first = seed.lo.index * kBlock;
   if (seed.lo.index >= 0 && first >= v0 && first < v1) offer(src.pick, seed.lo, seed.hi);
   search_blocks(src, key, hi, kStreamRecovery, v0, v1, seed.lo.index >= 0 ? seed.lo : kArgMaxInit);

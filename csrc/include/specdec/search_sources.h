@@ -171,12 +171,8 @@ struct IntervalResidualBounds {
   int64_t seed_block;  // scored before the search (IntervalScore, -1: none): never a candidate here
   float seed_lo;       // its lower score, which a block's upper score must reach (-inf: none)
   mutable IntervalPick pick = kIntervalPickInit;  // pick.best is search_blocks' best
-  mutable AheadPrefetch ahead = {};                 // the thread's next bytes, a slice per group
 
-  float bounds(int64_t b0, int nb, float* ub, float* part) const {
-    ahead.step();
-    return upper.bounds(b0, nb, ub, part);
-  }
+  float bounds(int64_t b0, int nb, float* ub, float* part) const { return upper.bounds(b0, nb, ub, part); }
   void prepare(Candidates& c, float* mx) const { upper.prepare(c, mx); }
   void prefetch(int64_t) const {}  // the row is hot: the bracket and the max pass have just read it
   // Offers each candidate in mask to pick (best = pick.best). A block's target mass at total_lo, the log of

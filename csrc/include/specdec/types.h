@@ -52,10 +52,6 @@ struct ResidualArgs {
   const void* q;
   DType q_dtype;
   int64_t vocab;
-  // Bytes the thread reads next (the first row of its next request), pulled into the cache a slice per group
-  // while a search works on a row the cache already holds (IntervalResidualBounds); nullptr: none.
-  const void* ahead = nullptr;
-  int64_t ahead_bytes = 0;
 };
 
 // The residual's level-1 search when its normalizer is known only within a bracket (chain.h
