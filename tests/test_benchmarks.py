@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import specdec_kernels as sk
-from benchmarks import bench_chain, call_overhead, roofline
+from benchmarks import bench_chain, call_overhead, overlap_probe, roofline
 from benchmarks.common import BASE_COLUMNS, PROVENANCE_COLUMNS, read_csv
 from specdec_kernels import native
 
@@ -339,3 +339,22 @@ def test_call_overhead_rejects_bad_counts(capsys):
     with pytest.raises(SystemExit):
         call_overhead.main(["--calls", "0"])
     assert "--calls must be >= 1" in capsys.readouterr().err
+
+
+def test_overlap_probe_reports_the_exposed_compute(capsys):
+    """Tiny shapes: every timing is positive, the rows read are the case's (B = 4 requests, every draft
+    accepted: k + 1 rows each), and the exposed fraction is the printed formula of those medians."""
+    r = overlap_probe.main(["--vocab", "512", "--batch", "4", "--k", "2", "--rounds", "2", "--cache-calls", "2"])
+    assert all(r[f"{name} {kind}"] > 0 for name in ("ours", "read") for kind in ("cold", "rerun"))
+    assert r["rows"] == 4 * 3 and r["compute_per_thread"] >= 0
+    if r["compute_per_thread"] > 0:
+        assert r["exposed"] == pytest.approx((r["ours cold"] - r["read cold"]) / r["compute_per_thread"])
+    assert "exposed fraction of that compute" in capsys.readouterr().out
+
+
+def test_overlap_probe_rejects_bad_arguments(capsys):
+    for argv in (["--rounds", "0"], ["--vocab", "32"], ["--family", "nope"]):
+        with pytest.raises(SystemExit):
+            overlap_probe.main(argv)
+    err = capsys.readouterr().err
+    assert "--rounds must be >= 1" in err and "--vocab must be >= 64" in err and "invalid choice" in err
