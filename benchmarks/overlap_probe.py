@@ -38,7 +38,7 @@ from benchmarks.bench_native_cpu import (
     must_read_bytes,
     same_size_words,
 )
-from benchmarks.common import require_positive
+from benchmarks.common import require_positive, time_fn
 from specdec_kernels import native
 
 FAMILIES = ("flat", "zipf", "peaked", "qwen3")
@@ -62,13 +62,8 @@ def _request_call(case: Case, args, b: int, width: int | None) -> Callable[[], o
 
 
 def _median_of(fn: Callable[[], object], calls: int) -> float:
-    fn()
-    times = []
-    for _ in range(calls):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    """Median seconds of `calls` warm calls (one call before, untimed)."""
+    return time_fn(fn, torch.device("cpu"), warmup=1, repeats=calls).median_ms / 1e3
 
 
 def cached_compute(case: Case, args) -> tuple[float, int]:
