@@ -1,5 +1,5 @@
-"""How much of a case's row compute the memory stream hides: ours against a read of the same logits, cold
-and re-read, beside the case's compute measured with its rows in the cache.
+"""How much of a case's row compute the memory stream hides: ours against a read of as many bytes, cold and
+rerun, beside the case's compute measured with its rows in the cache.
 
     OMP_NUM_THREADS=1 python -m benchmarks.overlap_probe --family flat --dtype bfloat16 --mode random_stoch
 
@@ -9,7 +9,7 @@ order alternated between rounds, ours and a read of as many bytes as the case mu
 (``native.stream_sum`` over that prefix of its logits, 16-bit logits read as 32-bit words:
 ``bench_native_cpu``'s same-size read), each once right after the benchmark's cache eviction (cold) and once
 right after a call of its own (rerun: whatever the caches kept). Then the case's compute: every request
-verified alone, ``--cache-calls`` times in a row on one thread (its rows, at most four of 151936 bf16
+verified alone, ``--cache-calls`` times in a row on one thread (its logit rows, at most four of 151936 bf16
 entries, stay in L2; fp32 rows of that size overflow a 2 MiB L2), the median less the median of the same
 call on the request's rows cut to 64 entries (the call's fixed cost), summed over the requests. Printed:
 the medians with their spread, that compute per thread (the threads share the requests), and the exposed
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     gen = torch.Generator().manual_seed(0)
     logits = family_logits(args.family, args.batch * (args.k + 1), args.vocab, gen)
     case_args = argparse.Namespace(batch=args.batch, k=args.k, vocab=args.vocab, dtypes=[args.dtype],
-                                   modes=[args.mode], drafts=[args.drafts], threads=torch.get_num_threads())
+                                   modes=[args.mode], drafts=[args.drafts])
     case = build_cases(logits, args.family, case_args, gen)[0]
     times = measure(case, args)
     compute, rows = cached_compute(case, args)
