@@ -701,6 +701,19 @@ def test_normalizer_bracket_holds_the_true_sum(isa, tmp_path):
     assert rows == 72 and usable == 60 and outside == 0 and caught > 0, out
 
 
+@pytest.mark.parametrize("isa", list(_ISA_FLAGS))
+def test_part_maxima_match_each_parts_group_max_bit_for_bit(isa, tmp_path):
+    """The residual searches bound each quarter of a 512-entry group by its largest z (z_part_maxima); with
+    AVX-512BW, 16-bit logits take the four quarters' integer maxima and minima in one pass and one
+    transposed reduction (reduce4_i16). A bound below the true maximum would prune a block that can win, and
+    token tests rarely meet such a block, so the values are compared with z_group_max of each quarter and a
+    scalar max of sanitize(x / T), bit for bit, by a C++ check built with this instruction set's flags
+    (tests/cpp/part_maxima_check.cpp). Shown able to fail: the minima read one lane off differ on 468 of the
+    5760 quarters; the reduction missing one of its in-lane steps on 2982."""
+    out = _run_cpp_check("part_maxima_check.cpp", isa, tmp_path)
+    assert out[0] == "compared" and int(out[1]) == 5760 and out[2:] == ["different", "0"], out
+
+
 def _run_cpp_check(source: str, isa: str, tmp_path) -> list[str]:
     """Builds tests/cpp/<source> with the instruction set's flags, runs it and returns its output's words."""
     cxx = host_cxx()
