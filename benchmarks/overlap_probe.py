@@ -74,11 +74,11 @@ def cached_compute(case: Case, args) -> tuple[float, int]:
     try:
         total, rows = 0.0, 0
         for b in range(args.batch):
-            full = _median_of(_request_call(case, args, b, None), args.cache_calls)
+            call = _request_call(case, args, b, None)
+            full = _median_of(call, args.cache_calls)
             fixed = _median_of(_request_call(case, args, b, 64), args.cache_calls)
             total += max(full - fixed, 0.0)
-            res = _request_call(case, args, b, None)()
-            rows += int(res.num_accepted[0]) + 1
+            rows += int(call().num_accepted[0]) + 1
         return total, rows
     finally:
         torch.set_num_threads(threads)

@@ -341,6 +341,7 @@ def test_call_overhead_rejects_bad_counts(capsys):
     assert "--calls must be >= 1" in capsys.readouterr().err
 
 
+@pytest.mark.skipif(not native.has_device("cpu"), reason="specdec_kernels._C not built")
 def test_overlap_probe_reports_the_exposed_compute(capsys):
     """Tiny shapes: every timing is positive, the rows read are the case's (B = 4 requests, every draft
     accepted: k + 1 rows each), and the exposed fraction is the printed formula of those medians."""

@@ -1,9 +1,10 @@
-// Bit-for-bit check of the residual searches' part maxima (gumbel_search.h z_part_maxima: with AVX-512BW, 16-bit
-// logits take the four parts' integer extremes and one transposed reduction) against z_group_max of each part
-// and against a scalar max of sanitize(x / T), on bf16 and fp16 groups built around what the integer shortcut
-// reads: random signs, all-negative parts, one spike per part at a position that moves with the trial
-// (largest or smallest, of either sign), +-0, -inf, +inf and NaN of either sign, two temperatures. Built and run by tests/test_native.py
-// once per instruction set; prints "compared N different D".
+// Bit-for-bit check of the residual searches' part maxima (gumbel_search.h z_part_maxima: with AVX-512BW,
+// 16-bit logits take the four parts' integer extremes and one transposed reduction) against z_group_max of
+// each part and against a scalar max of sanitize(x / T), on bf16 and fp16 groups built around what the
+// integer shortcut reads: random signs, all-negative parts, one spike per part at a position that moves
+// with the trial (largest or smallest, of either sign), +-0, -inf, +inf and NaN of either sign, two
+// temperatures. Built and run by tests/test_native.py once per instruction set; prints "compared N
+// different D".
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -43,9 +44,9 @@ long check(const std::vector<uint16_t>& row, int64_t vocab, float temperature, l
       if (n > 0) {
         want = z_group_max<D>(z, b0 + q * kPartBlocks, n);
         float scalar = -kInf;  // the plain definition
-        for (int64_t v = (b0 + q * kPartBlocks) * kBlock; v < std::min<int64_t>((b0 + q * kPartBlocks + n) * kBlock, vocab); ++v) {
-          scalar = std::max(scalar, z.z(v));
-        }
+        const int64_t first = (b0 + q * kPartBlocks) * kBlock;
+        const int64_t last = std::min<int64_t>(first + static_cast<int64_t>(n) * kBlock, vocab);
+        for (int64_t v = first; v < last; ++v) scalar = std::max(scalar, z.z(v));
         bad += differ(want, scalar);
       }
       bad += differ(part[q], want);
@@ -82,10 +83,10 @@ long run(long* compared) {
       row[rng() % vocab] = static_cast<uint16_t>(nan | 0x8000);
       row[rng() % vocab] = inf;
       row[rng() % vocab] = static_cast<uint16_t>(inf | 0x8000);
-      for (int64_t v = part; v < 2 * part; ++v) row[v] = static_cast<uint16_t>(nan | 0x8000);  // negative NaNs only
+      for (int64_t v = part; v < 2 * part; ++v) row[v] = static_cast<uint16_t>(nan | 0x8000);  // only -NaN
     }
-    // One spike per part of the first groups, at every position in turn: the part's largest or smallest
-    // entry, of either sign.
+    // One spike per part of the first four groups, at a position that moves with the part and the trial:
+    // the part's largest or smallest entry, of either sign.
     for (int64_t p0 = 0; p0 + part <= 4 * kGroup; p0 += part) {
       const int64_t at = p0 + (p0 / part * 37 + trial * 11) % part;
       const float s = (trial / 5) % 2 ? 40.0f : -40.0f;

@@ -150,7 +150,8 @@ template <class Op>
 SPECDEC_SIMD_INLINE __m512i reduce4_i16(const __m512i* r, Op op) {
   const __m512i a = op(_mm512_shuffle_i32x4(r[0], r[1], 0x44), _mm512_shuffle_i32x4(r[0], r[1], 0xEE));
   const __m512i b = op(_mm512_shuffle_i32x4(r[2], r[3], 0x44), _mm512_shuffle_i32x4(r[2], r[3], 0xEE));
-  __m512i c = op(_mm512_shuffle_i32x4(a, b, 0x88), _mm512_shuffle_i32x4(a, b, 0xDD));  // quarter q: r[q]'s 8 lanes
+  // quarter q: r[q] reduced to 8 lanes
+  __m512i c = op(_mm512_shuffle_i32x4(a, b, 0x88), _mm512_shuffle_i32x4(a, b, 0xDD));
   c = op(c, _mm512_shuffle_epi32(c, _MM_PERM_BADC));
   c = op(c, _mm512_shuffle_epi32(c, _MM_PERM_CDAB));
   return op(c, _mm512_srli_epi32(c, 16));
