@@ -21,6 +21,7 @@ at::Tensor philox_uniform_rows_cpu(const at::Tensor& seed, const at::Tensor& pos
                                    int64_t vocab);
 // csrc/cpu/stream_read_cpu.cpp
 double stream_sum_cpu(const at::Tensor& x);
+double stream_work_cpu(const at::Tensor& x, int64_t rounds);
 }  // namespace specdec
 
 TORCH_LIBRARY(specdec, m) {
@@ -175,6 +176,15 @@ PYBIND11_MODULE(_C, m) {
       "The sum of a contiguous float32 CPU tensor, read as the verification passes read (see "
       "specdec_kernels.native.stream_sum): the read-bandwidth probe of the CPU benchmarks.",
       py::arg("x"));
+  m.def(
+      "stream_work_cpu",
+      [](const at::Tensor& x, int64_t rounds) {
+        py::gil_scoped_release release;
+        return specdec::stream_work_cpu(x, rounds);
+      },
+      "stream_sum_cpu with `rounds` dependent multiply-adds on every loaded vector (see "
+      "specdec_kernels.native.stream_work): the stream-compute probe of the CPU benchmarks.",
+      py::arg("x"), py::arg("rounds"));
 #if defined(SPECDEC_WITH_CUDA)
   m.def("verify_chain_cuda", &verify_chain<kChainOp>, doc, py::arg("target_logits_"), py::arg("draft_token_ids"),
         py::arg("cu_num_draft_tokens"), py::arg("draft_probs"), py::arg("temperature"), py::arg("top_k"),

@@ -119,6 +119,14 @@ def stream_sum(x) -> float:
     return op("stream_sum", "cpu")(x)
 
 
+def stream_work(x, rounds: int) -> float:
+    """``stream_sum`` with ``rounds`` (0 to 1024) dependent multiply-adds on every loaded vector, one per
+    64-byte line and round: the same read carrying a known amount of work (``rounds = 0`` is
+    ``stream_sum`` itself), for ``benchmarks/stream_compute_probe.py``. The value means nothing; it is
+    returned so that the reads and the work happen."""
+    return op("stream_work", "cpu")(x, rounds)
+
+
 def uniform_rows(seed, position, stream: int, vocab_size: int):
     """[R, V] float32 Philox uniforms of rows (``seed`` [R], ``position`` [R] int64, CPU) on ``stream``:
     ``specdec_kernels.reference.philox.uniform_rows`` bit for bit, in one native call (the drafters'

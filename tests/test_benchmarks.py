@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import specdec_kernels as sk
-from benchmarks import bench_chain, call_overhead, overlap_probe, roofline
+from benchmarks import bench_chain, call_overhead, overlap_probe, roofline, stream_compute_probe
 from benchmarks.common import BASE_COLUMNS, PROVENANCE_COLUMNS, read_csv
 from specdec_kernels import native
 
@@ -359,3 +359,28 @@ def test_overlap_probe_rejects_bad_arguments(capsys):
             overlap_probe.main(argv)
     err = capsys.readouterr().err
     assert "--rounds must be >= 1" in err and "--vocab must be >= 64" in err and "invalid choice" in err
+
+
+@pytest.mark.skipif(not native.has_device("cpu"), reason="specdec_kernels._C not built")
+def test_stream_compute_probe_reports_the_exposed_work(capsys):
+    """Tiny sizes: rounds 0 is always measured, every timing is positive, and the exposed fraction is the
+    printed formula of those medians."""
+    r = stream_compute_probe.main(["--mib", "2", "--rounds-list", "4", "--repeats", "2", "--cache-kib", "64",
+                                   "--cache-calls", "3"])
+    assert sorted(r) == [0, 4]
+    assert all(row["cold"] > 0 and row["cached"] > 0 for row in r.values())
+    row = r[4]
+    assert row["added_cold"] == pytest.approx(row["cold"] - r[0]["cold"])
+    assert row["added_cached"] == pytest.approx(row["cached"] - r[0]["cached"])
+    if row["added_cached"] > 0:
+        assert row["exposed"] == pytest.approx(row["added_cold"] / row["added_cached"])
+    assert "exposed" in capsys.readouterr().out
+
+
+def test_stream_compute_probe_rejects_bad_arguments(capsys):
+    for argv in (["--repeats", "0"], ["--rounds-list", "2,x"], ["--rounds-list", "2000"]):
+        with pytest.raises(SystemExit):
+            stream_compute_probe.main(argv)
+    err = capsys.readouterr().err
+    assert "--repeats must be >= 1" in err and "comma-separated integers" in err
+    assert "--rounds-list entries must be in [0, 1024], got 2000" in err

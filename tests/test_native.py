@@ -751,6 +751,27 @@ def test_stream_sum_reads_every_entry_and_names_a_bad_argument():
         native.stream_sum(torch.ones(8, 2)[:, 0])
 
 
+def test_stream_work_does_its_rounds_on_every_entry_and_names_a_bad_argument():
+    """The stream-compute probe: every entry (whole chunks, slice tails, lengths that are not whole lines)
+    takes `rounds` multiply-adds y = fma(y, 0.999, 0.001) before the sum; 0 rounds is stream_sum; a clear
+    error names rounds outside [0, 1024] and x for anything but contiguous float32."""
+    gen = torch.Generator().manual_seed(4)
+    for n in (1, 15, 1000, 151936 + 7):
+        x = torch.rand(n, generator=gen) * 100
+        for rounds in (1, 3, 16):
+            y = x.double()
+            for _ in range(rounds):
+                y = (y * float(torch.tensor(0.999)) + float(torch.tensor(0.001))).float().double()
+            assert native.stream_work(x, rounds) == pytest.approx(float(y.sum()), rel=1e-5)
+        assert native.stream_work(x, 0) == native.stream_sum(x)
+    x = torch.ones(64)
+    for bad in (-1, 1025):
+        with pytest.raises(ValueError, match=r"rounds must be in \[0, 1024\]"):
+            native.stream_work(x, bad)
+    with pytest.raises(TypeError, match="x must be float32"):
+        native.stream_work(torch.ones(8, dtype=torch.float64), 1)
+
+
 def test_missing_extension_gives_one_clear_message():
     proc = _run("""
         import sys

@@ -1,6 +1,7 @@
 // The read-bandwidth probe (benchmarks/bench_native_cpu.py): the sum of a float32 tensor, split across the
 // OpenMP threads the verification ops use (SplitExec, parallel.h), each slice read by the instruction-set
-// build's stream_sum.
+// build's stream_sum; and the same read carrying `rounds` multiply-adds per loaded vector
+// (benchmarks/stream_compute_probe.py).
 #include <ATen/ATen.h>
 #include <omp.h>
 
@@ -11,14 +12,35 @@
 
 namespace specdec {
 
-double stream_sum_cpu(const at::Tensor& x) {
+inline constexpr int64_t kMaxStreamRounds = 1024;
+
+namespace {
+
+void check_stream_input(const at::Tensor& x) {
   TORCH_CHECK_VALUE(x.device().is_cpu(), "x must be a CPU tensor, got ", x.device());
   TORCH_CHECK_TYPE(x.scalar_type() == at::kFloat, "x must be float32, got ", x.scalar_type());
   TORCH_CHECK_VALUE(x.is_contiguous(), "x must be contiguous");
+}
+
+}  // namespace
+
+double stream_sum_cpu(const at::Tensor& x) {
+  check_stream_input(x);
   const float* p = x.data_ptr<float>();
   const RowKernels& K = cpu::row_kernels();
   cpu::SplitExec exec{x.numel(), std::max(1, omp_get_max_threads())};
   return exec.sum([&](int64_t b, int64_t e) { return K.stream_sum(p + b, e - b); });
+}
+
+double stream_work_cpu(const at::Tensor& x, int64_t rounds) {
+  check_stream_input(x);
+  TORCH_CHECK_VALUE(rounds >= 0 && rounds <= kMaxStreamRounds, "rounds must be in [0, ", kMaxStreamRounds, "], got ",
+                    rounds);
+  if (rounds == 0) return stream_sum_cpu(x);  // the read probe itself
+  const float* p = x.data_ptr<float>();
+  const RowKernels& K = cpu::row_kernels();
+  cpu::SplitExec exec{x.numel(), std::max(1, omp_get_max_threads())};
+  return exec.sum([&](int64_t b, int64_t e) { return K.stream_work(p + b, e - b, static_cast<int>(rounds)); });
 }
 
 }  // namespace specdec

@@ -218,25 +218,47 @@ double weighted_residual_t(const float* e, float total, float w, const void* q, 
 
 // Sum of x[0, n), read with the row passes' own prefetch (prefetch_ahead) into four float accumulators:
 // the read-bandwidth probe of benchmarks/bench_native_cpu.py, a read-only stream at least as fast as the
-// verification passes read (torch.sum, without prefetch, reads slower on some machines). The value is
-// returned only so that the reads happen.
-inline double stream_sum_impl(const float* x, int64_t n) {
+// verification passes read (torch.sum, without prefetch, reads slower on some machines). With kWork, every
+// loaded vector first takes `rounds` dependent multiply-adds (one per 64-byte line and round): the same
+// stream carrying a known amount of work, for benchmarks/stream_compute_probe.py. The value is returned
+// only so that the reads (and the work) happen.
+template <bool kWork>
+SPECDEC_SIMD_INLINE double stream_pass(const float* x, int64_t n, int rounds) {
   constexpr int64_t kChunk = 256;
+  const simd::f32v scale = simd::f32v{} + 0.999f, bias = simd::f32v{} + 0.001f;
   simd::f32v acc[4] = {};
   int64_t v = 0;
   for (; v + kChunk <= n; v += kChunk) {
     prefetch_ahead(x, v * 4, kChunk * 4, n * 4);
     for (int64_t i = 0; i < kChunk; i += 4 * simd::W) {
-      for (int k = 0; k < 4; ++k) acc[k] += simd::load(x + v + i + k * simd::W);
+      if constexpr (kWork) {
+        simd::f32v y[4];
+        for (int k = 0; k < 4; ++k) y[k] = simd::load(x + v + i + k * simd::W);
+        for (int r = 0; r < rounds; ++r) {
+          for (int k = 0; k < 4; ++k) y[k] = simd::fma_v(y[k], scale, bias);
+        }
+        for (int k = 0; k < 4; ++k) acc[k] += y[k];
+      } else {
+        for (int k = 0; k < 4; ++k) acc[k] += simd::load(x + v + i + k * simd::W);
+      }
     }
   }
   double total = 0.0;
   for (int k = 0; k < 4; ++k) {
     for (int l = 0; l < simd::W; ++l) total += acc[k][l];
   }
-  for (; v < n; ++v) total += x[v];
+  for (; v < n; ++v) {
+    float y = x[v];
+    if constexpr (kWork) {
+      for (int r = 0; r < rounds; ++r) y = fma_f32(y, 0.999f, 0.001f);
+    }
+    total += y;
+  }
   return total;
 }
+
+inline double stream_sum_impl(const float* x, int64_t n) { return stream_pass<false>(x, n, 0); }
+inline double stream_work_impl(const float* x, int64_t n, int rounds) { return stream_pass<true>(x, n, rounds); }
 
 // The table entries (dtype switches outside the loops).
 inline ArgMax greedy_argmax_any(const void* row, DType d, int64_t v0, int64_t v1) {
@@ -341,6 +363,7 @@ inline RowKernels make_row_kernels() {
   k.softmax_weights = softmax_weights_impl;
   k.weighted_residual = weighted_residual_any;
   k.stream_sum = stream_sum_impl;
+  k.stream_work = stream_work_impl;
   return k;
 }
 

@@ -103,6 +103,8 @@ struct RowKernels {
                               int64_t v0, int64_t v1);
   // The sum of x[0, n) (float32), read as the row passes read: the read-bandwidth probe.
   double (*stream_sum)(const float* x, int64_t n);
+  // The same read with `rounds` dependent multiply-adds on every loaded vector (the stream-compute probe).
+  double (*stream_work)(const float* x, int64_t n, int rounds);
 };
 
 }  // namespace specdec
