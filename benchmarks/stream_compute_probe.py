@@ -35,7 +35,10 @@ MAX_ROUNDS = 1024  # native.stream_work's limit
 def measure(args) -> dict[int, dict[str, float]]:
     """Per number of rounds: the cold medians (and spread) and the cached time at the full size."""
     threads = torch.get_num_threads()
-    x = torch.ones(args.mib * 2**20 // 4)
+    try:
+        x = torch.ones(args.mib * 2**20 // 4)
+    except RuntimeError as e:  # out of memory: one line, not a traceback
+        sys.exit(f"stream_compute_probe: --mib {args.mib} cannot be allocated ({str(e).splitlines()[0]})")
     cached_x = x[: min(x.numel(), threads * args.cache_kib * 1024 // 4)]
     cold: dict[int, list[float]] = {r: [] for r in args.rounds_list}
     for r in args.rounds_list:

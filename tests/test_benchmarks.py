@@ -384,3 +384,5 @@ def test_stream_compute_probe_rejects_bad_arguments(capsys):
     err = capsys.readouterr().err
     assert "--repeats must be >= 1" in err and "comma-separated integers" in err
     assert "--rounds-list entries must be in [0, 1024], got 2000" in err
+    with pytest.raises(SystemExit, match="--mib 1099511627776 cannot be allocated"):
+        stream_compute_probe.main(["--mib", str(2**40)])
