@@ -120,10 +120,10 @@ def stream_sum(x) -> float:
 
 
 def stream_work(x, rounds: int) -> float:
-    """``stream_sum`` with ``rounds`` (0 to 1024) dependent multiply-adds on every loaded vector, one per
-    64-byte line and round: the same read carrying a known amount of work (``rounds = 0`` is
-    ``stream_sum`` itself), for ``benchmarks/stream_compute_probe.py``. The value means nothing; it is
-    returned so that the reads and the work happen."""
+    """``stream_sum`` with ``rounds`` (0 to 1024) dependent multiply-adds on every loaded vector (per
+    round, one per 64-byte line with AVX-512, two with AVX2): the same read carrying a known amount of work
+    (``rounds = 0`` is ``stream_sum`` itself), for ``benchmarks/stream_compute_probe.py``. The value means
+    nothing; it is returned so that the reads and the work happen."""
     return op("stream_work", "cpu")(x, rounds)
 
 

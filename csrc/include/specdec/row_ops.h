@@ -219,9 +219,9 @@ double weighted_residual_t(const float* e, float total, float w, const void* q, 
 // Sum of x[0, n), read with the row passes' own prefetch (prefetch_ahead) into four float accumulators:
 // the read-bandwidth probe of benchmarks/bench_native_cpu.py, a read-only stream at least as fast as the
 // verification passes read (torch.sum, without prefetch, reads slower on some machines). With kWork, every
-// loaded vector first takes `rounds` dependent multiply-adds (one per 64-byte line and round): the same
-// stream carrying a known amount of work, for benchmarks/stream_compute_probe.py. The value is returned
-// only so that the reads (and the work) happen.
+// loaded vector first takes `rounds` dependent multiply-adds (per round, one per 64-byte line with AVX-512):
+// the same stream carrying a known amount of work, for benchmarks/stream_compute_probe.py. The value is
+// returned only so that the reads (and the work) happen.
 template <bool kWork>
 SPECDEC_SIMD_INLINE double stream_pass(const float* x, int64_t n, int rounds) {
   constexpr int64_t kChunk = 256;
