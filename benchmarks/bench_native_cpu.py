@@ -82,6 +82,7 @@ from .common import CsvWriter, choice_list, largest_cache_bytes, provenance, req
 
 FAMILIES = ("flat", "zipf", "peaked", "qwen3")
 MODES = ("greedy", "random_det", "random_stoch")
+DRAFTS = ("accept", "model")
 PROVIDERS = ("ours", "vllm_step", "vllm", "torch", "torch_compile")
 READ_PROBES = ("stream_read", "sum_read")  # per case, timed next to ours: reads of its dtype's whole tensor
 SAME_SIZE_PROBES = ("stream_need", "sum_need")  # per case: reads of exactly its must_read_bytes
@@ -434,7 +435,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--families", type=choice_list(FAMILIES), default=list(FAMILIES))
     ap.add_argument("--dtypes", type=choice_list(tuple(DTYPES)), default=list(DTYPES))
     ap.add_argument("--modes", type=choice_list(MODES), default=list(MODES))
-    ap.add_argument("--drafts", type=choice_list(("accept", "model")), default=["accept", "model"])
+    ap.add_argument("--drafts", type=choice_list(DRAFTS), default=list(DRAFTS))
     ap.add_argument("--providers", type=choice_list(PROVIDERS), default=list(PROVIDERS))
     ap.add_argument("--evict-mib", type=int, default=0,
                     help="MiB written before every timed call (default 0: twice the last-level cache, >= 256)")

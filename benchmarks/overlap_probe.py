@@ -29,7 +29,10 @@ import torch
 
 import specdec_kernels as sk
 from benchmarks.bench_native_cpu import (
+    DRAFTS,
     DTYPES,
+    FAMILIES,
+    MODES,
     Case,
     _evict_caches,
     _keys,
@@ -40,10 +43,6 @@ from benchmarks.bench_native_cpu import (
 )
 from benchmarks.common import require_positive, time_fn
 from specdec_kernels import native
-
-FAMILIES = ("flat", "zipf", "peaked", "qwen3")
-MODES = ("greedy", "random_det", "random_stoch")
-DRAFTS = ("accept", "model")
 
 
 def _request_call(case: Case, args, b: int, width: int | None) -> Callable[[], object]:
