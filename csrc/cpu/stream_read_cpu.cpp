@@ -16,31 +16,27 @@ inline constexpr int64_t kMaxStreamRounds = 1024;
 
 namespace {
 
-void check_stream_input(const at::Tensor& x) {
+// The sum over the threads' slices of x (checked: contiguous float32 on the CPU) of pass(slice, length).
+template <class Pass>
+double split_stream(const at::Tensor& x, Pass pass) {
   TORCH_CHECK_VALUE(x.device().is_cpu(), "x must be a CPU tensor, got ", x.device());
   TORCH_CHECK_TYPE(x.scalar_type() == at::kFloat, "x must be float32, got ", x.scalar_type());
   TORCH_CHECK_VALUE(x.is_contiguous(), "x must be contiguous");
+  const float* p = x.data_ptr<float>();
+  cpu::SplitExec exec{x.numel(), std::max(1, omp_get_max_threads())};
+  return exec.sum([&](int64_t b, int64_t e) { return pass(p + b, e - b); });
 }
 
 }  // namespace
 
-double stream_sum_cpu(const at::Tensor& x) {
-  check_stream_input(x);
-  const float* p = x.data_ptr<float>();
-  const RowKernels& K = cpu::row_kernels();
-  cpu::SplitExec exec{x.numel(), std::max(1, omp_get_max_threads())};
-  return exec.sum([&](int64_t b, int64_t e) { return K.stream_sum(p + b, e - b); });
-}
+double stream_sum_cpu(const at::Tensor& x) { return split_stream(x, cpu::row_kernels().stream_sum); }
 
 double stream_work_cpu(const at::Tensor& x, int64_t rounds) {
-  check_stream_input(x);
   TORCH_CHECK_VALUE(rounds >= 0 && rounds <= kMaxStreamRounds, "rounds must be in [0, ", kMaxStreamRounds, "], got ",
                     rounds);
   if (rounds == 0) return stream_sum_cpu(x);  // the read probe itself
-  const float* p = x.data_ptr<float>();
   const RowKernels& K = cpu::row_kernels();
-  cpu::SplitExec exec{x.numel(), std::max(1, omp_get_max_threads())};
-  return exec.sum([&](int64_t b, int64_t e) { return K.stream_work(p + b, e - b, static_cast<int>(rounds)); });
+  return split_stream(x, [&](const float* p, int64_t n) { return K.stream_work(p, n, static_cast<int>(rounds)); });
 }
 
 }  // namespace specdec
