@@ -594,8 +594,11 @@ def test_stochastic_rejection_without_the_exact_normalizer_matches_reference(thr
 
 def _greedy_16bit_case(family: str, dtype: torch.dtype, V: int, gen: torch.Generator) -> dict:
     """Greedy one-draft chains (8 requests, 16 rows) of 16-bit logits built bit by bit around what the
-    integer chunk filter of greedy_argmax_t reads: signs, +-0 ties, NaN of either sign, +inf, -inf prefixes,
-    rows that rise by ulps to mid row (most chunks pass), heavy ties, maxima in the row's tail."""
+    integer reductions of greedy_argmax_t read (the grouped pass: lane maxima / minima of 2048-entry groups,
+    64 groups a segment; the per-chunk filter its fallback): signs, +-0 ties, NaN of either sign, +inf, -inf
+    prefixes, rows that rise by ulps to mid row (most chunks pass), heavy ties, maxima in the row's tail, one
+    NaN or one -0 in an otherwise ordinary row (one segment falls back, the next does not), +inf in a segment
+    that falls back and in one that does not, and the max repeated at group and segment edges."""
     B = 8
     x = torch.randn(2 * B, V, generator=gen)
     if family == "negative":  # every entry below zero: the max is the negative entry of fewest magnitude bits
@@ -605,7 +608,7 @@ def _greedy_16bit_case(family: str, dtype: torch.dtype, V: int, gen: torch.Gener
         idx = torch.randint(0, V, (2 * B, 6), generator=gen)
         x.scatter_(1, idx[:, :3], -0.0)
         x.scatter_(1, idx[:, 3:], 0.0)
-    elif family == "masked":  # a long -inf prefix, then negative entries; two rows all -inf, one all NaN
+    elif family == "masked":  # a long -inf prefix, then negative entries; rows all -inf, all NaN, NaN then -inf
         x = -x.abs()
         x[:, : V // 2] = float("-inf")
         x[3] = float("-inf")
@@ -617,6 +620,19 @@ def _greedy_16bit_case(family: str, dtype: torch.dtype, V: int, gen: torch.Gener
         x = (x * 2).round()
     elif family == "tail":  # the max in the last entries, beyond the whole chunks
         x[:, -7:] = x.max() + 1.0 + torch.rand(2 * B, 7, generator=gen)
+    elif family == "lone":  # one NaN, or one -0 among negative entries, somewhere in each row
+        x[0::2, :][torch.arange(B), torch.randint(0, V, (B,), generator=gen)] = float("nan")
+        x[1::2] = -x[1::2].abs() - 0.1
+        x[1::2, :][torch.arange(B), torch.randint(0, V, (B,), generator=gen)] = -0.0
+    elif family == "inf":  # +inf early, next to a NaN (that segment falls back), and again later in the row
+        x[:, [10, V - 5]] = float("inf")
+        x[:, 20] = float("nan")
+    elif family == "edges":  # the max at the last entry of a group, the first of the next, a segment's edges
+        top = x.max() + 1.0
+        for r, cut in enumerate((2048, 4096, 131072, 2 * 131072)):
+            if cut < V:
+                x[2 * r, cut - 1], x[2 * r + 1, cut] = top, top
+                x[2 * r + 1, min(cut + 2047, V - 1)] = top  # a tie later in the row: the first one wins
     bits = x.to(dtype).view(torch.int16).clone()
     if family == "specials":  # NaN of both signs (as integers, the largest of each sign) and +inf
         nan_bits, inf_bits = (0x7FC0, 0x7F80) if dtype == torch.bfloat16 else (0x7E00, 0x7C00)
@@ -625,8 +641,11 @@ def _greedy_16bit_case(family: str, dtype: torch.dtype, V: int, gen: torch.Gener
         flat[idx[0::3]] = nan_bits
         flat[idx[1::3]] = nan_bits - 0x8000  # the sign bit set, as int16
         flat[idx[2::3][:: max(1, len(idx) // 60)]] = inf_bits
+    if family == "masked":  # a row of -inf after negative NaNs: its max is -inf, and the argmax is 0 all the same
+        bits[6] = -0x80 if dtype == torch.bfloat16 else -0x400  # -inf
+        bits[6, :3] = -0x40 if dtype == torch.bfloat16 else -0x200  # a negative NaN
     logits = bits.view(dtype)
-    z = logits.float().nan_to_num(nan=float("-inf"), posinf=torch.finfo(torch.float32).max)
+    z = logits.float().nan_to_num(nan=float("-inf"), posinf=torch.finfo(torch.float32).max, neginf=float("-inf"))
     first_max = (z == z.max(-1, keepdim=True).values).int().argmax(-1)
     first_max[z.max(-1).values == float("-inf")] = 0
     return dict(target_logits=logits, draft_token_ids=first_max[0::2], cu_num_draft_tokens=torch.arange(B + 1),
@@ -650,7 +669,8 @@ def test_16bit_integer_maxima_match_reference_on_every_build(threads):
         bad = []
         for dtype in (torch.bfloat16, torch.float16):
             for V in (151936, 1537, 4099):
-                for family in ("flat", "negative", "zeros", "masked", "rising", "ties", "tail", "specials"):
+                for family in ("flat", "negative", "zeros", "masked", "rising", "ties", "tail", "specials", "lone",
+                               "inf", "edges"):
                     kw = _greedy_16bit_case(family, dtype, V, gen)
                     ref, got = sk.verify_chain(**kw, backend="reference"), sk.verify_chain(**kw, backend="cpu")
                     if not (torch.equal(ref.output_token_ids, got.output_token_ids)
@@ -658,6 +678,14 @@ def test_16bit_integer_maxima_match_reference_on_every_build(threads):
                         bad.append((str(dtype), V, family))
                     elif int(ref.num_accepted.sum()) != len(ref.num_accepted):
                         bad.append((str(dtype), V, family, "draft rejected"))
+                    for b in (0, 1):  # one request alone: with two threads its rows are split between them
+                        one = dict(kw, target_logits=kw["target_logits"][2 * b:2 * b + 2],
+                                   draft_token_ids=kw["draft_token_ids"][b:b + 1], cu_num_draft_tokens=torch.arange(2),
+                                   temperature=kw["temperature"][b:b + 1], seed=kw["seed"][b:b + 1],
+                                   position=kw["position"][b:b + 1])
+                        if not torch.equal(sk.verify_chain(**one, backend="cpu").output_token_ids,
+                                           ref.output_token_ids[b:b + 1]):
+                            bad.append((str(dtype), V, family, "one request", b))
                     kw["temperature"] = torch.full_like(kw["temperature"], 0.5)  # Gumbel-max: group maxima
                     ref, got = sk.verify_chain(**kw, backend="reference"), sk.verify_chain(**kw, backend="cpu")
                     if not torch.equal(ref.output_token_ids, got.output_token_ids):

@@ -206,6 +206,22 @@ SPECDEC_SIMD_INLINE bool any_greater(i16v a, i16v b) {
   return any;
 #endif
 }
+// The first lane of a equal to t, or -1.
+SPECDEC_SIMD_INLINE int first_eq_i16(i16v a, int16_t t) {
+#if defined(__AVX512BW__)
+  const uint32_t m = _mm512_cmpeq_epi16_mask(bits_as<__m512i>(a), _mm512_set1_epi16(t));
+  return m != 0 ? __builtin_ctz(m) : -1;
+#elif defined(__AVX2__)
+  const uint32_t m = static_cast<uint32_t>(
+      _mm256_movemask_epi8(_mm256_cmpeq_epi16(bits_as<__m256i>(a), _mm256_set1_epi16(t))));
+  return m != 0 ? static_cast<int>(__builtin_ctz(m) / 2) : -1;  // two mask bits per 16-bit lane
+#else
+  for (int l = 0; l < 2 * W; ++l) {
+    if (a[l] == t) return l;
+  }
+  return -1;
+#endif
+}
 SPECDEC_SIMD_INLINE bool any_gt(i16v a, int16_t t) { return any_greater(a, i16v{} + t); }
 SPECDEC_SIMD_INLINE bool any_lt(i16v a, int16_t t) { return any_greater(i16v{} + t, a); }
 
