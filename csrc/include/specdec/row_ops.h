@@ -294,35 +294,39 @@ double weighted_residual_t(const float* e, float total, float w, const void* q, 
   return sum + tail;
 }
 
-// Sum of x[0, n), read with the row passes' own prefetch (prefetch_ahead) into four float accumulators:
-// the read-bandwidth probe of benchmarks/bench_native_cpu.py, a read-only stream at least as fast as the
-// verification passes read (torch.sum, without prefetch, reads slower on some machines). With kWork, every
+// Sum of x[0, n), read with the row passes' own prefetch (prefetch_ahead) into eight float accumulators (with
+// four, the chains of 4-cycle adds held a 39 MB read back by 1-7 % on a 2-core Xeon VM, and the integer
+// greedy pass read faster than this probe): the read-bandwidth probe of benchmarks/bench_native_cpu.py, a
+// read-only stream at least as fast as the verification passes read (torch.sum, without prefetch, reads
+// slower on some machines). With kWork, every
 // loaded vector first takes `rounds` dependent multiply-adds (per round, one per 64-byte line with AVX-512):
 // the same stream carrying a known amount of work, for benchmarks/stream_compute_probe.py. The value is
 // returned only so that the reads (and the work) happen.
 template <bool kWork>
 SPECDEC_SIMD_INLINE double stream_pass(const float* x, int64_t n, int rounds) {
   constexpr int64_t kChunk = 256;
+  constexpr int kAcc = 8;
+  static_assert(kChunk % (kAcc * simd::W) == 0, "chunks hold whole groups of accumulated vectors");
   const simd::f32v scale = simd::f32v{} + 0.999f, bias = simd::f32v{} + 0.001f;
-  simd::f32v acc[4] = {};
+  simd::f32v acc[kAcc] = {};
   int64_t v = 0;
   for (; v + kChunk <= n; v += kChunk) {
     prefetch_ahead(x, v * 4, kChunk * 4, n * 4);
-    for (int64_t i = 0; i < kChunk; i += 4 * simd::W) {
+    for (int64_t i = 0; i < kChunk; i += kAcc * simd::W) {
       if constexpr (kWork) {
-        simd::f32v y[4];
-        for (int k = 0; k < 4; ++k) y[k] = simd::load(x + v + i + k * simd::W);
+        simd::f32v y[kAcc];
+        for (int k = 0; k < kAcc; ++k) y[k] = simd::load(x + v + i + k * simd::W);
         for (int r = 0; r < rounds; ++r) {
-          for (int k = 0; k < 4; ++k) y[k] = simd::fma_v(y[k], scale, bias);
+          for (int k = 0; k < kAcc; ++k) y[k] = simd::fma_v(y[k], scale, bias);
         }
-        for (int k = 0; k < 4; ++k) acc[k] += y[k];
+        for (int k = 0; k < kAcc; ++k) acc[k] += y[k];
       } else {
-        for (int k = 0; k < 4; ++k) acc[k] += simd::load(x + v + i + k * simd::W);
+        for (int k = 0; k < kAcc; ++k) acc[k] += simd::load(x + v + i + k * simd::W);
       }
     }
   }
   double total = 0.0;
-  for (int k = 0; k < 4; ++k) {
+  for (int k = 0; k < kAcc; ++k) {
     for (int l = 0; l < simd::W; ++l) total += acc[k][l];
   }
   for (; v < n; ++v) {
