@@ -8,10 +8,10 @@ order. A process imports that checkout's ``specdec_kernels`` (its own compiled `
 and times ``verify_chain(..., backend="cpu")`` on every case, ``--reps`` calls from evicted caches, median.
 A CSV row per case: both builds' median / min / max over rounds, the after / before ratio of medians, and
 each build's fraction of read bandwidth on the bytes an exact verifier must read (``bench_native_cpu``'s
-``must_read_bytes`` and reference: the faster of ``torch.sum`` and ``native.stream_sum``, where that build
-has it, over the case's dtype's logits, measured in the same process; median over rounds: a build
-without stream_sum is judged against torch.sum alone, which reads slower, so its fractions, if anything,
-come out high). The read
+``must_read_bytes`` and reference: the fastest of ``torch.sum``, ``native.stream_sum`` and
+``native.stream_minmax16``, where that build has them, over the case's dtype's logits, measured in the same
+process; median over rounds: a build without the native probes is judged against torch.sum alone, which
+reads slower, so its fractions, if anything, come out high). The read
 bandwidth rows (``read_gbs/<family>/<dtype>``) hold GB/s, not milliseconds. Only our calls and the read
 probes are timed (the other providers are ``bench_native_cpu``'s).
 """
@@ -60,6 +60,8 @@ def worker(args) -> None:
             probes = [lambda x=x: torch.sum(x)]
             if hasattr(native, "stream_sum"):
                 probes.append(lambda x=x: native.stream_sum(bench._as_words(x)))
+            if hasattr(native, "stream_minmax16"):
+                probes.append(lambda x=x: native.stream_minmax16(x))
             seconds = min(bench._median_time(probe, 5) for probe in probes)
             out[f"read_gbs/{family}/{dtype}"] = x.numel() * x.element_size() / seconds / 1e9
         for case in cases:

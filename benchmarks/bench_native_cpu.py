@@ -13,21 +13,24 @@ One run times, on the same inputs and threads, side by side:
   (greedy), Gumbel-max by the exponential race ``argmax(z - log E)`` (random, deterministic drafts), or
   softmax + coins + ``argmax(residual / E)`` (random, stochastic drafts) over every row at once;
 - ``stream`` (``specdec_kernels.native.stream_sum``: a read-only pass with the verification passes' own
-  software prefetch, on the same threads) and ``sum`` (``torch.sum``, without prefetch), each over every
-  dtype's own logits tensor (bf16 entries read in pairs as 32-bit words by ``stream``): the faster of the
-  two in a round is the family's read bandwidth of that dtype's bytes (``torch.sum`` alone reads 10-25 %
-  slower on some machines, faster on others; a bf16 case is a read of half the fp32 bytes, so its call's
-  fixed costs weigh twice as much, and so they do in its reference); ``copy`` (``dst.copy_(src)`` over the
-  fp32 logits, bandwidth counted as read + written bytes);
-- ``stream_read`` and ``sum_read`` (per case): the same two reads of the case's dtype's whole tensor, timed
-  right next to ours (ours, then these probes, on even rounds; the reverse on odd ones): the faster of the
-  two in a round is the case's read bandwidth in that round, the reference of its fractions. The family's
-  probes can run tens of seconds from a case (its baselines take that long), and this VM's bandwidth has
-  moved by 1.6x within such a span;
-- ``stream_need`` and ``sum_need`` (per case): ``native.stream_sum`` and ``torch.sum`` over the first
+  software prefetch, on the same threads, float adds into eight accumulators), ``int16``
+  (``native.stream_minmax16``: the loop of the 16-bit greedy pass alone, an integer max and min per vector,
+  same prefetch and threads; on some runs of this VM it reads faster than ``stream``, on others slower) and
+  ``sum`` (``torch.sum``, without prefetch), each over every dtype's own logits tensor (bf16 entries read in
+  pairs as 32-bit words by ``stream``, any entries as 16-bit words by ``int16``): the fastest of the three in
+  a round is the family's read bandwidth of that dtype's bytes (``torch.sum`` alone reads 10-25 % slower on
+  some machines, faster on others; a bf16 case is a read of half the fp32 bytes, so its call's fixed costs
+  weigh twice as much, and so they do in its reference); ``copy`` (``dst.copy_(src)`` over the fp32 logits,
+  bandwidth counted as read + written bytes);
+- ``stream_read``, ``int16_read`` and ``sum_read`` (per case): the same three reads of the case's dtype's
+  whole tensor, timed right next to ours (ours, then these probes, on even rounds; the reverse on odd ones):
+  the fastest of the three in a round is the case's read bandwidth in that round, the reference of its
+  fractions. The family's probes can run tens of seconds from a case (its baselines take that long), and
+  this VM's bandwidth has moved by 1.6x within such a span;
+- ``stream_need``, ``int16_need`` and ``sum_need`` (per case): the three reads over the first
   ``must_read_bytes`` of the case's own logits, contiguous: reads of exactly as many bytes as the case
-  must read, their calls' fixed costs and ramp included, timed next to the case's read probes; the faster of
-  the two in a round is that round's same-size read. A case that must read one row per request (a first
+  must read, their calls' fixed costs and ramp included, timed next to the case's read probes; the fastest
+  of the three in a round is that round's same-size read. A case that must read one row per request (a first
   draft rejected) reads a quarter of the tensor, and this VM reads 19 MB up to ~25 % slower per byte than
   78-156 MB, so ``read_fraction`` understates such cases; ``same_size_fraction`` (the same-size read's
   time over the provider's, per round) is the fraction of a read of the same size, reported beside it (not
@@ -44,8 +47,8 @@ each request's logit rows up to its first rejection (all k + 1 when every draft 
 random row is needed, for its normalizer or its Gumbel race). Draft probabilities are not counted: an accepted
 row needs q at the draft token only, and a rejected row's residual search reads q only on its few candidate
 blocks (counting whole q rows, as this benchmark did before, made the stochastic fractions look up to twice as
-good); ``read_fraction`` = median over rounds of ``must_read_bytes / time / read bandwidth`` (the faster of
-the case's ``stream_read`` and ``sum_read`` in the same round), with its min / max; a case row's ``read_gbs``
+good); ``read_fraction`` = median over rounds of ``must_read_bytes / time / read bandwidth`` (the fastest
+of the case's read probes in the same round), with its min / max; a case row's ``read_gbs``
 is the median over rounds of that bandwidth, a ``stream`` / ``sum`` row's the family's; ``same_size_fraction``
 = median over rounds of the same-size read's time / the provider's, with its min / max.
 
@@ -84,8 +87,9 @@ FAMILIES = ("flat", "zipf", "peaked", "qwen3")
 MODES = ("greedy", "random_det", "random_stoch")
 DRAFTS = ("accept", "model")
 PROVIDERS = ("ours", "vllm_step", "vllm", "torch", "torch_compile")
-READ_PROBES = ("stream_read", "sum_read")  # per case, timed next to ours: reads of its dtype's whole tensor
-SAME_SIZE_PROBES = ("stream_need", "sum_need")  # per case: reads of exactly its must_read_bytes
+READ_PROBES = ("stream_read", "int16_read", "sum_read")  # per case, next to ours: its dtype's whole tensor
+SAME_SIZE_PROBES = ("stream_need", "int16_need", "sum_need")  # per case: reads of exactly its must_read_bytes
+READS = ("stream", "int16", "sum")  # the family's read probes, per dtype
 PROBES = (*READ_PROBES, *SAME_SIZE_PROBES)
 FAST_REPS = ("ours", *PROBES)  # timed --fast-reps calls per round (the rest: --reps)
 CASE_COLUMNS = ("batch", "k", "vocab", "dtype", "family", "mode", "drafts")
@@ -306,6 +310,7 @@ def run_family(family: str, args, gen: torch.Generator, writer: CsvWriter, info:
     bandwidth: dict[tuple[str, str], Callable[[], object]] = {}
     for dtype, x in tensors.items():
         bandwidth["stream", dtype] = lambda x=x: native.stream_sum(_as_words(x))
+        bandwidth["int16", dtype] = lambda x=x: native.stream_minmax16(x)
         bandwidth["sum", dtype] = lambda x=x: torch.sum(x)
     bandwidth["copy", "float32"] = lambda: dst.copy_(logits32)
     callables: dict[tuple[int, str], Callable[[], object]] = {}
@@ -329,8 +334,10 @@ def run_family(family: str, args, gen: torch.Generator, writer: CsvWriter, info:
     need = {i: must_read_bytes(c, accepted[i]) for i, c in enumerate(cases)}
     for i, case in enumerate(cases):  # the case's read probes, interleaved with its providers
         callables[i, "stream_read"] = bandwidth["stream", case.dtype]
+        callables[i, "int16_read"] = bandwidth["int16", case.dtype]
         callables[i, "sum_read"] = bandwidth["sum", case.dtype]
         callables[i, "stream_need"] = lambda w=same_size_words(case, need[i]): native.stream_sum(w)
+        callables[i, "int16_need"] = lambda w=same_size_words(case, need[i]): native.stream_minmax16(w)
         callables[i, "sum_need"] = lambda x=same_size_entries(case, need[i]): torch.sum(x)
     times: dict[tuple[int, str], list[float]] = {key: [] for key in callables}
     bw_times: dict[tuple[str, str], list[float]] = {key: [] for key in bandwidth}
@@ -346,7 +353,7 @@ def run_family(family: str, args, gen: torch.Generator, writer: CsvWriter, info:
                 times[item, name].append(_median_time(callables[item, name], reps))
     read_per_round = {
         dtype: [x.numel() * x.element_size() / t
-                for t in _faster_per_round(bw_times["sum", dtype], bw_times["stream", dtype])]
+                for t in _faster_per_round(*(bw_times[p, dtype] for p in READS))]
         for dtype, x in tensors.items()}
     read_gbs = {dtype: statistics.median(rates) for dtype, rates in read_per_round.items()}
     # Each case's own read bandwidth per round: its read probes, timed next to ours.
@@ -412,7 +419,7 @@ def _as_words(x: torch.Tensor) -> torch.Tensor:
 
 def same_size_words(case: Case, need: int) -> torch.Tensor:
     """The first ``need`` bytes of the case's logits (rounded down to whole 32-bit words), contiguous: what
-    the ``stream_need`` probe reads."""
+    the ``stream_need`` and ``int16_need`` probes read."""
     return _as_words(case.logits)[: need // 4]
 
 

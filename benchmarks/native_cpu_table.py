@@ -21,7 +21,7 @@ def table(rows: list[dict[str, str]], families: list[str] | None = None) -> str:
     """One markdown table: a line per case (dtype, family, mode, drafts), providers side by side."""
     cases: dict[tuple[str, ...], dict[str, dict[str, str]]] = defaultdict(dict)
     for r in rows:
-        probe = r["provider"] in ("stream", "sum", "copy", "stream_need", "sum_need")
+        probe = r["provider"] in ("stream", "int16", "sum", "copy", "stream_need", "int16_need", "sum_need")
         if probe or (families and r["family"] not in families):
             continue
         cases[r["dtype"], r["family"], r["mode"], r["drafts"]][r["provider"]] = r
@@ -54,8 +54,8 @@ def table(rows: list[dict[str, str]], families: list[str] | None = None) -> str:
 
 
 def bandwidth(rows: list[dict[str, str]]) -> str:
-    """Read bandwidth per family and dtype (the faster of the native stream and torch.sum over that dtype's
-    logits, median over rounds) and copy bandwidth (fp32) per family's block of rounds."""
+    """Read bandwidth per family and dtype (the fastest of the read probes over that dtype's logits, median
+    over rounds) and copy bandwidth (fp32) per family's block of rounds."""
     seen = {(r["family"], r["dtype"]): r for r in rows if r["provider"] == "sum"}
     return "; ".join(f"{fam} {dtype}: read {r['read_gbs']} GB/s, copy {r['copy_gbs']} GB/s"
                      for (fam, dtype), r in seen.items())

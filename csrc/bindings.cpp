@@ -22,6 +22,7 @@ at::Tensor philox_uniform_rows_cpu(const at::Tensor& seed, const at::Tensor& pos
 // csrc/cpu/stream_read_cpu.cpp
 double stream_sum_cpu(const at::Tensor& x);
 double stream_work_cpu(const at::Tensor& x, int64_t rounds);
+std::tuple<int64_t, int64_t> stream_minmax16_cpu(const at::Tensor& x);
 }  // namespace specdec
 
 TORCH_LIBRARY(specdec, m) {
@@ -185,6 +186,15 @@ PYBIND11_MODULE(_C, m) {
       "stream_sum_cpu with `rounds` dependent multiply-adds on every loaded vector (see "
       "specdec_kernels.native.stream_work): the stream-compute probe of the CPU benchmarks.",
       py::arg("x"), py::arg("rounds"));
+  m.def(
+      "stream_minmax16_cpu",
+      [](const at::Tensor& x) {
+        py::gil_scoped_release release;
+        return specdec::stream_minmax16_cpu(x);
+      },
+      "The largest and smallest 16-bit integer of a contiguous CPU tensor's bytes, read by the 16-bit greedy "
+      "pass's loop (see specdec_kernels.native.stream_minmax16): the integer read probe of the CPU benchmarks.",
+      py::arg("x"));
 #if defined(SPECDEC_WITH_CUDA)
   m.def("verify_chain_cuda", &verify_chain<kChainOp>, doc, py::arg("target_logits_"), py::arg("draft_token_ids"),
         py::arg("cu_num_draft_tokens"), py::arg("draft_probs"), py::arg("temperature"), py::arg("top_k"),

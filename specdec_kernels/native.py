@@ -119,6 +119,14 @@ def stream_sum(x) -> float:
     return op("stream_sum", "cpu")(x)
 
 
+def stream_minmax16(x) -> tuple[int, int]:
+    """The largest and smallest 16-bit integer in the bytes of a contiguous CPU tensor ``x`` (an even number of
+    bytes), read on the verification ops' threads by the 16-bit greedy pass's loop (an integer max and min per
+    vector, the same software prefetch): the integer read probe of ``benchmarks/bench_native_cpu.py``, beside
+    ``stream_sum`` (float adds) and ``torch.sum``, so that no verification pass reads faster than the probes."""
+    return op("stream_minmax16", "cpu")(x)
+
+
 def stream_work(x, rounds: int) -> float:
     """``stream_sum`` with ``rounds`` (0 to 1024) dependent multiply-adds on every loaded vector (per
     round, one per 64-byte line with AVX-512, two with AVX2): the same read carrying a known amount of work

@@ -163,13 +163,13 @@ def test_bench_native_cpu_writes_interleaved_rounds_with_command(tmp_path):
     assert set(BASE_COLUMNS) <= set(rows[0])
     timed = [r for r in rows if r["provider"] in ("ours", "torch")]
     assert len(timed) == 2 * 2 * 2 * 2 * 2  # families x dtypes x modes x drafts x providers
-    assert {r["provider"] for r in rows} == {"ours", "torch", "stream", "sum", "copy",
-                                             "stream_read", "sum_read", "stream_need", "sum_need"}
+    assert {r["provider"] for r in rows} == {"ours", "torch", "stream", "int16", "sum", "copy", "stream_read",
+                                             "int16_read", "sum_read", "stream_need", "int16_need", "sum_need"}
     assert {r["provider"]: r["repeats"] for r in timed} == {"ours": "2", "torch": "1"}  # --fast-reps, --reps
-    # Two same-size reads per case, of exactly the bytes the case must read; the faster of the two in a round
-    # is the reference, so neither probe's fraction of it exceeds 1.
-    same_size = [r for r in rows if r["provider"] in ("stream_need", "sum_need")]
-    assert len(same_size) == len(timed) and all(float(r["same_size_fraction_max"]) <= 1 for r in same_size)
+    # Three same-size reads per case, of exactly the bytes the case must read; the fastest of the three in a
+    # round is the reference, so no probe's fraction of it exceeds 1.
+    same_size = [r for r in rows if r["provider"] in ("stream_need", "int16_need", "sum_need")]
+    assert len(same_size) == 3 * len(timed) // 2 and all(float(r["same_size_fraction_max"]) <= 1 for r in same_size)
     cases = bench_native_cpu.build_cases(torch.randn(8, 64), "flat", bench_native_cpu.parse_args(argv),
                                          torch.Generator().manual_seed(0))
     for c in cases:  # the probes read the bytes counted, whatever the dtype
@@ -177,24 +177,25 @@ def test_bench_native_cpu_writes_interleaved_rounds_with_command(tmp_path):
         w, x = bench_native_cpu.same_size_words(c, need), bench_native_cpu.same_size_entries(c, need)
         assert w.is_contiguous() and w.numel() * 4 == need and x.numel() * x.element_size() == need
     # Each dtype's fractions are against a read of its own logits: probe rows per (family, dtype), copy fp32.
-    probes = {(r["family"], r["dtype"], r["provider"]): r for r in rows if r["provider"] in ("stream", "sum", "copy")}
-    reads = {(f, d, p) for f in ("flat", "zipf") for d in ("float32", "bfloat16") for p in ("stream", "sum")}
+    probes = {(r["family"], r["dtype"], r["provider"]): r for r in rows
+              if r["provider"] in ("stream", "int16", "sum", "copy")}
+    reads = {(f, d, p) for f in ("flat", "zipf") for d in ("float32", "bfloat16") for p in ("stream", "int16", "sum")}
     assert set(probes) == reads | {(f, "float32", "copy") for f in ("flat", "zipf")}
     # A case's fractions are against its own read probes (timed next to ours): its rows share its read_gbs,
     # which is the whole tensor's bytes over the faster probe's time in each round (median).
     by_case = {}
     for row in rows:
-        if row["provider"] not in ("stream", "sum", "copy"):
+        if row["provider"] not in ("stream", "int16", "sum", "copy"):
             key = (row["family"], row["dtype"], row["mode"], row["drafts"])
             by_case.setdefault(key, set()).add(row["read_gbs"])
     assert len(by_case) == len(timed) // 2 and all(len(v) == 1 for v in by_case.values())
     for row in timed:
         tensor_bytes = 6 * 64 * (2 if row["dtype"] == "bfloat16" else 4)  # (k + 1) B rows of V entries
-        probes_of_case = [r for r in rows if r["provider"] in ("stream_read", "sum_read")
+        probes_of_case = [r for r in rows if r["provider"] in ("stream_read", "int16_read", "sum_read")
                           and all(r[c] == row[c] for c in ("family", "dtype", "mode", "drafts"))]
         fastest = min(float(r["min_ms"]) for r in probes_of_case)
         slowest = min(float(r["max_ms"]) for r in probes_of_case)  # each round's faster probe is no slower
-        assert len(probes_of_case) == 2
+        assert len(probes_of_case) == 3
         gbs = float(row["read_gbs"])
         assert tensor_bytes / slowest / 1e6 * 0.999 <= gbs <= tensor_bytes / fastest / 1e6 * 1.001
         assert int(row["must_read_bytes"]) % (64 * (2 if row["dtype"] == "bfloat16" else 4)) == 0
@@ -218,9 +219,10 @@ def test_bench_native_cpu_writes_interleaved_rounds_with_command(tmp_path):
 
 @pytest.mark.skipif(not native.has_device("cpu"), reason="specdec_kernels._C not built")
 def test_bench_native_cpu_fractions_use_the_case_own_read_probes(tmp_path):
-    """A case's read_fraction is against the read probes timed next to ours (stream_read / sum_read), not
-    the family's stream / sum probes, which can run tens of seconds away. With one round every CSV figure is
-    that round's, so the relation is exact: read_gbs = tensor bytes / the faster probe, read_fraction =
+    """A case's read_fraction is against the read probes timed next to ours (stream_read / int16_read /
+    sum_read), not the family's stream / int16 / sum probes, which can run tens of seconds away. With one
+    round every CSV figure is that round's, so the relation is exact: read_gbs = tensor bytes / the fastest
+    probe, read_fraction =
     must_read_bytes / our time / read_gbs (the family probes' times, taken at another moment, match that only
     by chance). And ours is timed next to its probes in both directions."""
     from benchmarks import bench_native_cpu
@@ -231,13 +233,13 @@ def test_bench_native_cpu_fractions_use_the_case_own_read_probes(tmp_path):
                            "--modes", "greedy", "--drafts", "model", "--providers", "ours", "--out", str(out)])
     rows = {r["provider"]: r for r in read_csv([out])}
     tensor_bytes = 6 * 4096 * 4
-    case_gbs = tensor_bytes / min(float(rows[p]["median_ms"]) for p in ("stream_read", "sum_read")) / 1e6
+    case_gbs = tensor_bytes / min(float(rows[p]["median_ms"]) for p in bench_native_cpu.READ_PROBES) / 1e6
     ours = rows["ours"]
     assert float(ours["read_gbs"]) == pytest.approx(case_gbs, rel=2e-3)
     expected = int(ours["must_read_bytes"]) / float(ours["median_ms"]) / 1e6 / float(ours["read_gbs"])
     assert float(ours["read_fraction"]) == pytest.approx(expected, rel=5e-3)
     order = bench_native_cpu._case_order(["vllm", "ours", "torch"])
-    assert order[:5] == ["ours", *bench_native_cpu.PROBES] and order[::-1][-5:] == order[:5][::-1]
+    assert order[:7] == ["ours", *bench_native_cpu.PROBES] and order[::-1][-7:] == order[:7][::-1]
 
 
 @pytest.mark.skipif(not native.has_device("cpu") or not HAS_VLLM, reason="needs specdec_kernels._C and vllm")

@@ -779,6 +779,47 @@ def test_stream_sum_reads_every_entry_and_names_a_bad_argument():
         native.stream_sum(torch.ones(8, 2)[:, 0])
 
 
+@pytest.mark.parametrize("threads", ["1", "2"])
+def test_stream_minmax16_reads_every_word_on_every_build(threads):
+    """The CPU benchmarks' integer read probe: the largest and smallest 16-bit word of a tensor's bytes, on
+    every instruction-set build, with the extremes planted at the first and last word, at vector and 1 KB
+    chunk edges, in the tail after the whole chunks and at the two threads' slice edge; fp32 / bf16 tensors
+    read by their bytes; and a clear error naming x for a non-contiguous, empty or odd-byte tensor. Shown able
+    to fail: a loop that skips each chunk's last vector misses the planted extremes at chunk ends."""
+    code = """
+        import torch
+        from specdec_kernels import native
+        gen = torch.Generator().manual_seed(5)
+        bad = []
+        for n in (1, 31, 32, 33, 512, 1000, 4096 + 77, 151936 * 2 + 9):
+            spots = sorted({0, n - 1, min(31, n - 1), min(32, n - 1), min(511, n - 1), min(512, n - 1),
+                            n // 2, max(n - 40, 0)})
+            for hi_at in spots:
+                for lo_at in (spots[0], spots[-1], spots[len(spots) // 2]):
+                    x = torch.randint(-100, 100, (n,), generator=gen, dtype=torch.int16)
+                    x[lo_at], x[hi_at] = -32768 + int(lo_at % 7), 32767 - int(hi_at % 5)
+                    if native.stream_minmax16(x) != (int(x.max()), int(x.min())):
+                        bad.append((n, hi_at, lo_at))
+        for x in (torch.randn(300, 1001), torch.randn(64, 151936).bfloat16()):
+            words = x.reshape(-1).view(torch.int16)
+            if native.stream_minmax16(x) != (int(words.max()), int(words.min())):
+                bad.append(str(x.dtype))
+        for arg, msg in ((torch.ones(8, 2)[:, 0], "x must be contiguous"), (torch.empty(0), "x must not be empty"),
+                         (torch.ones(3, dtype=torch.uint8), "whole number of 16-bit words")):
+            try:
+                native.stream_minmax16(arg)
+                bad.append("no error: " + msg)
+            except ValueError as exc:
+                if msg not in str(exc):
+                    bad.append(str(exc))
+        print("bad", bad)
+    """
+    for isa in ("generic", "avx2", "avx512"):
+        proc = _run(code, SPECDEC_CPU_ISA=isa, OMP_NUM_THREADS=threads)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert proc.stdout.strip() == "bad []", (isa, proc.stdout)
+
+
 def test_stream_work_does_its_rounds_on_every_entry_and_names_a_bad_argument():
     """The stream-compute probe: every entry (whole chunks, slice tails, lengths that are not whole lines)
     takes `rounds` multiply-adds y = fma(y, 0.999, 0.001) before the sum; 0 rounds is stream_sum; a clear

@@ -6,6 +6,8 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <climits>
+#include <tuple>
 
 #include "cpu_kernels.h"
 #include "parallel.h"
@@ -28,6 +30,22 @@ double split_stream(const at::Tensor& x, Pass pass) {
 }
 
 }  // namespace
+
+std::tuple<int64_t, int64_t> stream_minmax16_cpu(const at::Tensor& x) {
+  TORCH_CHECK_VALUE(x.device().is_cpu(), "x must be a CPU tensor, got ", x.device());
+  TORCH_CHECK_VALUE(x.is_contiguous(), "x must be contiguous");
+  const int64_t bytes = x.numel() * static_cast<int64_t>(x.element_size());
+  TORCH_CHECK_VALUE(bytes % 2 == 0, "x must hold a whole number of 16-bit words, got ", bytes, " bytes");
+  TORCH_CHECK_VALUE(bytes > 0, "x must not be empty");
+  const auto* p = static_cast<const uint16_t*>(x.data_ptr());
+  const RowKernels& K = cpu::row_kernels();
+  cpu::SplitExec exec{bytes / 2, std::max(1, omp_get_max_threads())};
+  const Int16Range r = exec.reduce<Int16Range>(
+      [&](int64_t b, int64_t e) { return b < e ? K.stream_minmax16(p + b, e - b) : Int16Range{INT16_MIN, INT16_MAX}; },
+      Int16Range{INT16_MIN, INT16_MAX},
+      [](Int16Range a, Int16Range b) { return Int16Range{std::max(a.max, b.max), std::min(a.min, b.min)}; });
+  return {r.max, r.min};
+}
 
 double stream_sum_cpu(const at::Tensor& x) { return split_stream(x, cpu::row_kernels().stream_sum); }
 
