@@ -123,7 +123,8 @@ def stream_minmax16(x) -> tuple[int, int]:
     """The largest and smallest 16-bit integer in the bytes of a contiguous CPU tensor ``x`` (an even number of
     bytes), read on the verification ops' threads by the 16-bit greedy pass's loop (an integer max and min per
     vector, the same software prefetch): the integer read probe of ``benchmarks/bench_native_cpu.py``, beside
-    ``stream_sum`` (float adds) and ``torch.sum``, so that no verification pass reads faster than the probes."""
+    ``stream_sum`` (float adds) and ``torch.sum``, so that the greedy pass cannot read faster than its
+    reference by reading differently."""
     return op("stream_minmax16", "cpu")(x)
 
 

@@ -658,10 +658,13 @@ def test_16bit_integer_maxima_match_reference_on_every_build(threads):
     (greedy_argmax_t), random rows take each Gumbel-max group's maximum from them (max_16bit). At
     V = 151936 and at sizes with partial chunks, one thread and the row split across two, every family of
     _greedy_16bit_case must give the reference's tokens, greedy (all drafts are the first maximum, so every
-    request checks both of its rows) and at T = 0.5. Shown able to fail: a greedy filter without its test
-    for negative entries fails the negative, zeros and masked rows, one an ulp too strict (> t + 1) the
-    rising rows; a group maximum that takes the largest integer whatever its sign fails the negative, zeros
-    and masked random rows, one that trusts a NaN the specials rows."""
+    request checks both of its rows) and at T = 0.5, and each request alone (its row split across two
+    threads). Shown able to fail: a greedy filter without its test for negative entries fails the negative,
+    zeros and masked rows, one an ulp too strict (> t + 1) the rising rows; a group maximum that takes the
+    largest integer whatever its sign fails the negative, zeros and masked random rows, one that trusts a NaN
+    the specials rows. The grouped greedy pass: trusting a +-0 maximum fails the zeros rows, trusting a NaN
+    one the specials and lone rows, an unsanitized +inf the fp16 inf rows, ties taken by >= the negative,
+    rising and ties rows, a group one vector short the tail and edges rows."""
     code = """
         import torch, specdec_kernels as sk
         from tests.test_native import _greedy_16bit_case

@@ -296,13 +296,12 @@ double weighted_residual_t(const float* e, float total, float w, const void* q, 
 }
 
 // Sum of x[0, n), read with the row passes' own prefetch (prefetch_ahead) into eight float accumulators (with
-// four, the chains of 4-cycle adds held a 39 MB read back by 1-7 % on a 2-core Xeon VM, and the integer
-// greedy pass read faster than this probe): the read-bandwidth probe of benchmarks/bench_native_cpu.py, a
-// read-only stream at least as fast as the verification passes read (torch.sum, without prefetch, reads
-// slower on some machines). With kWork, every
-// loaded vector first takes `rounds` dependent multiply-adds (per round, one per 64-byte line with AVX-512):
-// the same stream carrying a known amount of work, for benchmarks/stream_compute_probe.py. The value is
-// returned only so that the reads (and the work) happen.
+// four, the chains of 4-cycle adds held a 39 MB read back by 1-7 % on a 2-core Xeon VM, slower than the
+// integer greedy pass): a read-bandwidth probe of benchmarks/bench_native_cpu.py (torch.sum, without
+// prefetch, reads slower on some machines). With kWork, every loaded vector first takes `rounds` dependent
+// multiply-adds (per round, one per 64-byte line with AVX-512): the same stream carrying a known amount of
+// work, for benchmarks/stream_compute_probe.py. The value is returned only so that the reads (and the work)
+// happen.
 template <bool kWork>
 SPECDEC_SIMD_INLINE double stream_pass(const float* x, int64_t n, int rounds) {
   constexpr int64_t kChunk = 256;
@@ -342,7 +341,7 @@ SPECDEC_SIMD_INLINE double stream_pass(const float* x, int64_t n, int rounds) {
 
 // The largest and smallest of x[0, n) read as int16: the integer read probe of bench_native_cpu, the loop of
 // the 16-bit greedy pass (greedy_grouped_16bit: one integer max and min per vector, the same prefetch) with
-// nothing else, so no verification pass reads faster than the probes (this one, stream_sum, torch.sum).
+// nothing else, so that the greedy pass cannot read faster than its reference by reading differently.
 inline Int16Range stream_minmax16_impl(const uint16_t* x, int64_t n) {
   constexpr int64_t kLanes = 2 * simd::W, kChunk = 2 * kGreedyChunk;
   Int16Range r{INT16_MIN, INT16_MAX};

@@ -206,6 +206,7 @@ SPECDEC_SIMD_INLINE bool any_greater(i16v a, i16v b) {
   return any;
 #endif
 }
+
 // The first lane of a equal to t, or -1.
 SPECDEC_SIMD_INLINE int first_eq_i16(i16v a, int16_t t) {
 #if defined(__AVX512BW__)
@@ -222,6 +223,7 @@ SPECDEC_SIMD_INLINE int first_eq_i16(i16v a, int16_t t) {
   return -1;
 #endif
 }
+
 SPECDEC_SIMD_INLINE bool any_gt(i16v a, int16_t t) { return any_greater(a, i16v{} + t); }
 SPECDEC_SIMD_INLINE bool any_lt(i16v a, int16_t t) { return any_greater(i16v{} + t, a); }
 

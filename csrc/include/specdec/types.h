@@ -72,15 +72,15 @@ struct IntervalScore {
   float hi;
 };
 
-// Hot vocabulary-range loops of one instruction-set build (csrc/include/specdec/row_ops.h). The
-// Gumbel-max searches are level 1 of two-level Gumbel-max (gumbel.h): {score, block} over the blocks of
-// [v0, v1) (v0 a multiple of 64), from `start`.
 // The largest and smallest of some 16-bit integers.
 struct Int16Range {
   int16_t max;
   int16_t min;
 };
 
+// Hot vocabulary-range loops of one instruction-set build (csrc/include/specdec/row_ops.h). The
+// Gumbel-max searches are level 1 of two-level Gumbel-max (gumbel.h): {score, block} over the blocks of
+// [v0, v1) (v0 a multiple of 64), from `start`.
 struct RowKernels {
   ArgMax (*greedy_argmax)(const void* row, DType dtype, int64_t v0, int64_t v1);
   ArgMax (*scale_row)(const void* row, DType dtype, float temperature, float* z, int64_t v0, int64_t v1);
@@ -112,7 +112,7 @@ struct RowKernels {
   // The same read with `rounds` dependent multiply-adds on every loaded vector (the stream-compute probe).
   double (*stream_work)(const float* x, int64_t n, int rounds);
   // The largest and smallest of x[0, n) read as int16, by the 16-bit greedy pass's loop: the integer read
-  // probe (max in .first, min in .second).
+  // probe.
   Int16Range (*stream_minmax16)(const uint16_t* x, int64_t n);
 };
 
