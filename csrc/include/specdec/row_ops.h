@@ -116,6 +116,26 @@ SPECDEC_SIMD_INLINE ArgMax greedy_per_chunk(const void* row, int64_t v0, int64_t
   return best;
 }
 
+// h, l: the lane-wise integer max and min of h, l and the 16-bit words x[0, n) (n a multiple of 2 W), read in
+// 1 KB chunks with the row passes' prefetch, none at or past x + limit_bytes; a last part chunk, within 1 KB
+// of that limit, takes no prefetch of its own. The stream of greedy_grouped_16bit and of the integer read
+// probe (stream_minmax16_impl).
+SPECDEC_SIMD_INLINE void minmax16_stream(const uint16_t* x, int64_t n, int64_t limit_bytes, simd::i16v& h,
+                                         simd::i16v& l) {
+  constexpr int64_t kLanes = 2 * simd::W, kChunk = 2 * kGreedyChunk;
+  const auto take = [&](int64_t i) {
+    const simd::i16v y = simd::load_i16(x + i);
+    h = simd::max_i16(h, y);
+    l = simd::min_i16(l, y);
+  };
+  int64_t i = 0;
+  for (; i + kChunk <= n; i += kChunk) {
+    prefetch_ahead(x, i * 2, kChunk * 2, limit_bytes);
+    for (int64_t j = i; j < i + kChunk; j += kLanes) take(j);
+  }
+  for (; i < n; i += kLanes) take(i);
+}
+
 // 16-bit greedy in two phases, over the whole vectors of [v0, v1) in groups of up to kGreedyGroup entries
 // (4 KB). The stream keeps only each group's lane-wise integer max and min, in an L1 array of kGreedySegment
 // groups: no test and no branch per chunk (greedy_filtered_16bit's per-chunk test and rescans cost 5-10 % of a
@@ -144,15 +164,7 @@ SPECDEC_SIMD_INLINE int64_t greedy_grouped_16bit(const void* row, int64_t v0, in
       const int64_t base = v + groups * kGreedyGroup;
       const int64_t len = std::min(kGreedyGroup, stop - base);
       simd::i16v h = simd::load_i16(p + base), l = h;
-      for (int64_t c = 0; c < len; c += 2 * kGreedyChunk) {
-        prefetch_ahead(row, (base + c) * kElemBytes<D>, 2 * kGreedyChunk * kElemBytes<D>, v1 * kElemBytes<D>);
-        const int64_t chunk_end = std::min(c + 2 * kGreedyChunk, len);
-        for (int64_t i = c; i < chunk_end; i += kLanes) {
-          const simd::i16v x = simd::load_i16(p + base + i);
-          h = simd::max_i16(h, x);
-          l = simd::min_i16(l, x);
-        }
-      }
+      minmax16_stream(p + base, len, (v1 - base) * 2, h, l);
       hi[groups] = h;
       lo[groups] = l;
     }
@@ -339,23 +351,17 @@ SPECDEC_SIMD_INLINE double stream_pass(const float* x, int64_t n, int rounds) {
   return total;
 }
 
-// The largest and smallest of x[0, n) read as int16: the integer read probe of bench_native_cpu, the loop of
-// the 16-bit greedy pass (greedy_grouped_16bit: one integer max and min per vector, the same prefetch) with
+// The largest and smallest of x[0, n) read as int16: the integer read probe of bench_native_cpu, the stream
+// of the 16-bit greedy pass (minmax16_stream: one integer max and min per vector, the same prefetch) with
 // nothing else, so that the greedy pass cannot read faster than its reference by reading differently.
 inline Int16Range stream_minmax16_impl(const uint16_t* x, int64_t n) {
-  constexpr int64_t kLanes = 2 * simd::W, kChunk = 2 * kGreedyChunk;
+  constexpr int64_t kLanes = 2 * simd::W;
   Int16Range r{INT16_MIN, INT16_MAX};
   int64_t v = 0;
   if (n >= kLanes) {
     simd::i16v h = simd::load_i16(x), l = h;
-    for (; v + kChunk <= n; v += kChunk) {
-      prefetch_ahead(x, v * 2, kChunk * 2, n * 2);
-      for (int64_t i = v; i < v + kChunk; i += kLanes) {
-        const simd::i16v y = simd::load_i16(x + i);
-        h = simd::max_i16(h, y);
-        l = simd::min_i16(l, y);
-      }
-    }
+    v = n / kLanes * kLanes;
+    minmax16_stream(x, v, n * 2, h, l);
     r = {simd::extreme_lane_i16<true>(h), simd::extreme_lane_i16<false>(l)};
   }
   for (; v < n; ++v) {
