@@ -117,7 +117,7 @@ NormalizerBound normalizer_bound_t(const void* row, float temperature, int64_t v
     };
     int64_t i = 0;
     for (; i + kShiftChunk <= n; i += kShiftChunk) {
-      prefetch_ahead(row, (v + i) * kElemBytes<D>, kShiftChunk * kElemBytes<D>, v1 * kElemBytes<D>);
+      prefetch_ahead_far(row, (v + i) * kElemBytes<D>, kShiftChunk * kElemBytes<D>, v1 * kElemBytes<D>);
       for (int64_t j = 0; j < kShiftChunk; j += 4 * simd::W) add4(v + i + j);
     }
     for (; i + 4 * simd::W <= n; i += 4 * simd::W) add4(v + i);

@@ -48,28 +48,34 @@ SPECDEC_SIMD_INLINE simd::f32v load_v(const void* row, int64_t v) {
   return out;
 }
 
-// Streaming passes over a row prefetch the bytes kPrefetchAhead beyond where they read into L1, and the
-// bytes kPrefetchFar beyond into L2: the hardware prefetchers alone left a quarter to a third of the read
-// bandwidth unused (2-thread VMs, 64 requests x 4 rows of 151936 entries, benchmarks/bench_native_cpu.py).
-// The near distance alone lets a pass that does little per entry read at the rate of torch.sum or above;
-// a pass bound by its own arithmetic (the normalizer bracket, ~7 vector operations per 16 entries) then
-// still took about the read's time plus its compute's, as if none of it overlapped. The far prefetch keeps
-// misses in flight while it computes: 11-14 % less time on bf16 random-sampling cases with stochastic
-// drafts, 6-12 % with deterministic drafts, about 1 % either way on greedy cases and on the read probes.
-inline constexpr int64_t kPrefetchAhead = 4096;
-inline constexpr int64_t kPrefetchFar = 32768;
+// Streaming passes over a row prefetch the bytes kPrefetchAhead beyond where they read: the hardware
+// prefetchers alone left a quarter to a third of the read bandwidth unused (2-thread VMs, 64 requests x 4
+// rows of 151936 entries, benchmarks/bench_native_cpu.py), with this distance the passes read at the rate
+// of torch.sum or above.
+inline constexpr int64_t kPrefetchAhead = 8192;
 
 template <DType D>
 inline constexpr int64_t kElemBytes = sizeof(typename Elem<D>::type);
 
-// Prefetch of bytes [offset + kPrefetchAhead, + bytes) of a row of `row_bytes` bytes into L1 and of
-// [offset + kPrefetchFar, + bytes) into L2 (prefetcht2), none past the row's end.
+// Prefetch of bytes [offset + kPrefetchAhead, + bytes) of a row of `row_bytes` bytes (none past its end).
 SPECDEC_SIMD_INLINE void prefetch_ahead(const void* row, int64_t offset, int64_t bytes, int64_t row_bytes) {
-  const char* p = static_cast<const char*>(row);
   const int64_t end = std::min(offset + kPrefetchAhead + bytes, row_bytes);
-  for (int64_t i = offset + kPrefetchAhead; i < end; i += 64) __builtin_prefetch(p + i);
-  const int64_t far_end = std::min(offset + kPrefetchFar + bytes, row_bytes);
-  for (int64_t i = offset + kPrefetchFar; i < far_end; i += 64) __builtin_prefetch(p + i, 0, 1);
+  for (int64_t i = offset + kPrefetchAhead; i < end; i += 64) __builtin_prefetch(static_cast<const char*>(row) + i);
+}
+
+// A pass bound by its own arithmetic (normalizer_bound_t: ~7 vector operations per 16 entries) took, with
+// prefetch_ahead alone, about the read's time plus its compute's, as if none of it overlapped, whatever that
+// prefetch's distance (4 to 128 KB) or hint. A second prefetch kPrefetchFar ahead into L2 (prefetcht2)
+// keeps misses in flight while it computes: -5 to -19 % time on the random-sampling cases with stochastic
+// drafts (benchmarks/results/ab_cpu_5dbfdbd_vs_*.csv). Passes that do little per entry (the greedy pass, the
+// Gumbel-max search, the read probes) do not take it: the searches ran 2-14 % slower with it.
+inline constexpr int64_t kPrefetchFar = 32768;
+
+// prefetch_ahead, and the bytes [offset + kPrefetchFar, + bytes) into L2, none past the row's end.
+SPECDEC_SIMD_INLINE void prefetch_ahead_far(const void* row, int64_t offset, int64_t bytes, int64_t row_bytes) {
+  prefetch_ahead(row, offset, bytes, row_bytes);
+  const int64_t end = std::min(offset + kPrefetchFar + bytes, row_bytes);
+  for (int64_t i = offset + kPrefetchFar; i < end; i += 64) __builtin_prefetch(static_cast<const char*>(row) + i, 0, 1);
 }
 
 // The 4 W entries from index v as four float32 vectors in an order of their own, for sums that do not
