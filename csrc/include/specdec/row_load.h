@@ -66,9 +66,11 @@ SPECDEC_SIMD_INLINE void prefetch_ahead(const void* row, int64_t offset, int64_t
 // A pass bound by its own arithmetic (normalizer_bound_t: ~7 vector operations per 16 entries) took, with
 // prefetch_ahead alone, about the read's time plus its compute's, as if none of it overlapped, whatever that
 // prefetch's distance (4 to 128 KB) or hint. A second prefetch kPrefetchFar ahead into L2 (prefetcht2)
-// keeps misses in flight while it computes: -5 to -19 % time on the random-sampling cases with stochastic
-// drafts (benchmarks/results/ab_cpu_5dbfdbd_vs_*.csv). Passes that do little per entry (the greedy pass, the
-// Gumbel-max search, the read probes) do not take it: the searches ran 2-14 % slower with it.
+// keeps misses in flight while it computes: 1-23 % less time on the random-sampling cases with stochastic
+// drafts, within +-5 % on those with deterministic drafts (benchmarks/results/ab_cpu_5dbfdbd_vs_c6522bc.csv).
+// The passes that do little per entry (the greedy pass, the Gumbel-max searches, the read probes) do not
+// take it: with it in every pass (and the L1 prefetch at 4 KB), the cases with deterministic drafts ran up
+// to 19 % slower (ab_cpu_5dbfdbd_vs_76d768f.csv).
 inline constexpr int64_t kPrefetchFar = 32768;
 
 // prefetch_ahead, and the bytes [offset + kPrefetchFar, + bytes) into L2, none past the row's end.
