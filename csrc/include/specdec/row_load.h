@@ -57,10 +57,19 @@ inline constexpr int64_t kPrefetchAhead = 8192;
 template <DType D>
 inline constexpr int64_t kElemBytes = sizeof(typename Elem<D>::type);
 
-// Prefetch of bytes [offset + kPrefetchAhead, + bytes) of a row of `row_bytes` bytes (none past its end).
+// Prefetch of bytes [offset + kAhead, + bytes) of a row of `row_bytes` bytes (none past its end), with
+// __builtin_prefetch's locality kLocality (3: prefetcht0, into L1; 1: prefetcht2, into L2).
+template <int64_t kAhead, int kLocality>
+SPECDEC_SIMD_INLINE void prefetch_at(const void* row, int64_t offset, int64_t bytes, int64_t row_bytes) {
+  const int64_t end = std::min(offset + kAhead + bytes, row_bytes);
+  for (int64_t i = offset + kAhead; i < end; i += 64) {
+    __builtin_prefetch(static_cast<const char*>(row) + i, 0, kLocality);
+  }
+}
+
+// Prefetch of bytes [offset + kPrefetchAhead, + bytes) of a row into L1 (none past its end).
 SPECDEC_SIMD_INLINE void prefetch_ahead(const void* row, int64_t offset, int64_t bytes, int64_t row_bytes) {
-  const int64_t end = std::min(offset + kPrefetchAhead + bytes, row_bytes);
-  for (int64_t i = offset + kPrefetchAhead; i < end; i += 64) __builtin_prefetch(static_cast<const char*>(row) + i);
+  prefetch_at<kPrefetchAhead, 3>(row, offset, bytes, row_bytes);
 }
 
 // A pass bound by its own arithmetic (normalizer_bound_t: ~7 vector operations per 16 entries) took, with
@@ -76,8 +85,7 @@ inline constexpr int64_t kPrefetchFar = 32768;
 // prefetch_ahead, and the bytes [offset + kPrefetchFar, + bytes) into L2, none past the row's end.
 SPECDEC_SIMD_INLINE void prefetch_ahead_far(const void* row, int64_t offset, int64_t bytes, int64_t row_bytes) {
   prefetch_ahead(row, offset, bytes, row_bytes);
-  const int64_t end = std::min(offset + kPrefetchFar + bytes, row_bytes);
-  for (int64_t i = offset + kPrefetchFar; i < end; i += 64) __builtin_prefetch(static_cast<const char*>(row) + i, 0, 1);
+  prefetch_at<kPrefetchFar, 1>(row, offset, bytes, row_bytes);
 }
 
 // The 4 W entries from index v as four float32 vectors in an order of their own, for sums that do not
