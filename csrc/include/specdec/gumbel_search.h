@@ -257,13 +257,41 @@ SPECDEC_SIMD_INLINE float residual_log_mass(const ResidualSource& src, int64_t b
 inline constexpr int kBatch = 16;
 static_assert(kBatch % simd::W == 0, "a batch holds whole SIMD vectors of candidates");
 
+// A batch fills W slots at a time (append_hits), so it may hold up to kBatch + W - 1 candidates before
+// its first kBatch are scored; the rest stay, in order, for the next batch.
 struct Candidates {
+  static constexpr int kSlots = kBatch + simd::W;
   alignas(64) float z[kBatch][kBlock];  // each block's z (sources on logits; -inf past the vocabulary)
-  alignas(64) float ub[kBatch];         // each block's bound (-inf for the unused slots)
-  alignas(64) uint32_t word[kBatch];    // its Philox word
-  int64_t block[kBatch];
+  alignas(64) float ub[kSlots];         // each block's bound (-inf for the unused slots)
+  alignas(64) uint32_t word[kSlots];    // its Philox word
+  alignas(64) int64_t block[kSlots];
   int n = 0;
 };
+
+// Appends the blocks b + l for the lanes l set in hit (below W), in order, with their words (and bounds,
+// when ub is given): n grows by the number of lanes set. With AVX-512 without a branch per candidate (a
+// search meets about one per group, at unpredictable lanes): the lanes are compressed and W slots stored.
+SPECDEC_SIMD_INLINE void append_hits(Candidates& c, uint32_t hit, int64_t b, const uint32_t* words, const float* ub) {
+#if defined(__AVX512F__)
+  static_assert(simd::W == 16, "one mask bit per 32-bit lane");
+  const __mmask16 k = static_cast<__mmask16>(hit);
+  _mm512_storeu_si512(c.word + c.n, _mm512_maskz_compress_epi32(k, _mm512_loadu_si512(words)));
+  if (ub != nullptr) _mm512_storeu_ps(c.ub + c.n, _mm512_maskz_compress_ps(k, _mm512_loadu_ps(ub)));
+  const __m512i lanes = _mm512_maskz_compress_epi32(k, _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+  const __m512i base = _mm512_set1_epi64(b);
+  _mm512_storeu_si512(c.block + c.n, _mm512_add_epi64(base, _mm512_cvtepi32_epi64(_mm512_castsi512_si256(lanes))));
+  _mm512_storeu_si512(c.block + c.n + 8, _mm512_add_epi64(base, _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(lanes, 1))));
+  c.n += __builtin_popcount(hit);
+#else
+  for (; hit != 0; hit &= hit - 1) {
+    const int l = __builtin_ctz(hit);
+    c.block[c.n] = b + l;
+    c.word[c.n] = words[l];
+    if (ub != nullptr) c.ub[c.n] = ub[l];
+    ++c.n;
+  }
+#endif
+}
 
 // c.z of the candidates (sanitize(row / temperature), ZSource::block), -inf in the unused slots.
 template <DType D>
@@ -369,9 +397,29 @@ inline uint32_t word_threshold(float bound, float max_bound) {
   return kWordThresholds.at[k < WordThresholds::kLast ? static_cast<int>(k) : WordThresholds::kLast];
 }
 
-// Scores the batch of candidates c against best and empties it: the exact test (a candidate's bound plus
-// -log(1 - u) + slack reaches the best score so far) lane-wise, then the source's scores of the survivors
-// with their Gumbel terms gumbel_log_term(u), lane-wise too.
+// The word thresholds of a group's blocks from their parts' bounds (kPartThresholds sources), W blocks per
+// vector, built in registers: the parts' four values stored and read back as vectors would stall store
+// forwarding on every group.
+SPECDEC_SIMD_INLINE void part_word_thresholds(float bound, const float* part, simd::u32v* out) {
+  uint32_t t[kParts];
+  for (int q = 0; q < kParts; ++q) t[q] = word_threshold(bound, part[q]);
+#if defined(__AVX512F__)
+  static_assert(kParts == 4 && kPartBlocks == 8 && simd::W == 16, "two parts per vector of blocks");
+  const __m512i t4 = _mm512_castsi128_si512(_mm_setr_epi32(static_cast<int>(t[0]), static_cast<int>(t[1]),
+                                                           static_cast<int>(t[2]), static_cast<int>(t[3])));
+  const __m512i lo = _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1), t4);
+  const __m512i hi = _mm512_permutexvar_epi32(_mm512_setr_epi32(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3), t4);
+  __builtin_memcpy(&out[0], &lo, sizeof(lo));
+  __builtin_memcpy(&out[1], &hi, sizeof(hi));
+#else
+  static_assert(kPartBlocks % simd::W == 0, "one part per vector of blocks or more");
+  for (int v = 0; v < kGroupBlocks / simd::W; ++v) out[v] = simd::u32v{} + t[v * simd::W / kPartBlocks];
+#endif
+}
+
+// Scores the first kBatch candidates of c (all of them when fewer) against best and removes them: the
+// exact test (a candidate's bound plus -log(1 - u) + slack reaches the best score so far) lane-wise, then
+// the source's scores of the survivors with their Gumbel terms gumbel_log_term(u), lane-wise too.
 template <class Bounds>
 SPECDEC_SIMD_INLINE void score_candidates(const Bounds& src, Candidates& c, ArgMax& best, float& bound) {
   if (c.n == 0) return;
@@ -399,7 +447,13 @@ SPECDEC_SIMD_INLINE void score_candidates(const Bounds& src, Candidates& c, ArgM
     src.score(c, mx, keep, g, best);
     bound = best.value > bound ? best.value : bound;
   }
-  c.n = 0;
+  const int rest = c.n - kBatch;
+  for (int i = 0; i < rest; ++i) {
+    c.word[i] = c.word[kBatch + i];
+    c.block[i] = c.block[kBatch + i];
+    c.ub[i] = c.ub[kBatch + i];
+  }
+  c.n = rest > 0 ? rest : 0;
 }
 
 // argmax_b L_b - log(-log u_b) over the blocks of entries [v0, v1) (v0 a multiple of 4 blocks), starting
@@ -412,7 +466,6 @@ ArgMax search_blocks(const Bounds& src, const PhiloxKey& key, uint32_t hi, int s
   Candidates cand;
   alignas(64) float ub[kGroupBlocks];
   alignas(64) uint32_t words[kGroupBlocks];
-  alignas(64) uint32_t thresholds[kGroupBlocks];  // each block's part's
   float part[kParts];
   const int64_t b_end = (v1 + kBlock - 1) / kBlock;
   for (int64_t b0 = v0 / kBlock; b0 < b_end; b0 += kGroupBlocks) {
@@ -421,26 +474,20 @@ ArgMax search_blocks(const Bounds& src, const PhiloxKey& key, uint32_t hi, int s
     const float group_max = src.bounds(b0, nb, ub, part);
     if (group_max == -kInf || group_max + kGumbelBound < bound) continue;  // nothing here can reach the bound
     simd::philox_words32(key, philox_offset_lo(stream, kBlockDraws + static_cast<uint32_t>(b0)), hi, words);
-    const uint32_t group_threshold = word_threshold(bound, group_max);
+    simd::u32v thresholds[kGroupBlocks / simd::W];  // of blocks j0 .. j0 + W - 1 in thresholds[j0 / W]
     if constexpr (Bounds::kPartThresholds) {
-      for (int q = 0; q < kParts; ++q) {
-        const uint32_t t = word_threshold(bound, part[q]);
-        for (int k = 0; k < kPartBlocks; ++k) thresholds[q * kPartBlocks + k] = t;
-      }
+      part_word_thresholds(bound, part, thresholds);
+    } else {
+      const uint32_t t = word_threshold(bound, group_max);
+      for (simd::u32v& v : thresholds) v = simd::u32v{} + t;
     }
     for (int j0 = 0; j0 < nb; j0 += simd::W) {
-      simd::u32v w, t = simd::u32v{} + group_threshold;
+      simd::u32v w;
       __builtin_memcpy(&w, words + j0, sizeof(w));
-      if constexpr (Bounds::kPartThresholds) __builtin_memcpy(&t, thresholds + j0, sizeof(t));
-      uint32_t hit = simd::ge_mask(simd::fold(w), t);
+      uint32_t hit = simd::ge_mask(simd::fold(w), thresholds[j0 / simd::W]);
       if (nb - j0 < simd::W) hit &= (1u << (nb - j0)) - 1u;
-      for (; hit != 0; hit &= hit - 1) {
-        const int j = j0 + __builtin_ctz(hit);
-        cand.block[cand.n] = b0 + j;
-        cand.word[cand.n] = words[j];
-        if constexpr (Bounds::kExact) cand.ub[cand.n] = ub[j];
-        if (++cand.n == kBatch) score_candidates(src, cand, best, bound);
-      }
+      append_hits(cand, hit, b0 + j0, words + j0, Bounds::kExact ? ub + j0 : nullptr);
+      if (cand.n >= kBatch) score_candidates(src, cand, best, bound);
     }
   }
   score_candidates(src, cand, best, bound);
