@@ -13,7 +13,8 @@
 
 namespace specdec::cpu {
 
-inline constexpr int64_t kSliceAlign = 64;     // slices hold whole row_ops chunks
+inline constexpr int64_t kSliceAlign = 64;     // slices hold whole row_ops chunks (and unit_maxima units)
+static_assert(kSliceAlign % kUnitEntries == 0, "slices start on units");
 inline constexpr int64_t kSerialWork = 1 << 16;  // requests x vocabulary below which no threads start
 
 struct SerialExec {

@@ -3,8 +3,11 @@
 // each part and against a scalar max of sanitize(x / T), on bf16 and fp16 groups built around what the
 // integer shortcut reads: random signs, all-negative parts, one spike per part at a position that moves
 // with the trial (largest or smallest, of either sign), +-0, -inf, +inf and NaN of either sign, two
-// temperatures. Built and run by tests/test_native.py once per instruction set; prints "compared N
-// different D".
+// temperatures. The same rows, and float32 rows with the same specials, check the unit maxima of rejected
+// rows (unit_maxima_t): every unit's value against z_group_max of its blocks, the returned argmax against
+// greedy_argmax_t, the row cut in two slices anywhere on a unit, and unit_part_maxima against z_part_maxima
+// at every group start a slice can have. Built and run by tests/test_native.py once per instruction set;
+// prints "compared N different D units N different D".
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -58,8 +61,42 @@ long check(const std::vector<uint16_t>& row, int64_t vocab, float temperature, l
   return bad;
 }
 
+// The unit maxima of a row against z_group_max, greedy_argmax_t and z_part_maxima (file comment).
+template <DType D, class E>
+long check_units(const std::vector<E>& row, int64_t vocab, float temperature, long* compared) {
+  const ZSource z{row.data(), D, temperature, vocab};
+  const auto differ = [](float a, float b) { return std::memcmp(&a, &b, sizeof(a)) != 0; };
+  const auto same = [&](ArgMax a, ArgMax b) { return !differ(a.value, b.value) && a.index == b.index; };
+  const int64_t num_units = (vocab + kUnit - 1) / kUnit, num_blocks = (vocab + kBlock - 1) / kBlock;
+  long bad = 0;
+  std::vector<float> units(num_units, 1234.5f);
+  const ArgMax want = greedy_argmax_t<D>(row.data(), 0, vocab);
+  bad += !same(unit_maxima_t<D>(row.data(), temperature, 0, vocab, units.data()), want);
+  *compared += 1;
+  for (int64_t u = 0; u < num_units; ++u) {
+    const int n = static_cast<int>(std::min<int64_t>(kUnitBlocks, num_blocks - u * kUnitBlocks));
+    bad += differ(units[u], z_group_max<D>(z, u * kUnitBlocks, n));
+    *compared += 1;
+  }
+  for (int64_t cut = kUnit; cut < vocab; cut += 7 * kUnit) {  // two slices, as a split pass cuts the row
+    std::vector<float> sliced(num_units, -1234.5f);
+    const ArgMax a = unit_maxima_t<D>(row.data(), temperature, 0, cut, sliced.data());
+    const ArgMax b = unit_maxima_t<D>(row.data(), temperature, cut, vocab, sliced.data());
+    bad += !same(better(a, b), want) || std::memcmp(sliced.data(), units.data(), num_units * sizeof(float)) != 0;
+    *compared += 1;
+  }
+  for (int64_t b0 = 0; b0 < num_blocks; b0 += kUnitBlocks) {
+    const int nb = static_cast<int>(std::min<int64_t>(kGroupBlocks, num_blocks - b0));
+    float want_part[kParts], got_part[kParts];
+    bad += differ(unit_part_maxima(units.data(), num_units, b0, nb, got_part), z_part_maxima<D>(z, b0, nb, want_part));
+    for (int q = 0; q < kParts; ++q) bad += differ(got_part[q], want_part[q]);
+    *compared += 1;
+  }
+  return bad;
+}
+
 template <DType D>
-long run(long* compared) {
+long run(long* compared, long* units_compared, long* units_bad) {
   std::mt19937 rng(7);
   std::normal_distribution<float> normal(0.0f, 3.0f);
   const int64_t vocab = 8 * kGroup + 77;  // whole groups, then a partial one
@@ -92,14 +129,50 @@ long run(long* compared) {
       const float s = (trial / 5) % 2 ? 40.0f : -40.0f;
       row[at] = to_bits((p0 / part) % 2 ? s : -s * 0.01f, D);
     }
-    for (float t : {1.0f, 0.7f}) bad += check<D>(row, vocab, t, compared);
+    for (float t : {1.0f, 0.7f}) {
+      bad += check<D>(row, vocab, t, compared);
+      *units_bad += check_units<D>(row, vocab, t, units_compared);
+    }
+  }
+  return bad;
+}
+
+// Float32 rows with the same specials for the unit maxima: random signs, all negative, a unit of NaN only,
+// one of -inf only, +-0, +-inf and NaN of either sign, a spike per unit, rows of -inf with one entry (-0 or
+// 5) or none; three temperatures.
+long run_f32(long* compared) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  const int64_t vocab = 8 * kGroup + 77;
+  long bad = 0;
+  for (int trial = 0; trial < 20; ++trial) {
+    std::vector<float> row(vocab);
+    const int kind = trial % 4;  // 0 random signs, 1 all negative, 2 specials, 3 every entry -inf but one
+    for (auto& x : row) x = kind == 1 ? -std::fabs(normal(rng)) - 0.01f : kind == 3 ? -kInf : normal(rng);
+    if (kind == 2) {
+      for (int64_t v = 0; v < kUnit; ++v) row[kUnit + v] = std::nanf("");
+      for (int64_t v = 0; v < kUnit; ++v) row[3 * kUnit + v] = -kInf;
+      row[rng() % vocab] = -std::nanf("");
+      row[rng() % vocab] = kInf;
+      row[rng() % vocab] = -kInf;
+      row[rng() % vocab] = 0.0f;
+      row[rng() % vocab] = -0.0f;
+    }
+    if (kind == 3 && trial != 19) row[rng() % vocab] = trial % 8 == 3 ? -0.0f : 5.0f;  // trial 19: all -inf
+    for (int64_t u0 = 0; u0 + kUnit <= 4 * kGroup; u0 += kUnit) {
+      if (kind == 3) break;
+      row[u0 + (u0 / kUnit * 29 + trial * 13) % kUnit] = (trial / 4) % 2 ? 30.0f : -30.0f;
+    }
+    for (float t : {1.0f, 0.7f, 1.5f}) bad += check_units<DType::kFloat32>(row, vocab, t, compared);
   }
   return bad;
 }
 
 int main() {
-  long compared = 0;
-  const long bad = run<DType::kBFloat16>(&compared) + run<DType::kFloat16>(&compared);
-  std::printf("compared %ld different %ld\n", compared, bad);
+  long compared = 0, units_compared = 0, units_bad = 0;
+  const long bad = run<DType::kBFloat16>(&compared, &units_compared, &units_bad) +
+                   run<DType::kFloat16>(&compared, &units_compared, &units_bad);
+  units_bad += run_f32(&units_compared);
+  std::printf("compared %ld different %ld units %ld different %ld\n", compared, bad, units_compared, units_bad);
   return 0;
 }

@@ -50,6 +50,7 @@ struct RowScratch {
   std::vector<float> z;       // the current row's scaled, truncated logits
   std::vector<float> select;  // top-k selection
   TopPScratch top_p;
+  std::vector<float> units;   // a rejected stochastic row's unit maxima (certain_recovery)
 };
 
 // Scale one row into scratch.z and apply top-k / top-p; returns the row max (kept by both).
@@ -205,9 +206,13 @@ inline IntervalScore interval_seed(const ResidualSource& upper, const ResidualSo
 // the exact path's.
 template <class Exec>
 int64_t certain_recovery(const RowKernels& K, Exec& exec, const ZSource& src, const void* q, DType q_dtype, int64_t x,
-                         const NormalizerBound& nb, float coin_q, const PhiloxKey& key, uint32_t hi) {
+                         const NormalizerBound& nb, float coin_q, const PhiloxKey& key, uint32_t hi, RowScratch& s) {
   if (!bracket_error(nb, src.vocab).ok) return -1;
-  const ArgMax top = exec.argmax([&](int64_t v0, int64_t v1) { return K.greedy_argmax(src.row, src.dtype, v0, v1); });
+  const int64_t num_units = (src.vocab + kUnitEntries - 1) / kUnitEntries;
+  if (static_cast<int64_t>(s.units.size()) < num_units) s.units.resize(num_units);
+  float* units = s.units.data();
+  const ArgMax top = exec.argmax(
+      [&](int64_t v0, int64_t v1) { return K.unit_maxima(src.row, src.dtype, src.temperature, v0, v1, units); });
   const float m = sanitize(top.value * (1.0f / src.temperature));  // softmax_stats' max: its z are row * (1 / T)
   const TotalBracket tb = total_bracket(nb, src.vocab, m);
   if (!tb.ok) return -1;
@@ -215,7 +220,7 @@ int64_t certain_recovery(const RowKernels& K, Exec& exec, const ZSource& src, co
   const ResidualSource upper{src, m, tb.lo, q, q_dtype};
   const ResidualSource lower{src, m, tb.hi, q, q_dtype};
   const IntervalScore seed = interval_seed(upper, lower, key, hi, top.index / kBlock);
-  const ResidualArgs args{src.row, src.dtype, src.temperature, m, tb.lo, q, q_dtype, src.vocab};
+  const ResidualArgs args{src.row, src.dtype, src.temperature, m, tb.lo, q, q_dtype, src.vocab, units};
   const IntervalPick pick =
       exec.interval([&](int64_t v0, int64_t v1) { return K.residual_interval(args, tb.hi, seed, key, hi, v0, v1); });
   if (!pick_is_certain(pick)) return -1;
@@ -224,7 +229,8 @@ int64_t certain_recovery(const RowKernels& K, Exec& exec, const ZSource& src, co
 
 template <class Exec>
 StochasticDecision stochastic_decide(const RowKernels& K, Exec& exec, const ZSource& src, const void* q,
-                                     DType q_dtype, int64_t draft, bool valid, int64_t seed, int64_t position) {
+                                     DType q_dtype, int64_t draft, bool valid, int64_t seed, int64_t position,
+                                     RowScratch& s) {
   const int64_t x = valid ? draft : 0;
   const float q_x = load_elem(q, q_dtype, x);
   const float coin = philox_rand(seed, position, kStreamCoin, 0);
@@ -233,7 +239,7 @@ StochasticDecision stochastic_decide(const RowKernels& K, Exec& exec, const ZSou
         [&](int64_t v0, int64_t v1) { return K.normalizer_bound(src.row, src.dtype, src.temperature, v0, v1); });
     if (certain_accept(nb, src.vocab, src.z(x), coin * q_x)) return {true, draft};
     const int64_t token =
-        certain_recovery(K, exec, src, q, q_dtype, x, nb, coin * q_x, philox_key(seed), philox_offset_hi(position));
+        certain_recovery(K, exec, src, q, q_dtype, x, nb, coin * q_x, philox_key(seed), philox_offset_hi(position), s);
     if (token >= 0) return {false, token};
   }
   const SoftmaxStats st =
@@ -293,7 +299,7 @@ void verify_chain_request(const RowKernels& K, const ChainArgs& a, int64_t b, Ex
       } else {
         const void* q = static_cast<const char*>(a.draft_probs) + static_cast<size_t>(first_draft + j) * V * q_elem;
         const StochasticDecision d =
-            stochastic_decide(K, exec, src, q, a.probs_dtype, draft, valid, a.seed[b], pos);
+            stochastic_decide(K, exec, src, q, a.probs_dtype, draft, valid, a.seed[b], pos, s);
         accept = d.accept;
         token = d.token;
       }

@@ -206,6 +206,140 @@ SPECDEC_SIMD_INLINE float z_part_maxima(const ZSource& src, int64_t b0, int nb, 
   return best;
 }
 
+// --- Unit maxima: a row's max and the largest z of every 64 entries, in one pass -------------------------
+// A rejected stochastic row needs its max (chain.h certain_recovery, one pass over the row) before its
+// residual search, whose bounds take a second pass for the maxima of its parts. unit_maxima makes one pass
+// of both: greedy_argmax's {max, first index} of the row, and the largest z = sanitize(x / T) of every unit
+// of kUnit entries written to units[v / kUnit] (absolute: slices of a split pass start on units). A part is
+// two units, and the max of their maxima is the part's (sanitize and the division are monotone), so
+// unit_part_maxima gives z_part_maxima's values bit for bit without reading the row.
+inline constexpr int64_t kUnit = kUnitEntries;
+inline constexpr int kUnitBlocks = static_cast<int>(kUnit / kBlock);
+static_assert(kPartBlocks % kUnitBlocks == 0 && kGroupBlocks % kUnitBlocks == 0, "parts are whole units");
+
+// The largest of the n entries from v as floats, NaN skipped (-inf if none): z_group_max's max before its
+// sanitize(m / T).
+template <DType D>
+SPECDEC_SIMD_INLINE float raw_max(const void* row, int64_t v, int64_t n) {
+  simd::f32v acc = simd::f32v{} - kInf;
+  int64_t i = 0;
+  for (; i + simd::W <= n; i += simd::W) acc = simd::max_v(load_v<D>(row, v + i), acc);  // NaN -> -inf
+  float m = lane_max(acc);
+  for (; i < n; ++i) {
+    const float x = load_elem(row, D, v + i);
+    m = x > m ? x : m;
+  }
+  return m;
+}
+
+#if defined(__AVX512BW__)
+// raw_max of each of the 16 units from v (whole units inside the row) in lanes 0-15: each unit's 16-bit
+// integer extremes (max_16bit's rule: the max when it is >= 0, else the min) by one transposed reduction of
+// the 16 units (tree16 on the int16 pairs of 32-bit lanes, then the pair), NaN lanes redone by raw_max;
+// float32 units by max_v and tree16.
+template <DType D>
+SPECDEC_SIMD_INLINE __m512 raw_max16(const void* row, int64_t v) {
+  const auto max_i16 = [](__m512 a, __m512 b) {
+    return _mm512_castsi512_ps(_mm512_max_epi16(_mm512_castps_si512(a), _mm512_castps_si512(b)));
+  };
+  if constexpr (D == DType::kFloat32) {
+    const float* p = static_cast<const float*>(row) + v;
+    __m512 r[16];
+    for (int k = 0; k < 16; ++k) {
+      simd::f32v acc = simd::f32v{} - kInf;
+      for (int i = 0; i < kUnit; i += simd::W) acc = simd::max_v(simd::load(p + k * kUnit + i), acc);  // NaN -> -inf
+      r[k] = simd::bits_as<__m512>(acc);
+    }
+    return tree16(r, [](__m512 a, __m512 b) { return _mm512_max_ps(a, b); });  // no NaN left
+  } else {
+    static_assert(kUnit == 64, "a 16-bit unit is two registers");
+    const auto* p = static_cast<const uint16_t*>(row) + v;
+    __m512 hi[16], lo[16];
+    for (int k = 0; k < 16; ++k) {
+      const __m512i x0 = _mm512_loadu_si512(p + k * kUnit), x1 = _mm512_loadu_si512(p + k * kUnit + 32);
+      hi[k] = _mm512_castsi512_ps(_mm512_max_epi16(x0, x1));
+      lo[k] = _mm512_castsi512_ps(_mm512_min_epi16(x0, x1));
+    }
+    __m512i top = _mm512_castps_si512(tree16(hi, max_i16));
+    __m512i bottom = _mm512_castps_si512(tree16(lo, [](__m512 a, __m512 b) {
+      return _mm512_castsi512_ps(_mm512_min_epi16(_mm512_castps_si512(a), _mm512_castps_si512(b)));
+    }));
+    top = _mm512_max_epi16(top, _mm512_srli_epi32(top, 16));  // unit j's extremes in lane j's low half
+    bottom = _mm512_min_epi16(bottom, _mm512_srli_epi32(bottom, 16));
+    const __m512i t = _mm512_mask_blend_epi16(_mm512_cmplt_epi16_mask(top, _mm512_setzero_si512()), top, bottom);
+    __m512 m;
+    if constexpr (D == DType::kBFloat16) {
+      m = _mm512_castsi512_ps(_mm512_slli_epi32(t, 16));
+    } else {
+      m = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(t));
+    }
+    const __mmask16 nan = _mm512_cmp_ps_mask(m, m, _CMP_UNORD_Q);
+    if (nan != 0) {  // a NaN among a unit's non-negative entries, or only negative NaN: its float max
+      alignas(64) float out[16];
+      _mm512_store_ps(out, m);
+      for (uint32_t b = nan; b != 0; b &= b - 1) out[__builtin_ctz(b)] = raw_max<D>(row, v + __builtin_ctz(b) * kUnit, kUnit);
+      m = _mm512_load_ps(out);
+    }
+    return m;
+  }
+}
+#endif
+
+// The units' maxima of [v0, v1) (v0 a multiple of kUnit) into units, and the row slice's greedy argmax:
+// {sanitize(largest entry), its first index} (index 0 when every entry is -inf or NaN).
+template <DType D>
+ArgMax unit_maxima_t(const void* row, float temperature, int64_t v0, int64_t v1, float* units) {
+  float best = -kInf;
+  int64_t best_unit = -1;
+  int64_t v = v0;
+#if defined(__AVX512BW__)
+  for (; v + 16 * kUnit <= v1; v += 16 * kUnit) {
+    prefetch_ahead(row, v * kElemBytes<D>, 16 * kUnit * kElemBytes<D>, v1 * kElemBytes<D>);
+    const simd::f32v m = simd::bits_as<simd::f32v>(raw_max16<D>(row, v));
+    const simd::f32v z = sanitize_v(temperature == 1.0f ? m : m / temperature);  // x / 1 = x
+    simd::store(units + v / kUnit, z);
+    const simd::f32v s = sanitize_v(m);
+    const float top = lane_max(s);
+    if (top > best) {
+      best = top;
+      best_unit = v / kUnit + __builtin_ctz(simd::eq_mask(s, top));
+    }
+  }
+#endif
+  for (; v < v1; v += kUnit) {
+    const float m = raw_max<D>(row, v, v1 - v < kUnit ? v1 - v : kUnit);
+    units[v / kUnit] = sanitize(m / temperature);
+    const float s = sanitize(m);
+    if (s > best) {
+      best = s;
+      best_unit = v / kUnit;
+    }
+  }
+  if (best_unit < 0) return {-kInf, 0};  // nothing beat -inf: the reference's argmax of an all -inf row is 0
+  for (int64_t i = best_unit * kUnit;; ++i) {
+    if (sanitize(load_elem(row, D, i)) == best) return {best, i};
+  }
+}
+
+// z_part_maxima of blocks b0 .. b0 + nb - 1 (b0 a multiple of kUnitBlocks) from the units' maxima of a row
+// of num_units units.
+SPECDEC_SIMD_INLINE float unit_part_maxima(const float* units, int64_t num_units, int64_t b0, int nb, float* part) {
+  const int64_t u0 = b0 / kUnitBlocks;
+  constexpr int kPer = kPartBlocks / kUnitBlocks;
+  float best = -kInf;
+  for (int q = 0; q < kParts; ++q) {
+    float m = -kInf;
+    const int n = nb - q * kPartBlocks;  // blocks of part q (at most kPartBlocks count)
+    for (int k = 0; k < kPer && k * kUnitBlocks < n && u0 + q * kPer + k < num_units; ++k) {
+      const float x = units[u0 + q * kPer + k];
+      m = x > m ? x : m;
+    }
+    part[q] = m;
+    best = m > best ? m : best;
+  }
+  return best;
+}
+
 // Log-masses of candidate blocks with the terms computed W lanes at a time: the same sanitized z, max,
 // exp_fma terms and block_sum16 pairwise sum as the scalar ZSource::log_mass (block_log_mass) and
 // ResidualSource::log_mass, so the same value bit for bit, for 16 / W vector exps instead of 16 scalar
@@ -474,20 +608,36 @@ ArgMax search_blocks(const Bounds& src, const PhiloxKey& key, uint32_t hi, int s
     const float group_max = src.bounds(b0, nb, ub, part);
     if (group_max == -kInf || group_max + kGumbelBound < bound) continue;  // nothing here can reach the bound
     simd::philox_words32(key, philox_offset_lo(stream, kBlockDraws + static_cast<uint32_t>(b0)), hi, words);
-    simd::u32v thresholds[kGroupBlocks / simd::W];  // of blocks j0 .. j0 + W - 1 in thresholds[j0 / W]
     if constexpr (Bounds::kPartThresholds) {
+      // Residual searches meet candidates in most groups, at unpredictable lanes: thresholds in registers,
+      // hits appended without a branch per candidate (2.5 us less per rejected bf16 Zipf row).
+      simd::u32v thresholds[kGroupBlocks / simd::W];  // of blocks j0 .. j0 + W - 1 in thresholds[j0 / W]
       part_word_thresholds(bound, part, thresholds);
+      for (int j0 = 0; j0 < nb; j0 += simd::W) {
+        simd::u32v w;
+        __builtin_memcpy(&w, words + j0, sizeof(w));
+        uint32_t hit = simd::ge_mask(simd::fold(w), thresholds[j0 / simd::W]);
+        if (nb - j0 < simd::W) hit &= (1u << (nb - j0)) - 1u;
+        append_hits(cand, hit, b0 + j0, words + j0, Bounds::kExact ? ub + j0 : nullptr);
+        if (cand.n >= kBatch) score_candidates(src, cand, best, bound);
+      }
     } else {
-      const uint32_t t = word_threshold(bound, group_max);
-      for (simd::u32v& v : thresholds) v = simd::u32v{} + t;
-    }
-    for (int j0 = 0; j0 < nb; j0 += simd::W) {
-      simd::u32v w;
-      __builtin_memcpy(&w, words + j0, sizeof(w));
-      uint32_t hit = simd::ge_mask(simd::fold(w), thresholds[j0 / simd::W]);
-      if (nb - j0 < simd::W) hit &= (1u << (nb - j0)) - 1u;
-      append_hits(cand, hit, b0 + j0, words + j0, Bounds::kExact ? ub + j0 : nullptr);
-      if (cand.n >= kBatch) score_candidates(src, cand, best, bound);
+      // The other searches meet few candidates (rows sampled from their logits start from the block of the
+      // draft or of the row max): a branch that is rarely taken costs less than appending every vector.
+      const uint32_t group_threshold = word_threshold(bound, group_max);
+      for (int j0 = 0; j0 < nb; j0 += simd::W) {
+        simd::u32v w;
+        __builtin_memcpy(&w, words + j0, sizeof(w));
+        uint32_t hit = simd::ge_mask(simd::fold(w), simd::u32v{} + group_threshold);
+        if (nb - j0 < simd::W) hit &= (1u << (nb - j0)) - 1u;
+        for (; hit != 0; hit &= hit - 1) {
+          const int j = j0 + __builtin_ctz(hit);
+          cand.block[cand.n] = b0 + j;
+          cand.word[cand.n] = words[j];
+          if constexpr (Bounds::kExact) cand.ub[cand.n] = ub[j];
+          if (++cand.n == kBatch) score_candidates(src, cand, best, bound);
+        }
+      }
     }
   }
   score_candidates(src, cand, best, bound);

@@ -248,7 +248,7 @@ IntervalPick residual_interval_t(const ResidualArgs& r, float total_hi, const In
   const ResidualSource at_lo{ZSource{r.row, D, r.temperature, r.vocab}, r.max, r.total, r.q, Q};
   ResidualSource at_hi = at_lo;
   at_hi.total = total_hi;
-  const IntervalResidualBounds<D, Q> src{LazyResidualBounds<D, Q>(at_lo), at_hi, seed.lo.index, seed.lo.value};
+  const IntervalResidualBounds<D, Q> src{LazyResidualBounds<D, Q>(at_lo, r.units), at_hi, seed.lo.index, seed.lo.value};
   const int64_t first = seed.lo.index * kBlock;
   if (seed.lo.index >= 0 && first >= v0 && first < v1) offer(src.pick, seed.lo, seed.hi);
   search_blocks(src, key, hi, kStreamRecovery, v0, v1, seed.lo.index >= 0 ? seed.lo : kArgMaxInit);
@@ -383,6 +383,14 @@ inline ArgMax greedy_argmax_any(const void* row, DType d, int64_t v0, int64_t v1
   }
 }
 
+inline ArgMax unit_maxima_any(const void* row, DType d, float temperature, int64_t v0, int64_t v1, float* units) {
+  switch (d) {
+    case DType::kBFloat16: return unit_maxima_t<DType::kBFloat16>(row, temperature, v0, v1, units);
+    case DType::kFloat16: return unit_maxima_t<DType::kFloat16>(row, temperature, v0, v1, units);
+    default: return unit_maxima_t<DType::kFloat32>(row, temperature, v0, v1, units);
+  }
+}
+
 inline ArgMax scale_row_any(const void* row, DType d, float temperature, float* z, int64_t v0, int64_t v1) {
   switch (d) {
     case DType::kBFloat16: return scale_row_t<DType::kBFloat16>(row, temperature, z, v0, v1);
@@ -467,6 +475,7 @@ inline double weighted_residual_any(const float* e, float total, float w, const 
 inline RowKernels make_row_kernels() {
   RowKernels k;
   k.greedy_argmax = greedy_argmax_any;
+  k.unit_maxima = unit_maxima_any;
   k.scale_row = scale_row_any;
   k.gumbel_blocks = gumbel_blocks_any;
   k.softmax_stats = softmax_stats_any;

@@ -130,11 +130,15 @@ struct LazyResidualBounds {
   static constexpr bool kPartThresholds = true;
   ResidualSource src;
   float log_shift;  // kLogBlockBound - log(total)
+  const float* units = nullptr;  // the row's unit maxima (unit_maxima_t), or nullptr: the parts' from the row
 
-  LazyResidualBounds(const ResidualSource& s) : src(s), log_shift(kLogBlockBound - log_f32(s.total)) {}
+  LazyResidualBounds(const ResidualSource& s, const float* u = nullptr)
+      : src(s), log_shift(kLogBlockBound - log_f32(s.total)), units(u) {}
   float bound_of(float z_max) const { return z_max == -kInf ? -kInf : (z_max - src.max) + log_shift; }
   float bounds(int64_t b0, int nb, float*, float* part) const {
-    const float m = bound_of(z_part_maxima<D>(src.target, b0, nb, part));
+    const float z = units != nullptr ? unit_part_maxima(units, (src.target.vocab + kUnit - 1) / kUnit, b0, nb, part)
+                                     : z_part_maxima<D>(src.target, b0, nb, part);
+    const float m = bound_of(z);
     for (int q = 0; q < kParts; ++q) part[q] = bound_of(part[q]);
     return m;
   }

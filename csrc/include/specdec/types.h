@@ -20,6 +20,9 @@ inline constexpr ArgMax kArgMaxInit{-__builtin_huge_valf(), 0};
 // keeps the group-skipping bound safe against last-ulp effects (it also bounds -log(1 - u) + slack).
 inline constexpr float kGumbelBound = 16.75f;
 
+// Entries per unit of RowKernels::unit_maxima (the slices of split passes start on units).
+inline constexpr int64_t kUnitEntries = 64;
+
 struct ResidualResult {
   ArgMax best;        // {score, block} of the residual's level-1 search
   bool any_positive;  // some p_v - q_v > 0 (otherwise the reference samples from p itself)
@@ -52,6 +55,7 @@ struct ResidualArgs {
   const void* q;
   DType q_dtype;
   int64_t vocab;
+  const float* units = nullptr;  // the row's unit maxima (RowKernels::unit_maxima), or nullptr: none
 };
 
 // The residual's level-1 search when its normalizer is known only within a bracket (chain.h
@@ -83,6 +87,9 @@ struct Int16Range {
 // [v0, v1) (v0 a multiple of 64), from `start`.
 struct RowKernels {
   ArgMax (*greedy_argmax)(const void* row, DType dtype, int64_t v0, int64_t v1);
+  // greedy_argmax, and the largest z = sanitize(row / temperature) of every unit of [v0, v1) into
+  // units[v / kUnitEntries] (the residual_interval bounds of a rejected row without a second pass over it).
+  ArgMax (*unit_maxima)(const void* row, DType dtype, float temperature, int64_t v0, int64_t v1, float* units);
   ArgMax (*scale_row)(const void* row, DType dtype, float temperature, float* z, int64_t v0, int64_t v1);
   // Blocks of z = sanitize(row / temperature) (a prepared float32 row: kFloat32 and temperature 1).
   ArgMax (*gumbel_blocks)(const void* row, DType dtype, float temperature, int64_t vocab, const PhiloxKey& key,
