@@ -610,7 +610,8 @@ ArgMax search_blocks(const Bounds& src, const PhiloxKey& key, uint32_t hi, int s
     simd::philox_words32(key, philox_offset_lo(stream, kBlockDraws + static_cast<uint32_t>(b0)), hi, words);
     if constexpr (Bounds::kPartThresholds) {
       // Residual searches meet candidates in most groups, at unpredictable lanes: thresholds in registers,
-      // hits appended without a branch per candidate (2.5 us less per rejected bf16 Zipf row).
+      // hits appended without a branch per candidate (a rejected bf16 Zipf row's interval search, one
+      // thread, cold draft probabilities: ~28.5 -> ~26 us).
       simd::u32v thresholds[kGroupBlocks / simd::W];  // of blocks j0 .. j0 + W - 1 in thresholds[j0 / W]
       part_word_thresholds(bound, part, thresholds);
       for (int j0 = 0; j0 < nb; j0 += simd::W) {
@@ -623,7 +624,9 @@ ArgMax search_blocks(const Bounds& src, const PhiloxKey& key, uint32_t hi, int s
       }
     } else {
       // The other searches meet few candidates (rows sampled from their logits start from the block of the
-      // draft or of the row max): a branch that is rarely taken costs less than appending every vector.
+      // draft or of the row max): a branch that is rarely taken costs less than appending every vector
+      // (with append_hits here too, deterministic-draft cases ran up to 1.37x slower: benchmarks/results/
+      // ab_cpu_854ef69_vs_bb29e2c.csv).
       const uint32_t group_threshold = word_threshold(bound, group_max);
       for (int j0 = 0; j0 < nb; j0 += simd::W) {
         simd::u32v w;
