@@ -277,7 +277,10 @@ SPECDEC_SIMD_INLINE __m512 raw_max16(const void* row, int64_t v) {
     if (nan != 0) {  // a NaN among a unit's non-negative entries, or only negative NaN: its float max
       alignas(64) float out[16];
       _mm512_store_ps(out, m);
-      for (uint32_t b = nan; b != 0; b &= b - 1) out[__builtin_ctz(b)] = raw_max<D>(row, v + __builtin_ctz(b) * kUnit, kUnit);
+      for (uint32_t b = nan; b != 0; b &= b - 1) {
+        const int j = __builtin_ctz(b);
+        out[j] = raw_max<D>(row, v + j * kUnit, kUnit);
+      }
       m = _mm512_load_ps(out);
     }
     return m;
@@ -411,10 +414,12 @@ SPECDEC_SIMD_INLINE void append_hits(Candidates& c, uint32_t hit, int64_t b, con
   const __mmask16 k = static_cast<__mmask16>(hit);
   _mm512_storeu_si512(c.word + c.n, _mm512_maskz_compress_epi32(k, _mm512_loadu_si512(words)));
   if (ub != nullptr) _mm512_storeu_ps(c.ub + c.n, _mm512_maskz_compress_ps(k, _mm512_loadu_ps(ub)));
-  const __m512i lanes = _mm512_maskz_compress_epi32(k, _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+  const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512i lanes = _mm512_maskz_compress_epi32(k, iota);
   const __m512i base = _mm512_set1_epi64(b);
   _mm512_storeu_si512(c.block + c.n, _mm512_add_epi64(base, _mm512_cvtepi32_epi64(_mm512_castsi512_si256(lanes))));
-  _mm512_storeu_si512(c.block + c.n + 8, _mm512_add_epi64(base, _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(lanes, 1))));
+  const __m512i upper = _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(lanes, 1));
+  _mm512_storeu_si512(c.block + c.n + 8, _mm512_add_epi64(base, upper));
   c.n += __builtin_popcount(hit);
 #else
   for (; hit != 0; hit &= hit - 1) {
