@@ -114,6 +114,25 @@ SPECDEC_SIMD_INLINE float max_16bit(const uint16_t* p, int64_t n) {
   return D == DType::kBFloat16 ? bf16_to_float(bits) : fp16_to_float(bits);
 }
 
+// The largest of the n entries from v as floats, NaN skipped (-inf if none): one max per loaded vector, four
+// independent chains.
+template <DType D>
+SPECDEC_SIMD_INLINE float raw_max(const void* row, int64_t v, int64_t n) {
+  const simd::f32v neg_inf = simd::f32v{} - kInf;
+  simd::f32v acc[4] = {neg_inf, neg_inf, neg_inf, neg_inf};
+  int64_t i = 0;
+  for (; i + 4 * simd::W <= n; i += 4 * simd::W) {
+    for (int k = 0; k < 4; ++k) acc[k] = simd::max_v(load_v<D>(row, v + i + k * simd::W), acc[k]);  // NaN -> -inf
+  }
+  for (; i + simd::W <= n; i += simd::W) acc[0] = simd::max_v(load_v<D>(row, v + i), acc[0]);
+  float m = lane_max(simd::max_v(simd::max_v(acc[0], acc[1]), simd::max_v(acc[2], acc[3])));
+  for (; i < n; ++i) {
+    const float x = load_elem(row, D, v + i);
+    m = x > m ? x : m;
+  }
+  return m;
+}
+
 // sanitize(max entry / T) over the blocks b0 .. b0 + nb - 1 of a row of logits (sanitize and the division
 // are monotone, so this is the largest z there exactly): one max per loaded vector (16-bit logits: the
 // integer max_16bit on whole parts of groups), at memory speed.
@@ -127,18 +146,7 @@ SPECDEC_SIMD_INLINE float z_group_max(const ZSource& src, int64_t b0, int nb) {
       if (m == m) return sanitize(m / src.temperature);
     }
   }
-  const simd::f32v neg_inf = simd::f32v{} - kInf;
-  simd::f32v acc[4] = {neg_inf, neg_inf, neg_inf, neg_inf};
-  int64_t v = first;
-  for (; v + 4 * simd::W <= last; v += 4 * simd::W) {
-    for (int k = 0; k < 4; ++k) acc[k] = simd::max_v(load_v<D>(src.row, v + k * simd::W), acc[k]);  // NaN -> -inf
-  }
-  for (; v + simd::W <= last; v += simd::W) acc[0] = simd::max_v(load_v<D>(src.row, v), acc[0]);
-  float m = lane_max(simd::max_v(simd::max_v(acc[0], acc[1]), simd::max_v(acc[2], acc[3])));
-  for (; v < last; ++v) {
-    const float x = load_elem(src.row, D, v);
-    m = x > m ? x : m;
-  }
+  const float m = raw_max<D>(src.row, first, last - first);
   return sanitize(m / src.temperature);
 }
 
@@ -216,21 +224,6 @@ SPECDEC_SIMD_INLINE float z_part_maxima(const ZSource& src, int64_t b0, int nb, 
 inline constexpr int64_t kUnit = kUnitEntries;
 inline constexpr int kUnitBlocks = static_cast<int>(kUnit / kBlock);
 static_assert(kPartBlocks % kUnitBlocks == 0 && kGroupBlocks % kUnitBlocks == 0, "parts are whole units");
-
-// The largest of the n entries from v as floats, NaN skipped (-inf if none): z_group_max's max before its
-// sanitize(m / T).
-template <DType D>
-SPECDEC_SIMD_INLINE float raw_max(const void* row, int64_t v, int64_t n) {
-  simd::f32v acc = simd::f32v{} - kInf;
-  int64_t i = 0;
-  for (; i + simd::W <= n; i += simd::W) acc = simd::max_v(load_v<D>(row, v + i), acc);  // NaN -> -inf
-  float m = lane_max(acc);
-  for (; i < n; ++i) {
-    const float x = load_elem(row, D, v + i);
-    m = x > m ? x : m;
-  }
-  return m;
-}
 
 #if defined(__AVX512BW__)
 // raw_max of each of the 16 units from v (whole units inside the row) in lanes 0-15: each unit's 16-bit
@@ -613,31 +606,29 @@ ArgMax search_blocks(const Bounds& src, const PhiloxKey& key, uint32_t hi, int s
     const float group_max = src.bounds(b0, nb, ub, part);
     if (group_max == -kInf || group_max + kGumbelBound < bound) continue;  // nothing here can reach the bound
     simd::philox_words32(key, philox_offset_lo(stream, kBlockDraws + static_cast<uint32_t>(b0)), hi, words);
+    simd::u32v thresholds[kGroupBlocks / simd::W];  // of blocks j0 .. j0 + W - 1 in thresholds[j0 / W]
     if constexpr (Bounds::kPartThresholds) {
-      // Residual searches meet candidates in most groups, at unpredictable lanes: thresholds in registers,
-      // hits appended without a branch per candidate (a rejected bf16 Zipf row's interval search, one
-      // thread, cold draft probabilities: ~28.5 -> ~26 us).
-      simd::u32v thresholds[kGroupBlocks / simd::W];  // of blocks j0 .. j0 + W - 1 in thresholds[j0 / W]
       part_word_thresholds(bound, part, thresholds);
-      for (int j0 = 0; j0 < nb; j0 += simd::W) {
-        simd::u32v w;
-        __builtin_memcpy(&w, words + j0, sizeof(w));
-        uint32_t hit = simd::ge_mask(simd::fold(w), thresholds[j0 / simd::W]);
-        if (nb - j0 < simd::W) hit &= (1u << (nb - j0)) - 1u;
+    } else {
+      const uint32_t t = word_threshold(bound, group_max);
+      for (simd::u32v& v : thresholds) v = simd::u32v{} + t;
+    }
+    for (int j0 = 0; j0 < nb; j0 += simd::W) {
+      simd::u32v w;
+      __builtin_memcpy(&w, words + j0, sizeof(w));
+      uint32_t hit = simd::ge_mask(simd::fold(w), thresholds[j0 / simd::W]);
+      if (nb - j0 < simd::W) hit &= (1u << (nb - j0)) - 1u;
+      if constexpr (Bounds::kPartThresholds) {
+        // Residual searches meet candidates in most groups, at unpredictable lanes: hits appended without a
+        // branch per candidate (a rejected bf16 Zipf row's interval search, one thread, cold draft
+        // probabilities: ~28.5 -> ~26 us).
         append_hits(cand, hit, b0 + j0, words + j0, Bounds::kExact ? ub + j0 : nullptr);
         if (cand.n >= kBatch) score_candidates(src, cand, best, bound);
-      }
-    } else {
-      // The other searches meet few candidates (rows sampled from their logits start from the block of the
-      // draft or of the row max): a branch that is rarely taken costs less than appending every vector
-      // (with append_hits here too, deterministic-draft cases ran up to 1.37x slower: benchmarks/results/
-      // ab_cpu_854ef69_vs_bb29e2c.csv).
-      const uint32_t group_threshold = word_threshold(bound, group_max);
-      for (int j0 = 0; j0 < nb; j0 += simd::W) {
-        simd::u32v w;
-        __builtin_memcpy(&w, words + j0, sizeof(w));
-        uint32_t hit = simd::ge_mask(simd::fold(w), simd::u32v{} + group_threshold);
-        if (nb - j0 < simd::W) hit &= (1u << (nb - j0)) - 1u;
+      } else {
+        // The other searches meet few candidates (rows sampled from their logits start from the block of
+        // the draft or of the row max): a branch that is rarely taken costs less than appending every
+        // vector (with append_hits here too, deterministic-draft cases ran up to 1.37x slower:
+        // benchmarks/results/ab_cpu_854ef69_vs_bb29e2c.csv).
         for (; hit != 0; hit &= hit - 1) {
           const int j = j0 + __builtin_ctz(hit);
           cand.block[cand.n] = b0 + j;
