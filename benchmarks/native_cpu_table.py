@@ -1,14 +1,27 @@
-"""Markdown tables of a ``bench_native_cpu`` CSV: our time and fraction of read bandwidth, and the baselines.
+"""Markdown tables of a ``bench_native_cpu`` CSV: our time and fraction of read bandwidth, and the baselines;
+the issue-16 targets it meets; and, with ``--against``, how far each case moved from another run.
 
 Usage: python -m benchmarks.native_cpu_table benchmarks/results/chain_cpu_b64_k3_v151936.csv [--families flat]
+       python -m benchmarks.native_cpu_table new.csv --against benchmarks/results/chain_cpu_b64_k3_v151936.csv
+
+``--against REF``: one line per case of ours' fraction of read bandwidth in REF and in this run (median of the
+rounds, [lowest, highest] round), the move in percentage points, and whether this run's median lies within
+REF's [lowest, highest] round widened by ``--tolerance`` points on either side (default 5: the moves of the
+rows whose code had not changed between two sweeps on the 2-thread Xeon VM, -5 to +4 points).
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from collections import defaultdict
 
 from .common import read_csv
+
+# Issue 16's floors on ours' fraction of read bandwidth (median of the rounds), per mode, and on the vLLM step's
+# time over ours with flat logits and every draft accepted.
+TARGETS = {"greedy": 0.80, "random_det": 0.50, "random_stoch": 0.50}
+STEP_RATIO_TARGET = 4.0
 
 
 def _ms(row: dict[str, str] | None) -> str:
@@ -53,6 +66,69 @@ def table(rows: list[dict[str, str]], families: list[str] | None = None) -> str:
     return "\n".join(lines)
 
 
+def _ours(rows: list[dict[str, str]]) -> dict[tuple[str, ...], dict[str, str]]:
+    """ours' timed rows by case (dtype, family, mode, drafts)."""
+    return {(r["dtype"], r["family"], r["mode"], r["drafts"]): r for r in rows
+            if r["provider"] == "ours" and r["status"] == "ok" and r.get("read_fraction")}
+
+
+def _pct(row: dict[str, str]) -> str:
+    return (f"{100 * float(row['read_fraction']):.0f} [{100 * float(row['read_fraction_min']):.0f}, "
+            f"{100 * float(row['read_fraction_max']):.0f}]")
+
+
+def targets(rows: list[dict[str, str]]) -> list[str]:
+    """One line per issue-16 target: the lowest case (median, and its lowest round) against the floor, and the
+    vLLM step's smallest ratio over the flat, every-draft-accepted cases."""
+    ours = _ours(rows)
+    lines = []
+    for mode, floor in TARGETS.items():
+        cases = {key: r for key, r in ours.items() if key[2] == mode}
+        if not cases:
+            continue
+        key, r = min(cases.items(), key=lambda kv: float(kv[1]["read_fraction"]))
+        ok = float(r["read_fraction"]) >= floor
+        lines.append(f"{mode}: lowest {_pct(r)} % of read bandwidth ({' '.join(key)}), target >= "
+                     f"{100 * floor:.0f} %: {'met' if ok else 'NOT met'}")
+    steps = {(r["dtype"], r["mode"]): r for r in rows if r["provider"] == "vllm_step" and r["status"] == "ok"
+             and r["family"] == "flat" and r["drafts"] == "accept"}
+    ratios = {key: float(r["median_ms"]) / float(ours[key[0], "flat", key[1], "accept"]["median_ms"])
+              for key, r in steps.items() if (key[0], "flat", key[1], "accept") in ours}
+    if ratios:
+        (dtype, mode), low = min(ratios.items(), key=lambda kv: kv[1])
+        lines.append(f"vLLM step / ours, flat, every draft accepted: lowest {low:.1f}x ({dtype} {mode}), target >= "
+                     f"{STEP_RATIO_TARGET:.0f}x: {'met' if low >= STEP_RATIO_TARGET else 'NOT met'}")
+    return lines
+
+
+def against(rows: list[dict[str, str]], ref: list[dict[str, str]], tolerance: float) -> list[str]:
+    """A markdown table of each case's fraction of read bandwidth in ``ref`` and in ``rows`` (cases of both),
+    the move in points, and whether the median of ``rows`` lies within ref's [lowest, highest] round widened
+    by ``tolerance`` points; then a summary line."""
+    new, old = _ours(rows), _ours(ref)
+    lines = ["| dtype | logits | mode | drafts | reference % read bw [min, max] | this run | move (points) | "
+             f"within ±{tolerance:g} |", "|---|---|---|---|---|---|---|---|"]
+    moves, outside = [], []
+    for key in (k for k in old if k in new):
+        o, n = old[key], new[key]
+        move = 100 * (float(n["read_fraction"]) - float(o["read_fraction"]))
+        lo = 100 * float(o["read_fraction_min"]) - tolerance
+        hi = 100 * float(o["read_fraction_max"]) + tolerance
+        inside = lo <= 100 * float(n["read_fraction"]) <= hi
+        moves.append((move, key))
+        if not inside:
+            outside.append(key)
+        lines.append(f"| {' | '.join(key)} | {_pct(o)} | {_pct(n)} | {round(move):+d} | {'yes' if inside else 'NO'} |")
+    if not moves:
+        return ["no case in common with the reference"]
+    low, high = min(moves), max(moves)
+    lines += ["", f"{len(moves) - len(outside)} of {len(moves)} cases within the reference's [min, max] ±"
+              f"{tolerance:g} points; moves from {low[0]:+.1f} ({' '.join(low[1])}) to {high[0]:+.1f} "
+              f"({' '.join(high[1])}) points" + (f"; outside: {', '.join(' '.join(k) for k in outside)}"
+                                                 if outside else "")]
+    return lines
+
+
 def bandwidth(rows: list[dict[str, str]]) -> str:
     """Read bandwidth per family and dtype (the fastest of the read probes over that dtype's logits, median
     over rounds) and copy bandwidth (fp32) per family's block of rounds."""
@@ -65,13 +141,32 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.native_cpu_table", description=__doc__)
     ap.add_argument("csv", nargs="+")
     ap.add_argument("--families", default="", help="comma-separated subset of logits families")
+    ap.add_argument("--against", default=None, metavar="REF.csv",
+                    help="another run's CSV: each case's move from it (module docstring)")
+    ap.add_argument("--tolerance", type=float, default=5.0,
+                    help="points either side of the reference's [min, max] round (default 5)")
     args = ap.parse_args(argv)
-    rows = read_csv(args.csv)
+    if args.tolerance < 0:
+        ap.error(f"--tolerance must be >= 0 (got {args.tolerance:g})")
+    try:
+        rows = read_csv(args.csv)
+        ref = read_csv([args.against]) if args.against else None
+    except (OSError, KeyError) as exc:
+        sys.exit(f"native_cpu_table: cannot read the CSV: {exc}")
+    if not rows:
+        sys.exit("native_cpu_table: no rows in " + ", ".join(args.csv))
     print(table(rows, [f for f in args.families.split(",") if f] or None))
     print()
     print(bandwidth(rows))
     print()
+    print("\n".join(targets(rows)))
+    print()
     print(f"command: `{rows[0]['command']}`; {rows[0]['device']}; commit {rows[0]['git_commit']}; {rows[0]['date_utc']}")
+    if ref is not None:
+        print()
+        print(f"against `{args.against}` (commit {ref[0]['git_commit'] if ref else '?'}, "
+              f"{ref[0]['date_utc'] if ref else '?'}):")
+        print("\n".join(against(rows, ref, args.tolerance)))
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ import torch
 
 import specdec_kernels as sk
 from benchmarks import bench_chain, call_overhead, overlap_probe, roofline, stream_compute_probe
-from benchmarks.common import BASE_COLUMNS, PROVENANCE_COLUMNS, read_csv
+from benchmarks.common import BASE_COLUMNS, PROVENANCE_COLUMNS, CsvWriter, read_csv
 from specdec_kernels import native
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
@@ -388,3 +388,65 @@ def test_stream_compute_probe_rejects_bad_arguments(capsys):
     assert "--rounds-list entries must be in [0, 1024], got 2000" in err
     with pytest.raises(SystemExit, match="--mib 1099511627776 cannot be allocated"):
         stream_compute_probe.main(["--mib", str(2**40)])
+
+
+def _sweep_rows(fractions: dict[tuple[str, str, str, str], tuple[float, float, float]],
+                step_ms: float = 100.0) -> list[dict[str, str]]:
+    """bench_native_cpu-like rows: ours' read fractions (median, min, max) per case, a vLLM step per flat
+    every-draft-accepted case, and a provenance the table prints."""
+    info = {"command": "python -m benchmarks.bench_native_cpu", "device": "cpu", "git_commit": "abc",
+            "date_utc": "2026-12-05T00:00:00Z", "status": "ok", "mean_accepted": "3.000"}
+    rows = []
+    for (dtype, family, mode, drafts), (med, lo, hi) in fractions.items():
+        case = {**info, "dtype": dtype, "family": family, "mode": mode, "drafts": drafts}
+        rows.append({**case, "provider": "ours", "median_ms": "2", "min_ms": "1.9", "max_ms": "2.1",
+                     "read_fraction": str(med), "read_fraction_min": str(lo), "read_fraction_max": str(hi),
+                     "same_size_fraction": str(med), "same_size_fraction_min": str(lo),
+                     "same_size_fraction_max": str(hi)})
+        if family == "flat" and drafts == "accept":
+            rows.append({**case, "provider": "vllm_step", "median_ms": str(step_ms), "min_ms": str(step_ms),
+                         "max_ms": str(step_ms)})
+    return rows
+
+
+def test_native_cpu_table_reports_targets_and_moves_against_a_reference(tmp_path, capsys):
+    """The targets line names the lowest case of each mode and says whether its median meets the floor;
+    --against flags a case whose median left the reference's [min, max] widened by the tolerance."""
+    from benchmarks import native_cpu_table
+
+    ref = {("bfloat16", "flat", "greedy", "accept"): (0.95, 0.93, 0.97),
+           ("bfloat16", "flat", "greedy", "model"): (0.84, 0.81, 0.88),
+           ("bfloat16", "flat", "random_stoch", "accept"): (0.83, 0.82, 0.85),
+           ("bfloat16", "zipf", "random_stoch", "model"): (0.58, 0.57, 0.59)}
+    new = {**ref, ("bfloat16", "flat", "greedy", "model"): (0.79, 0.78, 0.80),  # under the floor, above 81 - 5
+           ("bfloat16", "zipf", "random_stoch", "model"): (0.51, 0.50, 0.52)}    # under 57 - 5: outside
+    lines = native_cpu_table.targets(_sweep_rows(new, step_ms=7.0))
+    assert lines[0].startswith("greedy: lowest 79 [78, 80] % of read bandwidth (bfloat16 flat greedy model)")
+    assert lines[0].endswith("NOT met")
+    assert lines[1].startswith("random_stoch: lowest 51 [50, 52]") and lines[1].endswith(": met")
+    assert lines[2].startswith("vLLM step / ours, flat, every draft accepted: lowest 3.5x")
+    assert lines[2].endswith("NOT met")
+    assert all(line.endswith(": met") for line in native_cpu_table.targets(_sweep_rows(ref)))
+
+    table = native_cpu_table.against(_sweep_rows(new), _sweep_rows(ref), tolerance=5)
+    assert [line for line in table[2:-2] if "NO |" in line] == [
+        "| bfloat16 | zipf | random_stoch | model | 58 [57, 59] | 51 [50, 52] | -7 | NO |"]
+    assert table[-1].startswith("3 of 4 cases within")
+    assert "moves from -7.0 (bfloat16 zipf random_stoch model)" in table[-1]
+    assert native_cpu_table.against(_sweep_rows(new), _sweep_rows(ref), tolerance=8)[-1].startswith("4 of 4")
+
+    ref_csv, new_csv = tmp_path / "ref.csv", tmp_path / "new.csv"
+    for path, fr in ((ref_csv, ref), (new_csv, new)):
+        rows = _sweep_rows(fr)
+        with CsvWriter(path, list(rows[0])) as w:
+            for r in rows:
+                w.write(r)
+    native_cpu_table.main([str(new_csv), "--against", str(ref_csv)])
+    out = capsys.readouterr().out
+    assert "greedy: lowest 79" in out and "3 of 4 cases within the reference's [min, max] ±5 points" in out
+    with pytest.raises(SystemExit):
+        native_cpu_table.main([str(new_csv), "--tolerance", "-1"])
+    assert "--tolerance must be >= 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        native_cpu_table.main([str(new_csv), "--against", str(tmp_path / "missing.csv")])
+    assert str(exc.value).startswith("native_cpu_table: cannot read the CSV")
