@@ -32,14 +32,35 @@ def _ms(row: dict[str, str] | None) -> str:
     return f"{float(row['median_ms']):.3g} [{float(row['min_ms']):.3g}, {float(row['max_ms']):.3g}]"
 
 
-def table(rows: list[dict[str, str]], families: list[str] | None = None) -> str:
-    """One markdown table: a line per case (dtype, family, mode, drafts), providers side by side."""
+def _pct(row: dict[str, str], column: str = "read_fraction") -> str:
+    """A fraction column of a row in percent: median [min, max]; "—" where the row has none (CSVs from before
+    the same-size probes)."""
+    if not row.get(column):
+        return "—"
+    return (f"{100 * float(row[column]):.0f} [{100 * float(row[column + '_min']):.0f}, "
+            f"{100 * float(row[column + '_max']):.0f}]")
+
+
+def _cases(rows: list[dict[str, str]], families: list[str] | None = None) -> dict[tuple[str, ...], dict]:
+    """Rows by case (dtype, family, mode, drafts), then by provider; the family-level probes left out."""
     cases: dict[tuple[str, ...], dict[str, dict[str, str]]] = defaultdict(dict)
     for r in rows:
         probe = r["provider"] in ("stream", "int16", "sum", "copy", "stream_need", "int16_need", "sum_need")
         if probe or (families and r["family"] not in families):
             continue
         cases[r["dtype"], r["family"], r["mode"], r["drafts"]][r["provider"]] = r
+    return cases
+
+
+def _ours(cases: dict[tuple[str, ...], dict]) -> dict[tuple[str, ...], dict[str, str]]:
+    """ours' timed rows of ``_cases`` by case."""
+    return {key: by["ours"] for key, by in cases.items()
+            if "ours" in by and by["ours"]["status"] == "ok" and by["ours"].get("read_fraction")}
+
+
+def table(rows: list[dict[str, str]], families: list[str] | None = None) -> str:
+    """One markdown table: a line per case (dtype, family, mode, drafts), providers side by side."""
+    cases = _cases(rows, families)
     lines = [
         "| dtype | logits | mode | drafts | accepted | ours ms [min, max] | % read bw [min, max] | "
         "% same-size read | "
@@ -52,10 +73,7 @@ def table(rows: list[dict[str, str]], families: list[str] | None = None) -> str:
         if ours is None or ours["status"] != "ok":
             continue
         t = float(ours["median_ms"])
-        frac, same = (  # "—" for CSVs from before the same-size probes
-            f"{100 * float(ours[c]):.0f} [{100 * float(ours[c + '_min']):.0f}, "
-            f"{100 * float(ours[c + '_max']):.0f}]" if ours.get(c) else "—"
-            for c in ("read_fraction", "same_size_fraction"))
+        frac, same = _pct(ours), _pct(ours, "same_size_fraction")
 
         def ratio(names: tuple[str, ...], by: dict = by, t: float = t) -> str:
             times = [float(by[n]["median_ms"]) for n in names if n in by and by[n]["status"] == "ok"]
@@ -68,36 +86,25 @@ def table(rows: list[dict[str, str]], families: list[str] | None = None) -> str:
     return "\n".join(lines)
 
 
-def _ours(rows: list[dict[str, str]]) -> dict[tuple[str, ...], dict[str, str]]:
-    """ours' timed rows by case (dtype, family, mode, drafts)."""
-    return {(r["dtype"], r["family"], r["mode"], r["drafts"]): r for r in rows
-            if r["provider"] == "ours" and r["status"] == "ok" and r.get("read_fraction")}
-
-
-def _pct(row: dict[str, str]) -> str:
-    return (f"{100 * float(row['read_fraction']):.0f} [{100 * float(row['read_fraction_min']):.0f}, "
-            f"{100 * float(row['read_fraction_max']):.0f}]")
-
-
 def targets(rows: list[dict[str, str]]) -> list[str]:
     """One line per issue-16 target: the lowest case (median, and its lowest round) against the floor, and the
     vLLM step's smallest ratio over the flat, every-draft-accepted cases."""
-    ours = _ours(rows)
+    cases = _cases(rows)
+    ours = _ours(cases)
     lines = []
     for mode, floor in TARGETS.items():
-        cases = {key: r for key, r in ours.items() if key[2] == mode}
-        if not cases:
+        of_mode = {key: r for key, r in ours.items() if key[2] == mode}
+        if not of_mode:
             continue
-        key, r = min(cases.items(), key=lambda kv: float(kv[1]["read_fraction"]))
+        key, r = min(of_mode.items(), key=lambda kv: float(kv[1]["read_fraction"]))
         ok = float(r["read_fraction"]) >= floor
         lines.append(f"{mode}: lowest {_pct(r)} % of read bandwidth ({' '.join(key)}), target >= "
                      f"{100 * floor:.0f} %: {'met' if ok else 'NOT met'}")
-    steps = {(r["dtype"], r["mode"]): r for r in rows if r["provider"] == "vllm_step" and r["status"] == "ok"
-             and r["family"] == "flat" and r["drafts"] == "accept"}
-    ratios = {key: float(r["median_ms"]) / float(ours[key[0], "flat", key[1], "accept"]["median_ms"])
-              for key, r in steps.items() if (key[0], "flat", key[1], "accept") in ours}
+    ratios = {key: float(by["vllm_step"]["median_ms"]) / float(ours[key]["median_ms"])
+              for key, by in cases.items() if key[1] == "flat" and key[3] == "accept" and key in ours
+              and by.get("vllm_step", {}).get("status") == "ok"}
     if ratios:
-        (dtype, mode), low = min(ratios.items(), key=lambda kv: kv[1])
+        (dtype, _, mode, _), low = min(ratios.items(), key=lambda kv: kv[1])
         lines.append(f"vLLM step / ours, flat, every draft accepted: lowest {low:.1f}x ({dtype} {mode}), target >= "
                      f"{STEP_RATIO_TARGET:.0f}x: {'met' if low >= STEP_RATIO_TARGET else 'NOT met'}")
     return lines
@@ -107,7 +114,7 @@ def against(rows: list[dict[str, str]], ref: list[dict[str, str]], tolerance: fl
     """A markdown table of each case's fraction of read bandwidth in ``ref`` and in ``rows`` (cases of both),
     the move in points, and whether the median of ``rows`` lies within ref's [lowest, highest] round widened
     by ``tolerance`` points; then a summary line."""
-    new, old = _ours(rows), _ours(ref)
+    new, old = _ours(_cases(rows)), _ours(_cases(ref))
     lines = ["| dtype | logits | mode | drafts | reference % read bw [min, max] | this run | move (points) | "
              f"within ±{tolerance:g} |", "|---|---|---|---|---|---|---|---|"]
     moves, outside = [], []
