@@ -365,12 +365,35 @@ def test_every_instruction_set_build_emits_the_same_tokens():
         print(native._load().CPU_ISA, rc.output_token_ids.tolist(), rt.output_token_ids.tolist())
     """
     outs = {}
-    for isa in ("generic", "avx2", "avx512"):
+    for isa in cpu_builds():
         proc = _run(code, SPECDEC_CPU_ISA=isa)
         assert proc.returncode == 0, proc.stderr[-2000:]
         name, tokens = proc.stdout.split(" ", 1)
+        assert name == isa, (isa, name)
         outs[name] = tokens
     assert len(set(outs.values())) == 1, outs
+
+
+def test_an_instruction_set_name_the_cpu_cannot_use_warns_once_and_falls_back():
+    """SPECDEC_CPU_ISA never makes the CPU run an instruction it lacks: an unknown name gives one warning that
+    names the variable and the valid names, and the widest build the CPU supports. (A known name the CPU lacks
+    is run under QEMU's CPU models: tests/test_cpu_levels.py.)"""
+    code = """
+        import warnings
+        from specdec_kernels import native
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            isa = native._load().CPU_ISA
+            native._load()
+        print(isa, "|".join(str(w.message) for w in caught))
+    """
+    widest = cpu_builds()[-1]
+    proc = _run(code, SPECDEC_CPU_ISA="avx3")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == (f"{widest} SPECDEC_CPU_ISA=avx3: unknown instruction set (generic, avx2 or "
+                                   f"avx512); using {widest}"), proc.stdout
+    proc = _run(code, SPECDEC_CPU_ISA="")
+    assert proc.stdout.strip() == f"{widest}", proc.stdout
 
 
 @pytest.mark.parametrize("threads", ["1", "2"])
@@ -393,7 +416,7 @@ def test_two_level_gumbel_paths_match_reference_on_every_build(threads):
                 bad.append(i)
         print("bad", bad)
     """
-    for isa in ("generic", "avx2", "avx512"):
+    for isa in cpu_builds():
         proc = _run(code, SPECDEC_CPU_ISA=isa, OMP_NUM_THREADS=threads)
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert proc.stdout.strip() == "bad []", (isa, proc.stdout)
@@ -485,7 +508,7 @@ def test_stochastic_acceptance_at_the_coin_edge_matches_reference():
                 bad.append(family + " (reference)")
         print("bad", bad)
     """
-    for isa in ("generic", "avx2", "avx512"):
+    for isa in cpu_builds():
         proc = _run(code, SPECDEC_CPU_ISA=isa)
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert proc.stdout.strip() == "bad []", (isa, proc.stdout)
@@ -586,7 +609,7 @@ def test_stochastic_rejection_without_the_exact_normalizer_matches_reference(thr
                 bad.append(("single", i))
         print("bad", bad)
     """
-    for isa in ("generic", "avx2", "avx512"):
+    for isa in cpu_builds():
         proc = _run(code, SPECDEC_CPU_ISA=isa, OMP_NUM_THREADS=threads)
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert proc.stdout.strip() == "bad []", (isa, proc.stdout)
@@ -695,7 +718,7 @@ def test_16bit_integer_maxima_match_reference_on_every_build(threads):
                         bad.append((str(dtype), V, family, "random"))
         print("bad", bad)
     """
-    for isa in ("generic", "avx2", "avx512"):
+    for isa in cpu_builds():
         proc = _run(code, SPECDEC_CPU_ISA=isa, OMP_NUM_THREADS=threads)
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert proc.stdout.strip() == "bad []", (isa, proc.stdout)
@@ -751,6 +774,20 @@ def test_part_maxima_match_each_parts_group_max_bit_for_bit(isa, tmp_path):
     assert out[4] == "units" and int(out[5]) > 10000 and out[6:] == ["different", "0"], out
 
 
+@pytest.mark.parametrize("isa", list(_ISA_FLAGS))
+def test_word_threshold_table_is_the_exact_formulas_or_one_word_looser(isa, tmp_path):
+    """The searches skip a block whose Philox word lies below a threshold read from a table (gumbel_search.h
+    kWordThresholds); the compiler evaluates that table, since a load-time constructor in a per-instruction-set
+    object ran AVX-512 code before dispatch and faulted on AVX2 CPUs. Each entry is compared with the same
+    formula computed with the C library's exp at run time: equal, or one word lower (looser) near an integer,
+    never higher, which could prune a block that can win (tests/cpp/word_thresholds_check.cpp). Shown able to
+    fail: the Taylor series cut to 10 terms moves 42 entries by more than one word."""
+    out = _run_cpp_check("word_thresholds_check.cpp", isa, tmp_path)
+    assert out[0::2] == ["entries", "equal", "below", "other"], out
+    entries, equal, below, other = (int(v) for v in out[1::2])
+    assert entries == 1537 and equal + below == entries and other == 0, out
+
+
 def _run_cpp_check(source: str, isa: str, tmp_path) -> list[str]:
     """Builds tests/cpp/<source> with the instruction set's flags, runs it and returns its output's words."""
     cxx = host_cxx()
@@ -763,6 +800,13 @@ def _run_cpp_check(source: str, isa: str, tmp_path) -> list[str]:
                            capture_output=True, text=True, timeout=300)
     assert build.returncode == 0, build.stderr[-2000:]
     return subprocess.run([str(exe)], capture_output=True, text=True, timeout=120).stdout.split()
+
+
+def cpu_builds() -> list[str]:
+    """The instruction-set builds this CPU can run (SPECDEC_CPU_ISA values): generic, then avx2 and avx512
+    where the CPU has them. A build the CPU lacks would fall back to a narrower one with a warning, and a
+    test over it would test that narrower build twice."""
+    return ["generic"] + [isa for isa in ("avx2", "avx512") if _cpu_has(isa)]
 
 
 def _cpu_has(isa: str) -> bool:
@@ -823,7 +867,7 @@ def test_stream_minmax16_reads_every_word_on_every_build(threads):
                     bad.append(str(exc))
         print("bad", bad)
     """
-    for isa in ("generic", "avx2", "avx512"):
+    for isa in cpu_builds():
         proc = _run(code, SPECDEC_CPU_ISA=isa, OMP_NUM_THREADS=threads)
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert proc.stdout.strip() == "bad []", (isa, proc.stdout)

@@ -509,18 +509,47 @@ SPECDEC_SIMD_INLINE void candidate_z_masses(const Candidates& c, const float* mx
 // passes the exact per-block test (score_candidates) passes this one. The threshold is read from a table at
 // e rounded down to a multiple of 1/64 (looser still: at most 1.6 % more candidates), where an exp per
 // group cost ~7 ns of a ~50 ns group.
+//
+// The table is a constant expression, evaluated by the compiler: this header is compiled once per
+// instruction set (csrc/cpu/row_ops.cpp), and a table built by a constructor at load time would run that
+// instruction set's code before the dispatcher chose it (an AVX-512 conversion faulted on AVX2 CPUs).
+// std::exp is not constexpr in C++17, hence exp_neg_const; its few-ulp error moves a threshold by under
+// 1e-4 words, far inside the 1024-word margin (tests/cpp/word_thresholds_check.cpp holds it to one word of
+// the table computed with std::exp).
 struct WordThresholds {
   static constexpr int kSteps = 64;             // table entries per nat of e
   static constexpr int kLast = 24 * kSteps;     // e >= 24: 1 - exp(-e) rounds to 1 in the words' 31 bits
   uint32_t at[kLast + 1];
-  WordThresholds() {
-    for (int k = 0; k <= kLast; ++k) {
-      const double t = (1.0 - std::exp(-static_cast<double>(k) / kSteps)) * 2147483648.0 - 1024.0;
-      at[k] = t > 0.0 ? static_cast<uint32_t>(t) : 0u;
-    }
-  }
 };
-inline const WordThresholds kWordThresholds;
+
+// exp(-x) for 0 <= x <= kLast / kSteps in a constant expression: exp(-1)^n (n = floor(x), at most 24
+// products of the correctly rounded exp(-1)) times the Taylor series of exp(-f), f in [0, 1), to 24 terms
+// (the remainder is below 1 / 25! < 1e-25).
+constexpr double exp_neg_const(double x) {
+  int n = static_cast<int>(x);
+  const double f = x - n;
+  double whole = 1.0;
+  for (; n > 0; --n) whole *= 0.36787944117144233;
+  double term = 1.0, sum = 1.0;
+  for (int i = 1; i <= 24; ++i) {
+    term *= -f / i;
+    sum += term;
+  }
+  return whole * sum;
+}
+
+constexpr uint32_t word_threshold_at(int k) {
+  const double e = static_cast<double>(k) / WordThresholds::kSteps;
+  const double t = (1.0 - exp_neg_const(e)) * 2147483648.0 - 1024.0;
+  return t > 0.0 ? static_cast<uint32_t>(t) : 0u;
+}
+
+constexpr WordThresholds make_word_thresholds() {
+  WordThresholds w{};
+  for (int k = 0; k <= WordThresholds::kLast; ++k) w.at[k] = word_threshold_at(k);
+  return w;
+}
+inline constexpr WordThresholds kWordThresholds = make_word_thresholds();
 
 inline uint32_t word_threshold(float bound, float max_bound) {
   const float e = bound - max_bound - kGumbelSlack - 0.01f;
