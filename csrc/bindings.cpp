@@ -119,6 +119,7 @@ PYBIND11_MODULE(_C, m) {
   m.attr("DEVICES") = py::make_tuple("cpu");
 #endif
   m.attr("CPU_ISA") = specdec::cpu::isa_name();
+  m.attr("CPU_ISA_MESSAGE") = specdec::cpu::isa_message();
   const char* doc =
       "Chain verification on validated, normalised inputs (see specdec_kernels.verify_chain); same "
       "signature and result as specdec_kernels.reference.chain.verify_chain.";

@@ -10,6 +10,7 @@ this module adds their fake (meta) implementations so that they trace under ``to
 from __future__ import annotations
 
 import importlib
+import warnings
 from collections.abc import Callable
 
 _MISSING_MESSAGE = (
@@ -32,6 +33,8 @@ def _load():
             _error = str(exc)
         else:
             _register_fakes()
+            if getattr(_module, "CPU_ISA_MESSAGE", ""):  # SPECDEC_CPU_ISA named a build this CPU cannot run
+                warnings.warn(_module.CPU_ISA_MESSAGE, RuntimeWarning, stacklevel=2)
     return _module
 
 

@@ -14,8 +14,10 @@ RowKernels row_kernels_avx2();
 RowKernels row_kernels_avx512();
 #endif
 
-// The widest build the running CPU supports ("avx512", "avx2" or "generic"), chosen once.
+// The widest build the running CPU supports ("avx512", "avx2" or "generic") within SPECDEC_CPU_ISA's cap,
+// chosen once; isa_message() is empty, or says in one line why the choice is not the build the variable named.
 const char* isa_name();
+const char* isa_message();
 const RowKernels& row_kernels();
 
 // Chain verification of a whole batch with OpenMP; out_tokens must be pre-filled with -1.
