@@ -20,7 +20,7 @@ strategies of one loop, ``propose -> one policy forward -> verify -> commit``.
   stochastic; the greedy requests of evaluation and of the equivalence check carry deterministic drafts, for
   which both kernels run token level (no verifier beats it there).
 
-Randomness (DESIGN.md §4): every draw is keyed by the request's seed and an absolute position. The
+Randomness (docs/design.md §4): every draw is keyed by the request's seed and an absolute position. The
 drafter samples drafts / siblings on Philox stream 3 at the positions they decide; verification row j of
 a request decides position ``position + j``. So a request's tokens depend on its own prompt and seed only:
 not on the batch, ``max_batch`` or its slot (batch invariance), and the emitted sequence has the

@@ -1,6 +1,6 @@
 """specdec-kernels: provably lossless speculative-decoding verification kernels.
 
-Public API (DESIGN.md §3)::
+Public API (docs/design.md §3)::
 
     import specdec_kernels as sk
     res = sk.verify_chain(target_logits, draft_token_ids, cu_num_draft_tokens, ...)

@@ -1,4 +1,4 @@
-"""Public entry points: validate once, normalise, dispatch to a backend (DESIGN.md §3).
+"""Public entry points: validate once, normalise, dispatch to a backend (docs/design.md §3).
 
 Backends receive normalised tensors (contiguous, on one device, int64 ids/seeds/positions, float32
 temperature, int32 top-k, float32 top-p) and never re-validate.

@@ -101,7 +101,7 @@ def test_relative_links_resolve(path):
 
 
 def test_design_sections_the_code_cites_exist():
-    """The source cites "DESIGN.md §N"; docs/design.md must keep sections 1-5 under those numbers."""
+    """The source cites "docs/design.md §N"; that page must keep sections 1-5 under those numbers."""
     anchors = _anchors(DOCS / "design.md")
     for n, title in [(1, "architecture"), (2, "verification-rules"), (3, "api-contract"), (4, "randomness"),
                      (5, "testing-strategy")]:

@@ -1,4 +1,4 @@
-"""Philox reference: bit-identical to Triton's tl.rand / tl.randint4x, and the DESIGN.md §4 draw layout."""
+"""Philox reference: bit-identical to Triton's tl.rand / tl.randint4x, and the docs/design.md §4 draw layout."""
 
 from __future__ import annotations
 

@@ -30,7 +30,7 @@ sequences into some of them, and ``propose`` / ``propose_tree`` / ``commit`` tak
 the active slots only, in place (None: every slot). ``CachedDrafter`` implements this for every head.
 
 Randomness. Stochastic proposals sample from the draft distribution q with the project's stateless
-Philox (``reference/philox.py``) on stream :data:`STREAM_DRAFT` = 3, which DESIGN.md §4 leaves unused by
+Philox (``reference/philox.py``) on stream :data:`STREAM_DRAFT` = 3, which docs/design.md §4 leaves unused by
 the verifiers: the draft token at absolute position ``pos`` of a sequence with key ``seed`` uses
 ``u_v = philox.uniform(seed, pos, 3, v)`` for target-vocabulary index v (draw index v), and is
 ``argmax_v(log q(v) - log(-log u_v))`` (Gumbel-max; tree children: the top-m of the same perturbed scores,

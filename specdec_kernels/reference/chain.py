@@ -1,4 +1,4 @@
-"""Readable, batched PyTorch reference for lossless chain verification (DESIGN.md §2-§4).
+"""Readable, batched PyTorch reference for lossless chain verification (docs/design.md §2-§4).
 
 Row layout: request b owns target rows ``cu[b] + b ... cu[b + 1] + b``; its ``k_b = cu[b+1] - cu[b]``
 draft rows come first, then one bonus row. Row j of request b decides the token at absolute position

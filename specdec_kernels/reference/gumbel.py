@@ -1,4 +1,4 @@
-"""Two-level Gumbel-max: how every backend samples a row (DESIGN.md §2, §4).
+"""Two-level Gumbel-max: how every backend samples a row (docs/design.md §2, §4).
 
 A sample ``y ~ norm(exp(z))`` of a row of log-weights ``z`` [V] (scaled, truncated logits; or the log of
 nonnegative weights such as a residual ``max(0, p - q)``; -inf = excluded) is drawn in two levels over

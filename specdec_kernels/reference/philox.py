@@ -1,6 +1,6 @@
 """Philox4x32-10 in torch integer arithmetic, bit-identical to Triton's ``tl.rand4x`` / ``tl.rand``.
 
-Every verification backend draws its randomness from this one stateless generator (DESIGN.md §4)::
+Every verification backend draws its randomness from this one stateless generator (docs/design.md §4)::
 
     u = uniform(seed, position, stream, i)
       = word (i & 3) of rand4x(seed, offset),   offset = (position << 32) | (stream << 30) | (i >> 2)

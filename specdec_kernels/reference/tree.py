@@ -1,4 +1,4 @@
-"""Readable, batched PyTorch reference for lossless tree verification (DESIGN.md §2-§4).
+"""Readable, batched PyTorch reference for lossless tree verification (docs/design.md §2-§4).
 
 Layout: request b owns nodes ``cu[b] ... cu[b + 1] - 1``; its node 0 is the root (the last emitted token,
 ``parent = -1``), every other node has a ``parent`` (local index) smaller than its own index, and the

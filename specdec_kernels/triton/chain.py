@@ -14,7 +14,7 @@ rows whose decision is needed. Per row, everything is streamed over vocabulary t
   ``key(z) >= threshold``, exactly the reference's tie rules (``reference/sampling.py``).
 
 Randomness is word ``i & 3`` of ``tl.rand4x(seed, (pos << 32) | (stream << 30) | (i >> 2))`` for draw index
-``i`` (DESIGN.md §4, ``triton/gumbel.py``), identical to the reference Philox, so the tokens equal the
+``i`` (docs/design.md §4, ``triton/gumbel.py``), identical to the reference Philox, so the tokens equal the
 reference's for the same seeds (up to floating-point near-ties in sums, exp and log).
 """
 

@@ -1,4 +1,4 @@
-"""Triton device helpers of two-level Gumbel-max (``reference/gumbel.py``) and the Philox draws (DESIGN.md §4).
+"""Triton device helpers of two-level Gumbel-max (``reference/gumbel.py``) and the Philox draws (docs/design.md §4).
 
 A kernel streams a row over tiles of ``BLOCK_V`` entries (a multiple of 16, starting at multiples of it):
 :func:`block_scores` / :func:`weight_block_scores` give the tile's level-1 scores ``L_b - log(-log u_b)``,

@@ -1,4 +1,4 @@
-// CUDA chain verification (DESIGN.md §2-§4), exactly the rules of reference/chain.py.
+// CUDA chain verification (docs/design.md §2-§4), exactly the rules of reference/chain.py.
 //
 // Every row's decision depends only on that row (stateless Philox), so the GPU decides all rows in
 // parallel and a final per-request pass keeps the prefix up to the first rejection:

@@ -1,4 +1,4 @@
-// Chain verification on the host (DESIGN.md §2-§4): the per-request walk, exactly the rules of
+// Chain verification on the host (docs/design.md §2-§4): the per-request walk, exactly the rules of
 // specdec_kernels/reference/chain.py. Framework-free: raw pointers in, tokens out.
 //
 // Rows without top-k / top-p are sampled straight from the logits (one pass for deterministic drafts and

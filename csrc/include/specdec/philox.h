@@ -1,5 +1,5 @@
 // Philox4x32-10, bit-identical to Triton's tl.rand4x / tl.randint4x and to
-// specdec_kernels/reference/philox.py (DESIGN.md §4): the uniform of draw index i on (seed, position,
+// specdec_kernels/reference/philox.py (docs/design.md §4): the uniform of draw index i on (seed, position,
 // stream) is word (i & 3) of the call with offset = (position << 32) | (stream << 30) | (i >> 2), i.e.
 // counter (offset_lo, offset_hi, 0, 0) and key (seed_lo, seed_hi); each word is folded
 // (w >= 2^31 -> 2^32 - 1 - w), converted to float32 and multiplied by float32 4.6566127342e-10.
