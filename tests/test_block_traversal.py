@@ -16,7 +16,7 @@ import torch
 import specdec_kernels as sk
 from specdec_kernels import native
 from tests.conftest import TRITON_RUNNABLE
-from tests.test_native import _chain_case, _run, _tree_case
+from tests.test_native import _chain_case, _run, _tree_case, cpu_builds
 from tests.test_tree import _chain_case as _chain_and_tree
 
 NATIVE = native.has_op("verify_chain_block", "cpu")
@@ -285,16 +285,6 @@ def test_triton_full_vocabulary():
                    max_nodes=4)
     _assert_same(sk.verify_tree(**t, backend="reference", method="traversal"),
                  sk.verify_tree(**t, backend="triton", method="traversal"), "traversal V=151936")
-
-
-def test_readme_example_runs(capsys):
-    from tests.test_readme import _section_code
-
-    namespace: dict = {}
-    exec(compile(_section_code("Block and traversal verification"), "README.md", "exec"), namespace)
-    block = namespace["block"]
-    assert block.output_token_ids.shape == (4, 4) and block.num_accepted.shape == (4,)
-    assert "tensor" in capsys.readouterr().out
 
 
 def test_drafts_from_the_target_are_all_accepted():

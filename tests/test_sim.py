@@ -1,5 +1,5 @@
 """Tests for rl_loop.sim: roofline arithmetic on hand-computed cases, monotonicity, the paper's figures
-within the tolerances stated in the README's Simulator section, the measurement harness and the CLI."""
+within the tolerances stated below (docs/simulator.md, "Against the paper"), the measurement harness and the CLI."""
 
 from __future__ import annotations
 
@@ -188,7 +188,7 @@ def test_bigger_k_costs_more_verification_and_drafting():
 
 
 # ---------------------------------------------------------------------------------------------------
-# The paper's figures, within the tolerances stated in the README
+# The paper's figures, each within the tolerance stated beside it
 # ---------------------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -197,13 +197,13 @@ def results():
 
 
 # Each tolerance is the current error rounded up by a point or two, so that a change in the model that
-# moves a figure shows up here (README, Simulator: "Against the paper").
+# moves a figure shows up here (docs/simulator.md).
 @pytest.mark.parametrize("name,key,paper,tol", [
     ("paper-8b-think", "generation_speedup", 1.54, 0.05),    # +4 %
     ("paper-8b-zero", "generation_speedup", 1.77, 0.07),     # -6 %
     ("paper-8b-think", "step_speedup", 1.35, 0.05),          # +4 %
     ("paper-8b-zero", "step_speedup", 1.41, 0.02),           # -1 %
-    ("paper-8b-think", "async_speedup", 1.24, 0.08),         # -6 %: see README
+    ("paper-8b-think", "async_speedup", 1.24, 0.08),         # -6 %: see docs/simulator.md
     ("paper-8b-zero", "async_speedup", 1.24, 0.08),          # -6 %
     ("paper-235b", "async_rollout_speedup", 3.5, 0.02),      # 0 %
     ("paper-235b", "end_to_end_speedup", 2.5, 0.02),         # 0 %
