@@ -788,6 +788,25 @@ def test_word_threshold_table_is_the_exact_formulas_or_one_word_looser(isa, tmp_
     assert entries == 1537 and equal + below == entries and other == 0, out
 
 
+@pytest.mark.parametrize("isa", list(_ISA_FLAGS))
+def test_exponentials_of_each_build_are_the_baselines_bit_for_bit(isa, tmp_path):
+    """Two lane-wise exponentials take instructions of their own per build for the baseline code's values
+    (fewer vector operations in passes bound by their count): exp2_rough, the 2^y of the normalizer bracket
+    (normalizer.h), proven for the baseline's values (AVX2: vroundps floor and 2^n from a float add; AVX-512
+    has values of its own and is not compared), and exp_nonpositive, the exact normalizer's terms, the same
+    on every build (AVX2: vroundps; AVX-512: vrndscaleps and vscalefps). Both against the baseline code in
+    scalars, for clamp edges, integers and their neighbours, +-inf, NaN and random inputs
+    (tests/cpp/exp2_rough_check.cpp). Shown able to fail: 2^23 + 128 as the magic constant differs on all
+    201409 exp2_rough values, its floor rounded toward zero on 90543; exp_nonpositive's n rounded down instead
+    of to nearest on 45244."""
+    out = _run_cpp_check("exp2_rough_check.cpp", isa, tmp_path)
+    words = ["exp2_rough", "compared", "different", "exp_nonpositive", "compared", "different"]
+    assert len(out) == 10 and [out[i] for i in (0, 1, 3, 5, 6, 8)] == words, out
+    rough_n, rough_diff, exp_n, exp_diff = int(out[2]), int(out[4]), int(out[7]), int(out[9])
+    assert (rough_n == 0) == (isa == "avx512") and rough_diff == 0, out
+    assert exp_n > 200000 and exp_diff == 0, out
+
+
 def _run_cpp_check(source: str, isa: str, tmp_path) -> list[str]:
     """Builds tests/cpp/<source> with the instruction set's flags, runs it and returns its output's words."""
     cxx = host_cxx()

@@ -421,6 +421,9 @@ SPECDEC_SIMD_INLINE f32v exp_nonpositive(f32v x) {
   const __m512 t = _mm512_roundscale_ps(bits_as<__m512>(xc * 1.44269504089f),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const f32v n = bits_as<f32v>(t);
+#elif defined(__AVX2__)
+  const f32v n = bits_as<f32v>(_mm256_round_ps(bits_as<__m256>(xc * 1.44269504089f),
+                                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 #else
   const f32v n = (xc * 1.44269504089f + 12582912.0f) - 12582912.0f;
 #endif
@@ -434,6 +437,8 @@ SPECDEC_SIMD_INLINE f32v exp_nonpositive(f32v x) {
   p = fma_v(p, r * r, r + 1.0f);
 #if defined(__AVX512F__)
   return bits_as<f32v>(_mm512_scalef_ps(bits_as<__m512>(p), t));
+#elif defined(__AVX2__)
+  return p * bits_as<f32v>(bits_as<u32v>(n + 8388735.0f) << 23);  // 2^n as in exp2_rough (n >= -126)
 #else
   const i32v e = (__builtin_convertvector(n, i32v) + 127) << 23;
   f32v scale;
@@ -455,6 +460,15 @@ SPECDEC_SIMD_INLINE f32v exp2_rough(f32v y) {
   const f32v f = bits_as<f32v>(_mm512_reduce_ps(bits_as<__m512>(yc), _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC));
   const f32v p = fma_v(fma_v(zero + kExp2RoughC2, f, zero + kExp2RoughC1), f, zero + kExp2RoughC0);
   return bits_as<f32v>(_mm512_scalef_ps(bits_as<__m512>(p), bits_as<__m512>(yc)));
+#elif defined(__AVX2__)
+  // The same values as the baseline code below, in nine vector operations where it takes fourteen (the
+  // stochastic-draft passes are bound by their count on AVX2 cores): floor by vroundps, and 2^n's bits as
+  // the low bits of n + 127 + 2^23 (exact for n in [-126, 128]) shifted into the exponent field.
+  const f32v yb = min_v(yc, zero + 128.0f);
+  const f32v n = bits_as<f32v>(_mm256_round_ps(bits_as<__m256>(yb), _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC));
+  const f32v f = yb - n;
+  const f32v p = fma_v(fma_v(zero + kExp2RoughC2, f, zero + kExp2RoughC1), f, zero + kExp2RoughC0);
+  return p * bits_as<f32v>(bits_as<u32v>(n + 8388735.0f) << 23);  // 8388735 = 2^23 + 127; 2^128: +inf
 #else
   const f32v yb = min_v(yc, zero + 128.0f);
   const f32v t = __builtin_convertvector(__builtin_convertvector(yb, i32v), f32v);  // toward 0
