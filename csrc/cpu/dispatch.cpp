@@ -13,7 +13,7 @@ namespace {
 
 // The builds, narrowest first; a level is an index into this table.
 constexpr const char* kNames[] = {"generic", "avx2", "avx512"};
-constexpr int kLevels = 3;
+constexpr int kLevels = static_cast<int>(sizeof(kNames) / sizeof(kNames[0]));
 
 struct Choice {
   int level;

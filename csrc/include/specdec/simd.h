@@ -409,24 +409,46 @@ SPECDEC_SIMD_INLINE float max_lane(f32v x) { return tree_lanes<true>(x); }
 // The sum of x's lanes, for sums whose bound allows any order (normalizer_bound_t's chunk sums).
 SPECDEC_SIMD_INLINE float sum_lanes(f32v x) { return tree_lanes<false>(x); }
 
+// Integer-valued floats, exactly, for |x| < 2^22: one instruction with AVX2 and AVX-512, a conversion and a
+// compare (floor) or the magic-number sum (nearest, ties to even) in the baseline build.
+SPECDEC_SIMD_INLINE f32v floor_v(f32v x) {
+#if defined(__AVX512F__)
+  return bits_as<f32v>(_mm512_roundscale_ps(bits_as<__m512>(x), _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC));
+#elif defined(__AVX2__)
+  return bits_as<f32v>(_mm256_round_ps(bits_as<__m256>(x), _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC));
+#else
+  const f32v t = __builtin_convertvector(__builtin_convertvector(x, i32v), f32v);  // toward 0
+  return t > x ? t - 1.0f : t;
+#endif
+}
+SPECDEC_SIMD_INLINE f32v round_nearest_v(f32v x) {
+#if defined(__AVX512F__)
+  return bits_as<f32v>(_mm512_roundscale_ps(bits_as<__m512>(x), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#elif defined(__AVX2__)
+  return bits_as<f32v>(_mm256_round_ps(bits_as<__m256>(x), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#else
+  return (x + 12582912.0f) - 12582912.0f;
+#endif
+}
+
+// 2^n for integer-valued n in [-126, 128] (2^128: +inf), exactly: with AVX2 the bits of the float
+// n + 2^23 + 127, whose low bits are n + 127, shifted into the exponent field (an add and a shift, one
+// operation fewer than converting n to integers, as the baseline build does).
+SPECDEC_SIMD_INLINE f32v pow2_int(f32v n) {
+#if defined(__AVX2__)
+  return bits_as<f32v>(bits_as<u32v>(n + 8388735.0f) << 23);  // 8388735 = 2^23 + 127
+#else
+  return bits_as<f32v>((__builtin_convertvector(n, i32v) + 127) << 23);
+#endif
+}
+
 // exp(x) for x <= 0 (or -inf), the normalizer's terms: no overflow, and results below exp(-87) (which
 // cannot move a sum that holds exp(0) = 1) are those of exp(-87). Fewer operations than exp_fma; the
-// same on every ISA.
+// same on every ISA (tests/cpp/exp2_rough_check.cpp).
 SPECDEC_SIMD_INLINE f32v exp_nonpositive(f32v x) {
   const f32v zero = {};
   const f32v xc = max_v(x, zero - 87.0f);
-#if defined(__AVX512F__)
-  // round-to-nearest-even of xc * log2(e) (what the magic-number sum computes) and p * 2^n, in one
-  // instruction each: the same bits.
-  const __m512 t = _mm512_roundscale_ps(bits_as<__m512>(xc * 1.44269504089f),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const f32v n = bits_as<f32v>(t);
-#elif defined(__AVX2__)
-  const f32v n = bits_as<f32v>(_mm256_round_ps(bits_as<__m256>(xc * 1.44269504089f),
-                                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-#else
-  const f32v n = (xc * 1.44269504089f + 12582912.0f) - 12582912.0f;
-#endif
+  const f32v n = round_nearest_v(xc * 1.44269504089f);
   f32v r = fma_v(n, zero - 0.693359375f, xc);
   r = fma_v(n, zero + 2.12194440e-4f, r);
   f32v p = fma_v(zero + 1.9875691500e-4f, r, zero + 1.3981999507e-3f);
@@ -436,21 +458,17 @@ SPECDEC_SIMD_INLINE f32v exp_nonpositive(f32v x) {
   p = fma_v(p, r, zero + 5.0000001201e-1f);
   p = fma_v(p, r * r, r + 1.0f);
 #if defined(__AVX512F__)
-  return bits_as<f32v>(_mm512_scalef_ps(bits_as<__m512>(p), t));
-#elif defined(__AVX2__)
-  return p * bits_as<f32v>(bits_as<u32v>(n + 8388735.0f) << 23);  // 2^n as in exp2_rough (n >= -126)
+  return bits_as<f32v>(_mm512_scalef_ps(bits_as<__m512>(p), bits_as<__m512>(n)));  // the same bits as p * 2^n
 #else
-  const i32v e = (__builtin_convertvector(n, i32v) + 127) << 23;
-  f32v scale;
-  __builtin_memcpy(&scale, &e, sizeof(scale));
-  return p * scale;
+  return p * pow2_int(n);
 #endif
 }
 
 // 2^y within relative kExp2RoughErr (math.h) for finite y in [-126, 128), 2^-126 within it for y < -126 or
 // NaN (absolute error at most 2^-125, never subnormal), +inf for y >= 128: a degree-2 polynomial on the
 // fraction y - floor(y), for bounds that need not be exact (the normalizer bracket of normalizer.h).
-// Unlike the functions above, its bits differ across instruction sets; only the bound holds.
+// Unlike the functions above, its bits differ across instruction sets; only the bound holds. (The AVX2 and
+// baseline builds compute the same values: tests/cpp/exp2_rough_check.cpp.)
 SPECDEC_SIMD_INLINE f32v exp2_rough(f32v y) {
   const f32v zero = {};
   const f32v yc = max_v(y, zero - 126.0f);  // NaN -> -126
@@ -460,22 +478,12 @@ SPECDEC_SIMD_INLINE f32v exp2_rough(f32v y) {
   const f32v f = bits_as<f32v>(_mm512_reduce_ps(bits_as<__m512>(yc), _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC));
   const f32v p = fma_v(fma_v(zero + kExp2RoughC2, f, zero + kExp2RoughC1), f, zero + kExp2RoughC0);
   return bits_as<f32v>(_mm512_scalef_ps(bits_as<__m512>(p), bits_as<__m512>(yc)));
-#elif defined(__AVX2__)
-  // The same values as the baseline code below, in nine vector operations where it takes fourteen (the
-  // stochastic-draft passes are bound by their count on AVX2 cores): floor by vroundps, and 2^n's bits as
-  // the low bits of n + 127 + 2^23 (exact for n in [-126, 128]) shifted into the exponent field.
-  const f32v yb = min_v(yc, zero + 128.0f);
-  const f32v n = bits_as<f32v>(_mm256_round_ps(bits_as<__m256>(yb), _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC));
-  const f32v f = yb - n;
-  const f32v p = fma_v(fma_v(zero + kExp2RoughC2, f, zero + kExp2RoughC1), f, zero + kExp2RoughC0);
-  return p * bits_as<f32v>(bits_as<u32v>(n + 8388735.0f) << 23);  // 8388735 = 2^23 + 127; 2^128: +inf
 #else
   const f32v yb = min_v(yc, zero + 128.0f);
-  const f32v t = __builtin_convertvector(__builtin_convertvector(yb, i32v), f32v);  // toward 0
-  const f32v n = t > yb ? t - 1.0f : t;
+  const f32v n = floor_v(yb);
   const f32v f = yb - n;
   const f32v p = fma_v(fma_v(zero + kExp2RoughC2, f, zero + kExp2RoughC1), f, zero + kExp2RoughC0);
-  return p * bits_as<f32v>((__builtin_convertvector(n, i32v) + 127) << 23);  // 2^128: +inf
+  return p * pow2_int(n);  // 2^128: +inf
 #endif
 }
 
