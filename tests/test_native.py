@@ -747,12 +747,30 @@ def test_normalizer_bracket_holds_the_true_sum(isa, tmp_path):
     rows that reach its every path (NaN and -inf entries summed again with the clamped exp, a long -inf
     prefix, the shift raised over ~1000 nats, terms flushed below 2^-126, the polynomial's worst point, +inf
     rows that give no bracket), by a C++ check built with this instruction set's flags
-    (tests/cpp/bracket_check.cpp). Shown able to fail: a bracket a quarter as wide misses on 35 of the 60
+    (tests/cpp/bracket_check.cpp). Shown able to fail: a bracket a quarter as wide misses on 43 of the 72
     usable rows, which the check counts as "caught"."""
     out = _run_cpp_check("bracket_check.cpp", isa, tmp_path)
     assert out[0::2] == ["rows", "usable", "outside", "caught"], out
     rows, usable, outside, caught = (int(v) for v in out[1::2])
-    assert rows == 72 and usable == 60 and outside == 0 and caught > 0, out
+    assert rows == 84 and usable == 72 and outside == 0 and caught > 0, out
+
+
+@pytest.mark.parametrize("isa", list(_ISA_FLAGS))
+def test_bf16_bracket_terms_without_avx512_hold_the_bound_and_decline_what_they_cannot_sum(isa, tmp_path):
+    """Without AVX-512, bf16 rows' bracket terms come from normalizer.h's chunk_sum_ranged: a fit of 2^f on
+    [-1/2, 1/2] with no clamps, on chunks whose entries all put the exponent in [-125, 126]. The fit's error
+    over every float in 1/8 <= |f| <= 1/2 and every 256th below must stay below the 1.72490e-3 math.h states
+    (within kExp2RoughErr, which chain.h's bracket uses); chunk sums must lie within that bound of the exact
+    sums, and chunks with NaN, +-inf, or an exponent one bf16 step outside the range must be declined (those
+    one step inside, summed) (tests/cpp/exp2_half_check.cpp). Shown able to fail: the range's upper edge
+    at 127 accepts 16 chunks it must decline; C off by one (every term doubled) gives 48 wrong sums;
+    kExp2HalfC1 raised by 1e-3, a worst error of 2.08e-3 and 3 sums outside the bound."""
+    out = _run_cpp_check("exp2_half_check.cpp", isa, tmp_path)
+    assert out[0::2] == ["worst", "at", "ranged", "declined", "wrong"], out
+    worst, ranged, declined, wrong = float(out[1]), int(out[5]), int(out[7]), int(out[9])
+    assert 1.72e-3 < worst <= 1.72490e-3, out  # the figure math.h states, below its kExp2RoughErr (1.7264e-3)
+    assert wrong == 0, out
+    assert (ranged, declined) == ((0, 0) if isa == "avx512" else (48, 80)), out
 
 
 @pytest.mark.parametrize("isa", list(_ISA_FLAGS))

@@ -3,7 +3,7 @@
 // in [(sum - slack) / (1 + e), (sum + slack) / (1 - e)] whenever the bracket claims to be usable. Rows:
 // normal logits with NaN and infinite entries, a long -inf prefix, ~1000 nats at T = 0.02 (the shift
 // raised chunk after chunk), exponents in the band 2^-150 .. 2^-126 (flushed or subnormal terms), every
-// exponent at the polynomial's worst point, and +inf rows (no bracket), in fp32, bf16 and fp16. Built and
+// exponent at either polynomial's worst point, and +inf rows (no bracket), in fp32, bf16 and fp16. Built and
 // run by tests/test_native.py once per instruction set; prints "rows N usable U outside O caught C", C being
 // the rows whose true sum falls outside a bracket a quarter as wide (the check shown able to fail).
 #include <cmath>
@@ -90,6 +90,9 @@ void check_family(int family, std::mt19937& gen, Tally& t) {
       case 4:  // every exponent just below an integer: the polynomial's largest error
         x[v] = 5.0f - (static_cast<float>(static_cast<int>(8.0f * u)) * 0.6931472f + 1e-4f);
         break;
+      case 5:  // every exponent 0.2805 below an integer (the shift K ln 2): the bf16 fit's largest error
+        x[v] = (7.0f - static_cast<float>(static_cast<int>(8.0f * u)) - 0.2805f) * 0.6931472f;
+        break;
       default:  // a +inf entry: no bracket
         x[v] = v == vocab / 2 ? kInf : normal(gen);
         break;
@@ -104,7 +107,7 @@ int main() {
   std::mt19937 gen(11);
   Tally t;
   for (int trial = 0; trial < 4; ++trial) {
-    for (int family = 0; family < 6; ++family) {
+    for (int family = 0; family < 7; ++family) {
       check_family<DType::kFloat32>(family, gen, t);
       check_family<DType::kBFloat16>(family, gen, t);
       check_family<DType::kFloat16>(family, gen, t);

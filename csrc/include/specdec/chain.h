@@ -131,7 +131,8 @@ struct StochasticDecision {
 // too. The bracket of the true sum of exp(z - shift) over the V entries:
 // - each term within E = kExp2RoughErr + 2^-23 (300 + 3 |shift|): the polynomial, and the rounding of
 //   the exponent fma(row, log2 e / T, -shift log2 e) (its two constants, the fma, and z's own rounding
-//   in the exact pass) for the terms that count (|exponent| <= 128);
+//   in the exact pass) for the terms that count (|exponent| <= 128); normalizer.h's chunk_sum_ranged
+//   (bf16 without AVX-512) rounds less: its shift is K ln 2 to half an ulp, K an exact integer;
 // - the float sums within 2^-15 (at most 256 terms per lane, normalizer.h); terms below 2^-126, NaN
 //   included, off by at most 2^-125 each (V 2^-124 in all; the sum itself is at least ~1, the term of the
 //   shift).

@@ -120,6 +120,14 @@ inline constexpr float kExp2RoughC1 = 0.6576341986656189f;
 inline constexpr float kExp2RoughC2 = 0.33718717098236084f;
 inline constexpr double kExp2RoughErr = 1.7264e-3;
 
+// The same fit on [-1/2, 1/2] (f = y - nearest(y)), for normalizer.h's bf16 terms on builds without
+// AVX-512: |p(f) / 2^f - 1| over every float32 f in [-1/2, 1/2], p by two float32 fmas, is at most
+// 1.72490e-3 (checked exhaustively by tests/cpp/exp2_half_check.cpp), within kExp2RoughErr with room for
+// f's own rounding (2^-26 at most, ~1e-8 relative on 2^f): chain.h's bracket holds for these terms as is.
+inline constexpr float kExp2HalfC0 = 1.0004431009292603f;
+inline constexpr float kExp2HalfC1 = 0.7034479975700378f;
+inline constexpr float kExp2HalfC2 = 0.2384289652109146f;
+
 // NaN -> -inf (never sampled), +inf -> float32 max, as reference/sampling.py's sanitize. The + 0.0f
 // turns -0 into +0 (equal values), so that order keys of equal values are equal too.
 SPECDEC_HD float sanitize(float z) {
