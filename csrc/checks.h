@@ -11,7 +11,7 @@
 
 #include <optional>
 
-#include "specdec/common.h"
+#include "specdec/core/common.h"
 
 namespace specdec::checks {
 

@@ -2,9 +2,9 @@
 // drivers of the chain and tree walks.
 #pragma once
 
-#include "specdec/chain.h"
-#include "specdec/tree.h"
-#include "specdec/types.h"
+#include "specdec/core/types.h"
+#include "specdec/host/chain.h"
+#include "specdec/host/tree.h"
 
 namespace specdec::cpu {
 

@@ -1,4 +1,4 @@
-// Torch binding of the fused decoder-layer step (csrc/include/specdec/decoder_step.h): checks shapes,
+// Torch binding of the fused decoder-layer step (csrc/include/specdec/host/decoder_step.h): checks shapes,
 // runs the projections as BLAS matrix products and the row-wise pieces in OpenMP loops.
 //
 // One call = one Qwen3 decoder layer over n new tokens per request against the request's KV cache,
@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "checks.h"
-#include "specdec/decoder_step.h"
+#include "specdec/host/decoder_step.h"
 
 namespace specdec {
 namespace {

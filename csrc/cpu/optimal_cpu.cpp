@@ -1,7 +1,7 @@
 // Block verification of chains and traversal verification of trees on the CPU (OpenMP over requests,
 // or over each row's vocabulary), the drivers of block.h and traversal.h.
-#include "specdec/block.h"
-#include "specdec/traversal.h"
+#include "specdec/host/block.h"
+#include "specdec/host/traversal.h"
 
 #include "cpu_kernels.h"
 #include "parallel.h"

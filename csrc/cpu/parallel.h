@@ -8,8 +8,8 @@
 #include <cmath>
 #include <vector>
 
-#include "specdec/chain.h"
-#include "specdec/types.h"
+#include "specdec/core/types.h"
+#include "specdec/host/chain.h"
 
 namespace specdec::cpu {
 

@@ -1,10 +1,10 @@
 // Philox uniforms for rows of (seed, position) on one stream, over a vocabulary: the noise of the drafters'
 // samplers (Philox stream 3, specdec_kernels/drafters/base.py): draw v is word v & 3 of call v >> 2, with
-// the spec's own helpers (specdec/philox.h), bit-identical to specdec_kernels.reference.philox.uniform_rows.
+// the spec's own helpers (specdec/core/philox.h), bit-identical to specdec_kernels.reference.philox.uniform_rows.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
-#include "specdec/philox.h"
+#include "specdec/core/philox.h"
 
 namespace specdec {
 

@@ -5,7 +5,7 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 
-#include "specdec/row_ops.h"
+#include "specdec/cpu/row_ops.h"
 
 #include "cpu_kernels.h"
 

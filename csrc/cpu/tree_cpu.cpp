@@ -1,5 +1,5 @@
 // Tree verification of a batch on the CPU (OpenMP over requests, or over each row's vocabulary).
-#include "specdec/tree.h"
+#include "specdec/host/tree.h"
 
 #include "cpu_kernels.h"
 #include "parallel.h"

@@ -1,7 +1,7 @@
 // Launchers of the CUDA chain kernels (framework-free: CI compiles this file with nvcc alone).
 #include <cuda_runtime.h>
 
-#include "specdec/chain.cuh"
+#include "specdec/cuda/chain.cuh"
 
 namespace specdec::cuda {
 

@@ -10,7 +10,7 @@
 
 #include "checks.h"
 #include "ops.h"
-#include "specdec/cuda_api.h"
+#include "specdec/cuda/cuda_api.h"
 
 namespace specdec {
 

@@ -1,8 +1,8 @@
 // Launchers of the CUDA block and traversal kernels (framework-free: CI compiles this file with nvcc alone).
 #include <cuda_runtime.h>
 
-#include "specdec/block.cuh"
-#include "specdec/traversal.cuh"
+#include "specdec/cuda/block.cuh"
+#include "specdec/cuda/traversal.cuh"
 
 namespace specdec::cuda {
 

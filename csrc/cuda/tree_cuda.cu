@@ -1,7 +1,7 @@
 // Launcher of the CUDA tree walk (framework-free: CI compiles this file with nvcc alone).
 #include <cuda_runtime.h>
 
-#include "specdec/tree.cuh"
+#include "specdec/cuda/tree.cuh"
 
 namespace specdec::cuda {
 

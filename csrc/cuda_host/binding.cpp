@@ -8,7 +8,7 @@
 #include <string>
 
 #include "emu.h"
-#include "specdec/cuda_api.h"
+#include "specdec/cuda/cuda_api.h"
 
 #define SPECDEC_EMU_API extern "C" __attribute__((visibility("default")))
 

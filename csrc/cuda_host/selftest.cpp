@@ -7,7 +7,7 @@
 #include <cstring>
 
 #include "emu.h"
-#include "specdec/cuda_common.cuh"
+#include "specdec/cuda/cuda_common.cuh"
 
 #define SPECDEC_EMU_API extern "C" __attribute__((visibility("default")))
 

@@ -91,7 +91,7 @@ class Launch:
 
 @dataclass(frozen=True)
 class ConfigEntry:
-    """One row of the launch-config table of ``csrc/include/specdec/cuda_api.h``."""
+    """One row of the launch-config table of ``csrc/include/specdec/cuda/cuda_api.h``."""
 
     min_arch: int
     min_vocab: int

@@ -12,8 +12,8 @@
 #include <random>
 #include <vector>
 
-#include "specdec/chain.h"
-#include "specdec/row_ops.h"
+#include "specdec/cpu/row_ops.h"
+#include "specdec/host/chain.h"
 
 using namespace specdec;
 

@@ -15,8 +15,8 @@
 #include <random>
 #include <vector>
 
-#include "specdec/gumbel.h"
-#include "specdec/normalizer.h"
+#include "specdec/core/gumbel.h"
+#include "specdec/cpu/normalizer.h"
 
 using namespace specdec;
 

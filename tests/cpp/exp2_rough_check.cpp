@@ -17,7 +17,7 @@
 #include <random>
 #include <vector>
 
-#include "specdec/simd.h"
+#include "specdec/cpu/simd.h"
 
 using namespace specdec;
 

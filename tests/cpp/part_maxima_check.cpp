@@ -14,7 +14,7 @@
 #include <random>
 #include <vector>
 
-#include "specdec/row_ops.h"
+#include "specdec/cpu/row_ops.h"
 
 using namespace specdec;
 

@@ -22,9 +22,9 @@
 #include <vector>
 
 #include "parallel.h"
-#include "specdec/block.h"
-#include "specdec/row_ops.h"
-#include "specdec/traversal.h"
+#include "specdec/cpu/row_ops.h"
+#include "specdec/host/block.h"
+#include "specdec/host/traversal.h"
 
 using namespace specdec;
 

@@ -7,7 +7,7 @@
 #include <cmath>
 #include <cstdio>
 
-#include "specdec/gumbel_search.h"
+#include "specdec/cpu/gumbel_search.h"
 
 using namespace specdec;
 

@@ -6,11 +6,12 @@
 #include <cmath>
 #include <cstdint>
 
-#include "common.h"
-#include "math.h"
-#include "row_load.h"
-#include "simd.h"
-#include "types.h"
+#include "specdec/core/common.h"
+#include "specdec/core/gumbel.h"
+#include "specdec/core/math.h"
+#include "specdec/core/types.h"
+#include "specdec/cpu/row_load.h"
+#include "specdec/cpu/simd.h"
 
 SPECDEC_NS_BEGIN
 

@@ -5,14 +5,14 @@
 
 #include <cstdint>
 
-#include "common.h"
-#include "gumbel.h"
-#include "gumbel_search.h"
-#include "math.h"
-#include "philox.h"
-#include "row_load.h"
-#include "simd.h"
-#include "types.h"
+#include "specdec/core/common.h"
+#include "specdec/core/gumbel.h"
+#include "specdec/core/math.h"
+#include "specdec/core/philox.h"
+#include "specdec/core/types.h"
+#include "specdec/cpu/gumbel_search.h"
+#include "specdec/cpu/row_load.h"
+#include "specdec/cpu/simd.h"
 
 SPECDEC_NS_BEGIN
 

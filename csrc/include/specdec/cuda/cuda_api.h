@@ -6,7 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "common.h"
+#include "specdec/core/common.h"
 
 namespace specdec {
 

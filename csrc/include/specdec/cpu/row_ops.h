@@ -8,15 +8,15 @@
 #include <climits>
 #include <cstdint>
 
-#include "common.h"
-#include "gumbel.h"
-#include "gumbel_search.h"
-#include "math.h"
-#include "normalizer.h"
-#include "philox.h"
-#include "search_sources.h"
-#include "simd.h"
-#include "types.h"
+#include "specdec/core/common.h"
+#include "specdec/core/gumbel.h"
+#include "specdec/core/math.h"
+#include "specdec/core/philox.h"
+#include "specdec/core/types.h"
+#include "specdec/cpu/gumbel_search.h"
+#include "specdec/cpu/normalizer.h"
+#include "specdec/cpu/search_sources.h"
+#include "specdec/cpu/simd.h"
 
 SPECDEC_NS_BEGIN
 

@@ -13,12 +13,12 @@
 #include <cstdint>
 #include <vector>
 
-#include "common.h"
-#include "gumbel.h"
-#include "math.h"
-#include "philox.h"
-#include "sampling.h"
-#include "types.h"
+#include "specdec/core/common.h"
+#include "specdec/core/gumbel.h"
+#include "specdec/core/math.h"
+#include "specdec/core/philox.h"
+#include "specdec/core/sampling.h"
+#include "specdec/core/types.h"
 
 namespace specdec {
 

@@ -7,7 +7,7 @@
 
 #include <cmath>
 
-#include "common.h"
+#include "specdec/core/common.h"
 
 SPECDEC_NS_BEGIN
 

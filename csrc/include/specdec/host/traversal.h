@@ -12,13 +12,13 @@
 #include <cstdint>
 #include <vector>
 
-#include "block.h"
-#include "chain.h"
-#include "common.h"
-#include "math.h"
-#include "philox.h"
-#include "tree.h"
-#include "types.h"
+#include "specdec/core/common.h"
+#include "specdec/core/math.h"
+#include "specdec/core/philox.h"
+#include "specdec/core/types.h"
+#include "specdec/host/block.h"
+#include "specdec/host/chain.h"
+#include "specdec/host/tree.h"
 
 SPECDEC_NS_BEGIN
 

@@ -5,11 +5,11 @@
 
 #include <cstdint>
 
-#include "common.h"
-#include "cuda_common.cuh"
-#include "gumbel.h"
-#include "math.h"
-#include "philox.h"
+#include "specdec/core/common.h"
+#include "specdec/core/gumbel.h"
+#include "specdec/core/math.h"
+#include "specdec/core/philox.h"
+#include "specdec/cuda/cuda_common.cuh"
 
 SPECDEC_NS_BEGIN
 namespace dev {

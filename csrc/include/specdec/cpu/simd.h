@@ -6,9 +6,9 @@
 
 #include <cstdint>
 
-#include "common.h"
-#include "math.h"
-#include "philox.h"
+#include "specdec/core/common.h"
+#include "specdec/core/math.h"
+#include "specdec/core/philox.h"
 
 #if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>

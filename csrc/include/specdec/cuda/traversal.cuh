@@ -9,13 +9,13 @@
 
 #include <cstdint>
 
-#include "block.cuh"
-#include "common.h"
-#include "cuda_api.h"
-#include "cuda_common.cuh"
-#include "math.h"
-#include "philox.h"
-#include "tree.cuh"
+#include "specdec/core/common.h"
+#include "specdec/core/math.h"
+#include "specdec/core/philox.h"
+#include "specdec/cuda/block.cuh"
+#include "specdec/cuda/cuda_api.h"
+#include "specdec/cuda/cuda_common.cuh"
+#include "specdec/cuda/tree.cuh"
 
 SPECDEC_NS_BEGIN
 namespace dev {

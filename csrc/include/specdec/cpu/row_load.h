@@ -6,10 +6,10 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "common.h"
-#include "math.h"
-#include "simd.h"
-#include "types.h"
+#include "specdec/core/common.h"
+#include "specdec/core/math.h"
+#include "specdec/core/types.h"
+#include "specdec/cpu/simd.h"
 
 SPECDEC_NS_BEGIN
 

@@ -6,9 +6,9 @@
 
 #include <cstdint>
 
-#include "common.h"
-#include "math.h"
-#include "philox.h"
+#include "specdec/core/common.h"
+#include "specdec/core/math.h"
+#include "specdec/core/philox.h"
 
 // Launches are written SPECDEC_LAUNCH(kernel, grid, block, smem, stream)(args...) rather than
 // kernel<<<grid, block, smem, stream>>>(args...), so that the CUDA host emulation (csrc/cuda_host, tests

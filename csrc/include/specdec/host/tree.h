@@ -8,11 +8,11 @@
 #include <cstdint>
 #include <vector>
 
-#include "chain.h"
-#include "common.h"
-#include "math.h"
-#include "philox.h"
-#include "types.h"
+#include "specdec/core/common.h"
+#include "specdec/core/math.h"
+#include "specdec/core/philox.h"
+#include "specdec/core/types.h"
+#include "specdec/host/chain.h"
 
 namespace specdec {
 

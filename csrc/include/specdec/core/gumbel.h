@@ -18,10 +18,10 @@
 
 #include <cstdint>
 
-#include "common.h"
-#include "math.h"
-#include "philox.h"
-#include "types.h"
+#include "specdec/core/common.h"
+#include "specdec/core/math.h"
+#include "specdec/core/philox.h"
+#include "specdec/core/types.h"
 
 SPECDEC_NS_BEGIN
 

@@ -4,8 +4,8 @@
 
 #include <cstdint>
 
-#include "common.h"
-#include "philox.h"
+#include "specdec/core/common.h"
+#include "specdec/core/philox.h"
 
 namespace specdec {
 
@@ -82,7 +82,7 @@ struct Int16Range {
   int16_t min;
 };
 
-// Hot vocabulary-range loops of one instruction-set build (csrc/include/specdec/row_ops.h). The
+// Hot vocabulary-range loops of one instruction-set build (csrc/include/specdec/cpu/row_ops.h). The
 // Gumbel-max searches are level 1 of two-level Gumbel-max (gumbel.h): {score, block} over the blocks of
 // [v0, v1) (v0 a multiple of 64), from `start`.
 struct RowKernels {

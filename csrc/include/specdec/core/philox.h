@@ -7,7 +7,7 @@
 // (two-level Gumbel-max, gumbel.h), the sibling slot for acceptance coins (0 in chains).
 #pragma once
 
-#include "common.h"
+#include "specdec/core/common.h"
 
 namespace specdec {
 

@@ -10,8 +10,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "common.h"
-#include "math.h"
+#include "specdec/core/common.h"
+#include "specdec/core/math.h"
 
 SPECDEC_NS_BEGIN
 
