@@ -4,7 +4,7 @@
 (:func:`specdec_kernels.api.checked_chain_args`), then do what the torch binding
 ``csrc/cuda/ops_cuda.cpp`` does — allocate outputs and workspace, fill the argument structs, call the
 launchers — on CPU tensors. The launchers and kernels are the very sources of ``csrc/cuda/`` and
-``csrc/include/specdec/*.cuh``, compiled by the host compiler on the fiber emulation of
+``csrc/include/specdec/cuda/*.cuh``, compiled by the host compiler on the fiber emulation of
 ``csrc/cuda_host/`` (built with the native extension as ``specdec_kernels/testing/_cuda_host.so``):
 every block runs as ``blockDim`` cooperative fibers with real ``__syncthreads`` barriers, warp
 shuffles and votes exchanged among the lanes of a warp, per-block ``__shared__`` storage and atomics,

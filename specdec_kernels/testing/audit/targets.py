@@ -122,12 +122,12 @@ EMULATED_SCHEDULE_SEED = 17
 
 def cuda_emulated_target(method: str = "token", arch: str = "h200", schedule: str = EMULATED_SCHEDULE,
                          schedule_seed: int = EMULATED_SCHEDULE_SEED) -> AuditTarget:
-    """Our CUDA kernels (``csrc/cuda/``, ``csrc/include/specdec/*.cuh``) through the CUDA host emulation
+    """Our CUDA kernels (``csrc/cuda/``, ``csrc/include/specdec/cuda/*.cuh``) through the CUDA host emulation
     (:mod:`specdec_kernels.testing.cuda_host`) on CPU tensors: the launch configurations of ``arch``, real
     barriers and warp exchanges under ``schedule``. Mutants run as for our other backends (on the CPU)."""
     from .. import cuda_host
 
-    description = (f"Our CUDA kernels (csrc/cuda, csrc/include/specdec/*.cuh, method={method!r}) compiled for the host "
+    description = (f"Our CUDA kernels (csrc/cuda, csrc/include/specdec/cuda/*.cuh, method={method!r}) compiled for the host "
                    f"and run through the CUDA host emulation (specdec_kernels.testing.cuda_host.verify_chain): "
                    f"{arch} launch configurations, every block as cooperative fibers with real __syncthreads and "
                    f"warp exchanges, schedule {schedule!r} (seed {schedule_seed}), poisoned shared memory and "

@@ -3,7 +3,7 @@
 //   z = sanitize(logit / temperature)      (NaN -> -inf, +inf -> float32 max)
 //   top-k: keep v iff z_v >= the k-th largest z (ties at the k-th value all kept); k <= 0 or >= V: off
 //   top-p: keep v iff (mass of tokens with strictly larger z) < top_p * (total mass), mass = exp(z - max)
-// Host code (CPU kernels); the CUDA kernels implement the same rules in csrc/include/specdec/*.cuh.
+// Host code (CPU kernels); the CUDA kernels implement the same rules in csrc/include/specdec/cuda/*.cuh.
 #pragma once
 
 #include <algorithm>
