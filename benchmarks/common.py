@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
+RESULTS_DIR = Path(__file__).resolve().parent.parent / "results" / "benchmarks"
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 # Provenance columns repeated on every row, so a CSV row is self-describing after concatenation.
@@ -182,7 +182,7 @@ class CsvWriter:
 
 
 def default_csv_path(op: str, device: torch.device) -> Path:
-    """``benchmarks/results/<op>_<cpu|cuda>_<UTC timestamp>.csv``."""
+    """``results/benchmarks/<op>_<cpu|cuda>_<UTC timestamp>.csv``."""
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     return RESULTS_DIR / f"{op}_{device.type}_{stamp}.csv"
 

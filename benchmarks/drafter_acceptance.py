@@ -16,7 +16,7 @@ Setup (everything built locally, seeded):
   sync only, and after online adaptation (DrafterTrainer.step on the drifted policy's own rollouts,
   consuming the features/logits of its forward through the detach boundary).
 
-``python -m benchmarks.drafter_acceptance --help``; writes JSON to ``benchmarks/results/``.
+``python -m benchmarks.drafter_acceptance --help``; writes JSON to ``results/benchmarks/``.
 """
 
 from __future__ import annotations
@@ -283,7 +283,7 @@ def main() -> None:
     ap.add_argument("--eval-prompts", type=int, default=32)
     ap.add_argument("--max-new", type=int, default=40)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--out", default="benchmarks/results/drafter_acceptance.json")
+    ap.add_argument("--out", default="results/benchmarks/drafter_acceptance.json")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     t0 = time.time()

@@ -1,8 +1,8 @@
 """Markdown tables of a ``bench_native_cpu`` CSV: our time and fraction of read bandwidth, and the baselines;
 the issue-16 targets it meets; and, with ``--against``, how far each case moved from another run.
 
-Usage: python -m benchmarks.native_cpu_table benchmarks/results/chain_cpu_b64_k3_v151936.csv [--families flat]
-       python -m benchmarks.native_cpu_table new.csv --against benchmarks/results/chain_cpu_b64_k3_v151936.csv
+Usage: python -m benchmarks.native_cpu_table results/benchmarks/chain_cpu_b64_k3_v151936.csv [--families flat]
+       python -m benchmarks.native_cpu_table new.csv --against results/benchmarks/chain_cpu_b64_k3_v151936.csv
 
 ``--against REF``: one line per case of ours' fraction of read bandwidth in REF and in this run (median of the
 rounds, [lowest, highest] round), the move in percentage points, and whether this run's median lies within
