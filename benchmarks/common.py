@@ -157,15 +157,26 @@ def copy_bandwidth_gbs(device: torch.device, num_bytes: int | None = None, repea
 
 
 class CsvWriter:
-    """Writes rows with the base columns plus ``extra_columns``; creates the parent folder."""
+    """Writes rows with the base columns plus ``extra_columns``; creates the parent folder.
 
-    def __init__(self, path: str | os.PathLike, extra_columns: Sequence[str]):
+    ``append=True`` adds rows to an existing table (a history) instead of replacing it; its header must
+    be these columns (ValueError otherwise), so rows of different runs stay one table.
+    """
+
+    def __init__(self, path: str | os.PathLike, extra_columns: Sequence[str], append: bool = False):
         self.path = Path(path)
         self.columns = list(BASE_COLUMNS) + [c for c in extra_columns if c not in BASE_COLUMNS]
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.path, "w", newline="")
+        existing = append and self.path.exists() and self.path.stat().st_size > 0
+        if existing:
+            with open(self.path, newline="") as f:
+                header = next(csv.reader(f), [])
+            if header != self.columns:
+                raise ValueError(f"{self.path} has columns {header}, not {self.columns}: cannot append")
+        self._file = open(self.path, "a" if existing else "w", newline="")
         self._writer = csv.DictWriter(self._file, fieldnames=self.columns, extrasaction="raise")
-        self._writer.writeheader()
+        if not existing:
+            self._writer.writeheader()
 
     def write(self, row: dict) -> None:
         self._writer.writerow({c: row.get(c, "") for c in self.columns})
