@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -44,6 +45,7 @@ from specdec_kernels.testing.stats import two_sample_chi2
 from .batch import build_batch
 from .engine import RolloutEngine
 from .logprobs import policy_log_probs
+from .provenance import provenance
 from .rollouts import GenerationConfig, Rollouts
 from .state import Engine
 from .stats import two_sample_chi2_power
@@ -273,7 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     result = check_equivalence(engine, val_set, tok, eq_cfg)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "equivalence.json"), "w") as f:
-        json.dump(result, f, indent=1)
+        command = " ".join(["python -m rl_loop.equivalence", *(sys.argv[1:] if argv is None else argv)])
+        json.dump({**result, "provenance": provenance(command)}, f, indent=1)
     print(json.dumps({k: result[k] for k in ("equivalence", "greedy_identical", "law_pass", "min_pvalue")}))
     print(result["power"]["statement"])
     return 0 if result["equivalence"] == PASS else 1

@@ -138,7 +138,7 @@ def finish_run(s: Session, t_run: float, extra: dict | None = None) -> dict:
                                    seed=cfg.seed, generation=gen)
         result = check_equivalence(s.engine, s.val, s.tok, eq_cfg)
         with open(os.path.join(cfg.out, "equivalence.json"), "w") as f:
-            json.dump(result, f, indent=1)
+            json.dump({**result, "provenance": provenance()}, f, indent=1)
         eq = {"equivalence": result["equivalence"], "equivalence_pass": result["pass"],
               "equivalence_min_pvalue": result["min_pvalue"],
               "equivalence_control_rejected": result["control_rejected"],

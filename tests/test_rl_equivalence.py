@@ -57,6 +57,8 @@ def test_module_entry_point_writes_a_report(tmp_path):
     assert rc == (0 if report["equivalence"] == "pass" else 1)
     # 12 samples per arm cannot reject the planted control: underpowered, not failed
     assert report["equivalence"] == "underpowered" and report["pass"] is None
+    assert report["provenance"]["command"].startswith("python -m rl_loop.equivalence")
+    assert report["provenance"]["commit"] and report["provenance"]["cpu"]
     assert report["greedy_identical"] is True
 
 
