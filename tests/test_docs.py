@@ -182,6 +182,69 @@ def test_performance_page_table_is_the_artefacts(artefact):
     assert f"`{as_run_today(rows[0]['command'])}`" in page, f"docs/performance.md lacks {artefact}'s command"
 
 
+BENCH_README = ROOT / "benchmarks" / "README.md"
+
+
+def _table_after(text: str, marker: str) -> list[list[str]]:
+    """The cells of the first markdown table after ``marker`` (header and rule left out)."""
+    lines = text.split(marker, 1)[1].splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    rows = []
+    for line in lines[start:]:
+        if not line.startswith("|"):
+            break
+        rows.append([c.strip() for c in line.strip().strip("|").split("|")])
+    return rows[2:]
+
+
+def _span(row: dict[str, str], key: str, fmt: str) -> str:
+    """``median [min, max]`` of a benchmark row: ``key`` = ``median`` (ms) or a ratio column."""
+    lo, mid, hi = (("min_ms", "median_ms", "max_ms") if key == "median" else (f"{key}_min", key, f"{key}_max"))
+    return f"{float(row[mid]):{fmt}} [{float(row[lo]):{fmt}}, {float(row[hi]):{fmt}}]"
+
+
+def _csv_rows(name: str) -> list[dict[str, str]]:
+    with (ROOT / "results" / "benchmarks" / name).open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_benchmarks_readme_decoder_step_table_is_the_artefacts():
+    """benchmarks/README.md's drafter-head step table: every cell from decoder_step_cpu.csv, and the
+    commit it names is the CSV's."""
+    rows = _csv_rows("decoder_step_cpu.csv")
+    text = BENCH_README.read_text()
+    assert f"commit {rows[0]['git_commit']}" in text
+    by = {(r["head"], f"{r['requests']} x {r['new_tokens']}", r["provider"]): r for r in rows}
+    shown = _table_after(text, "`results/benchmarks/decoder_step_cpu.csv` (that command")
+    assert len(shown) == len(by) // 3
+    for head, rn, *cells in shown:
+        t, c, n = (by[(head, rn, p)] for p in ("torch", "torch_compile", "native"))
+        want = [_span(t, "median", ".3g"), _span(c, "median", ".3g"), _span(n, "median", ".3g"),
+                f"{float(n['vs_torch']):.2f}x [{float(n['vs_torch_min']):.2f}, {float(n['vs_torch_max']):.2f}]",
+                f"{float(n['vs_best_torch']):.2f}x [{float(n['vs_best_torch_min']):.2f}, "
+                f"{float(n['vs_best_torch_max']):.2f}]"]
+        assert cells == want, f"benchmarks/README.md decoder step {head} {rn}: {cells} but the CSV gives {want}"
+
+
+def test_benchmarks_readme_drafter_table_is_the_artefacts():
+    """benchmarks/README.md's drafter ops table: every cell from drafter_cpu.csv, and its commit."""
+    rows = _csv_rows("drafter_cpu.csv")
+    text = BENCH_README.read_text()
+    assert f"commit\n{rows[0]['git_commit']}" in text or f"commit {rows[0]['git_commit']}" in text
+    by = {(r["head"], r["op"], r["provider"]): r for r in rows if r["status"] == "ok"}
+    shown = _table_after(text, "`results/benchmarks/drafter_cpu.csv` (that command")
+    assert len(shown) == len({(h, o) for h, o, _ in by})
+    for head, op, torch_ms, alternative, its_ms, ratio, same in shown:
+        name = "eagle3_propose_k3" if op == "propose, k = 3, T = 1" else op.strip("`")
+        provider = {"torch.compile": "torch_compile", "native": "native"}[alternative]
+        t, a = by[(head, name, "torch")], by[(head, name, provider)]
+        result = f"diff {float(a['max_abs_diff']):.1e}" if a["max_abs_diff"] else a["matches_torch"]
+        want = [_span(t, "median", ".3g"), _span(a, "median", ".3g"),
+                f"{float(a['vs_torch']):.2f}x [{float(a['vs_torch_min']):.2f}, {float(a['vs_torch_max']):.2f}]",
+                result]
+        assert [torch_ms, its_ms, ratio, same] == want, f"benchmarks/README.md drafter {head} {op}: the CSV gives {want}"
+
+
 def test_rl_loop_page_figures_match_their_artefacts():
     import json
 
