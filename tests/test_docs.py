@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import importlib.util
+import math
 import os
 import re
 import subprocess
@@ -243,6 +244,59 @@ def test_benchmarks_readme_drafter_table_is_the_artefacts():
                 f"{float(a['vs_torch']):.2f}x [{float(a['vs_torch_min']):.2f}, {float(a['vs_torch_max']):.2f}]",
                 result]
         assert [torch_ms, its_ms, ratio, same] == want, f"benchmarks/README.md drafter {head} {op}: the CSV gives {want}"
+
+
+def test_benchmarks_readme_readings_are_the_artefacts():
+    """The figures in the prose under those two tables: ranges over the CSVs' rows."""
+    text = " ".join(BENCH_README.read_text().split())
+    step = _csv_rows("decoder_step_cpu.csv")
+
+    def span(values, fmt):
+        return f"{min(values):{fmt}}-{max(values):{fmt}}x"
+
+    def native(head, key, new_tokens=None):
+        return [float(r[key]) for r in step if r["provider"] == "native" and r["head"] == head
+                and new_tokens in (None, r["new_tokens"])]
+
+    by = {(r["head"], r["requests"], r["new_tokens"], r["provider"]): float(r["median_ms"]) for r in step}
+    compile_gain = {head: [by[(h, rq, n, "torch")] / by[(h, rq, n, "torch_compile")]
+                           for (h, rq, n, p) in by if h == head and p == "torch"] for head in ("rl_loop", "wide")}
+    diff = max(float(r["max_abs_diff"]) for r in step if r["max_abs_diff"])
+    drafter = {(r["head"], r["op"], r["provider"]): float(r["vs_torch"]) for r in _csv_rows("drafter_cpu.csv")
+               if r["status"] == "ok"}
+    selections = [v for (h, op, p), v in drafter.items() if p == "torch_compile" and op.startswith("lm_head")
+                  and (h, op) != ("rl_loop", "lm_head_sample_q")]
+    shown = [f"all <= {math.ceil(diff * 1e8) / 1e8:.1e} in the committed file",
+             f"rl_loop's head at one new token: {span(native('rl_loop', 'vs_best_torch', '1'), '.1f')} over",
+             f"torch, {span(native('rl_loop', 'vs_torch', '1'), '.1f')} over eager torch",
+             f"(rl_loop's head {span(native('rl_loop', 'vs_best_torch', '4'), '.2f')} over the best torch)",
+             f"(native / best torch {span(native('wide', 'vs_best_torch'), '.2f')})",
+             f"speeds eager torch up {span(compile_gain['rl_loop'], '.2f')} on the small head",
+             f"at most {max(compile_gain['wide']):.2f}x on the wide one",
+             f"helps only `norm_fc` ({drafter[('rl_loop', 'norm_fc', 'torch_compile')]:.2f}x on the small head, "
+             f"{drafter[('wide', 'norm_fc', 'torch_compile')]:.2f}x on the wide one)",
+             f"gains nothing or loses ({span(selections, '.2f')})",
+             f"`lm_head_sample_q` most ({drafter[('rl_loop', 'lm_head_sample_q', 'torch_compile')]:.2f}x",
+             f"propose round {drafter[('rl_loop', 'eagle3_propose_k3', 'native')]:.1f}x faster on rl_loop's head "
+             f"and {drafter[('wide', 'eagle3_propose_k3', 'native')]:.1f}x on the wide one"]
+    missing = [x for x in shown if x not in text]
+    assert not missing, f"benchmarks/README.md should say, from its CSVs: {missing}"
+
+
+def test_benchmarks_readme_tree_reading_is_the_artefacts():
+    """Which measured - exact intervals cover 0, and the range of those that do not, as tree_acceptance.csv
+    has them."""
+    rows = [r for r in _csv_rows("tree_acceptance.csv") if r["minus_exact"]]
+    text = " ".join(BENCH_README.read_text().split())
+    assert f"commit {rows[0]['git_commit']}; seeded)" in text
+
+    def covers(r):
+        return float(r["minus_exact_ci95_low"]) <= 0 <= float(r["minus_exact_ci95_high"])
+
+    assert all(covers(r) for r in rows if r["workload"] == "random")
+    off = [float(r["minus_exact"]) for r in rows if r["workload"] == "toy" and r["tree"] in ("chain", "static")]
+    assert all(not covers(r) for r in rows if r["workload"] == "toy" and r["tree"] in ("chain", "static"))
+    assert f"the static tree's do not ({min(off):+.2f} to {max(off):+.2f})" in text
 
 
 def test_rl_loop_page_figures_match_their_artefacts():
