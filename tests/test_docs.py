@@ -299,6 +299,43 @@ def test_benchmarks_readme_tree_reading_is_the_artefacts():
     assert f"the static tree's do not ({min(off):+.2f} to {max(off):+.2f})" in text
 
 
+def test_audit_findings_counts_are_the_reports():
+    """The case counts of docs/exactness-and-audit.md's findings, from the committed reports' outcomes."""
+    import json
+    from collections import Counter
+
+    def counts(target):
+        data = json.loads((ROOT / "results" / "audit" / f"{target}.json").read_text())
+        return data, Counter((o["family"], o["verdict"]) for o in data["outcomes"])
+
+    text = " ".join((DOCS / "exactness-and-audit.md").read_text().split())
+    lossy, c = counts("vllm-v1-cpu")
+    assert not lossy["complete"] and "INCOMPLETE" in text
+    first, seq = (sum(n for (f, _), n in c.items() if f == fam) for fam in ("first-token", "sequence"))
+    shown = [f"Of {first} first-token cases {c['first-token', 'FAIL']} are rejected, {c['first-token', 'error']} raise "
+             f"an error and {c['first-token', 'pass']} pass; of {seq} sequence cases {c['sequence', 'FAIL']} are "
+             f"rejected, {c['sequence', 'error']} raise an error and {c['sequence', 'pass']} pass. The "
+             f"{c['first-token', 'pass'] + c['sequence', 'pass']} that pass",
+             f"the {c['first-token', 'error'] + c['sequence', 'error']} errors are the top-k cases",
+             f"({c['greedy', 'FAIL']} of {c['greedy', 'FAIL'] + c['greedy', 'pass']} greedy cases fail)"]
+    _, c = counts("vllm-v1-cpu-fixed")
+    shown += [f"({c['first-token', 'pass']} first-token, {c['sequence', 'pass']} sequence, {c['greedy', 'pass']} "
+              f"greedy, {c['batch', 'pass']} batch); only the {c['first-token', 'FAIL'] + c['sequence', 'FAIL']} "
+              "min-p cases fail"]
+    _, c = counts("vllm-v1-triton")
+    shown += [f"{c['first-token', 'pass']} first-token and {c['sequence', 'pass']} sequence cases, "
+              f"{c['greedy', 'pass']} greedy and {c['batch', 'pass']} batch cases pass; the only rejected law cases "
+              f"are the {c['first-token', 'FAIL'] + c['sequence', 'FAIL']} with min-p",
+              f"all {c['mutants', 'caught']} planted bugs are caught"]
+    _, c = counts("vllm-v2-triton")
+    shown += [f"({c['first-token', 'pass']} first-token, min-p included, and {c['sequence', 'pass']} sequence), "
+              f"{c['greedy', 'pass']} greedy and {c['batch', 'pass']} batch; {c['mutants', 'caught']} planted bugs "
+              f"are caught",
+              f"FAIL only through {c['bad-input', 'FAIL']} bad-input rows"]
+    missing = [x for x in shown if x not in text]
+    assert not missing, f"docs/exactness-and-audit.md should say, from results/audit: {missing}"
+
+
 def test_rl_loop_page_figures_match_their_artefacts():
     import json
 
