@@ -453,9 +453,9 @@ def test_cli_rejects_bad_arguments(capsys):
 
 
 def test_sweep_writes_tables(tmp_path):
-    from rl_loop.sim.sweep import main
-
     import csv
+
+    from rl_loop.sim.sweep import main
 
     argv = ["--preset", "paper-8b-zero", "--out", str(tmp_path), "--no-plots"]
     assert main(argv) == 0
