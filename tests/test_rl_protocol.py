@@ -216,8 +216,12 @@ def test_test_split_is_disjoint_from_train_and_validation_and_reproducible():
 
 def test_repeat_aggregate_median_range_and_pooled_interval():
     rows = [[[100, 1.0, 100, 2.0]] * 3, [[100, 1.0, 100, 3.0]] * 3, [[100, 1.0, 100, 2.5]] * 3]
-    summaries = [{"rollout_speedup": v, "equivalence_pass": True, "wall_s": 10.0} for v in (2.0, 3.0, 2.5)]
+    summaries = [{"rollout_speedup": v, "equivalence_pass": True, "equivalence": "pass", "wall_s": 10.0}
+                 for v in (2.0, 3.0, 2.5)]
+    summaries[1].update(equivalence_pass=None, equivalence="underpowered")
     agg = aggregate(summaries, rows)
+    assert agg["equivalence"] == ["pass", "underpowered", "pass"]
+    assert agg["equivalence_pass"] == [True, None, True]
     assert agg["rollout_speedup"]["median"] == 2.5 and agg["rollout_speedup"]["range"] == [2.0, 3.0]
     lo, hi = agg["rollout_speedup"]["pooled_ci95"]
     assert lo == pytest.approx(2.5) and hi == pytest.approx(2.5)  # every resample keeps each seed's steps
