@@ -336,6 +336,27 @@ def test_audit_findings_counts_are_the_reports():
     assert not missing, f"docs/exactness-and-audit.md should say, from results/audit: {missing}"
 
 
+def test_performance_page_commands_are_results_readme_commands():
+    """docs/performance.md's table of other committed measurements names each file with the command
+    results/README.md gives it."""
+    def table(path: Path) -> dict[str, str]:
+        out = {}
+        for line in path.read_text().splitlines():
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if line.startswith("| `") and len(cells) >= 2 and "python -m " in cells[1]:
+                command = re.findall(r"`([^`]+)`", cells[1])[0]
+                for name in re.findall(r"`([^`]+)`", cells[0]):
+                    out[name.removeprefix("results/")] = command
+        return out
+
+    mapped = table(ROOT / "results" / "README.md")
+    shown = table(DOCS / "performance.md")
+    assert shown
+    for name, command in shown.items():
+        if "/" in name:
+            assert mapped.get(name) == command, f"docs/performance.md gives {name} {command!r}, results/README.md {mapped.get(name)!r}"
+
+
 def test_rl_loop_page_figures_match_their_artefacts():
     import json
 
