@@ -117,6 +117,10 @@ def main(argv: list[str] | None = None) -> None:
     if not args.before:
         ap.error("--before is required")
     require_positive(ap, args, ("rounds", "reps", "batch", "k", "vocab", "threads"))
+    try:
+        CsvWriter.check_appendable(args.out, COLUMNS)  # before the rounds, not after
+    except ValueError as e:
+        ap.error(str(e))
     builds = {"before": str(Path(args.before).resolve()), "after": str(Path(args.after).resolve())}
     for label, path in builds.items():
         if not (Path(path) / "specdec_kernels" / "__init__.py").exists():

@@ -167,16 +167,25 @@ class CsvWriter:
         self.path = Path(path)
         self.columns = list(BASE_COLUMNS) + [c for c in extra_columns if c not in BASE_COLUMNS]
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        existing = append and self.path.exists() and self.path.stat().st_size > 0
-        if existing:
-            with open(self.path, newline="") as f:
-                header = next(csv.reader(f), [])
-            if header != self.columns:
-                raise ValueError(f"{self.path} has columns {header}, not {self.columns}: cannot append")
+        existing = append and self.check_appendable(self.path, extra_columns)
         self._file = open(self.path, "a" if existing else "w", newline="")
         self._writer = csv.DictWriter(self._file, fieldnames=self.columns, extrasaction="raise")
         if not existing:
             self._writer.writeheader()
+
+    @staticmethod
+    def check_appendable(path: str | os.PathLike, extra_columns: Sequence[str]) -> bool:
+        """Whether ``path`` holds a table to append to (False: none or empty); ValueError when its header is
+        not the base columns plus ``extra_columns``."""
+        path = Path(path)
+        if not path.exists() or path.stat().st_size == 0:
+            return False
+        columns = list(BASE_COLUMNS) + [c for c in extra_columns if c not in BASE_COLUMNS]
+        with open(path, newline="") as f:
+            header = next(csv.reader(f), [])
+        if header != columns:
+            raise ValueError(f"{path} has columns {header}, not {columns}: cannot append")
+        return True
 
     def write(self, row: dict) -> None:
         self._writer.writerow({c: row.get(c, "") for c in self.columns})

@@ -303,7 +303,7 @@ def test_eviction_is_twice_the_last_level_cache(tmp_path):
 
 
 @pytest.mark.skipif(not native.has_device("cpu"), reason="specdec_kernels._C not built")
-def test_ab_builds_times_two_checkouts_alternately(tmp_path):
+def test_ab_builds_times_two_checkouts_alternately(tmp_path, capsys):
     """The before / after harness on one checkout given twice: a row per case with both builds' rounds,
     the ratio of medians and the command, appended to the history table under the run's pair label; a
     bad argument is one clear error."""
@@ -337,9 +337,12 @@ def test_ab_builds_times_two_checkouts_alternately(tmp_path):
         ab_builds.main(["--before", str(tmp_path), "--out", str(out)])  # no checkout there
     other = tmp_path / "other.csv"
     other.write_text("name,value\na,1\n")
-    with pytest.raises(ValueError, match="cannot append"):
-        ab_builds.main([*argv[:-1], str(other)])  # not an A/B history table
+    with pytest.raises(SystemExit):
+        ab_builds.main([*argv[:-1], str(other)])  # not an A/B history table: refused before any round
+    assert "cannot append" in capsys.readouterr().err
     assert other.read_text() == "name,value\na,1\n"
+    with pytest.raises(ValueError, match="cannot append"):
+        CsvWriter(other, ab_builds.COLUMNS, append=True)
 
 
 def test_call_overhead_times_every_call_cold_and_warm(capsys):
