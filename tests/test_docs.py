@@ -283,6 +283,22 @@ def test_benchmarks_readme_readings_are_the_artefacts():
     assert not missing, f"benchmarks/README.md should say, from its CSVs: {missing}"
 
 
+def test_benchmarks_readme_tolerance_reading_is_the_artefacts(capsys):
+    """The spread between the two committed Xeon sweeps that --tolerance's default rests on, as
+    native_cpu_table --against prints it."""
+    from benchmarks import native_cpu_table
+
+    native_cpu_table.main([str(ROOT / "results/benchmarks/chain_cpu_b64_k3_v151936_repro.csv"),
+                           "--against", str(ROOT / CHAIN_CSV)])
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    within, total, tol, lo, hi = re.match(
+        r"(\d+) of (\d+) cases within the reference's \[min, max\] ±(\d+) points; moves from (\S+) .* to (\S+) ",
+        last).groups()
+    text = " ".join(BENCH_README.read_text().split())
+    assert f"(default {tol}: the committed reproduction" in text
+    assert f"has {within} of {total} cases within {tol} points; medians moved from {lo} to {hi} points" in text
+
+
 def test_benchmarks_readme_tree_reading_is_the_artefacts():
     """Which measured - exact intervals cover 0, and the range of those that do not, as tree_acceptance.csv
     has them."""
