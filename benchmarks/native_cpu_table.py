@@ -6,10 +6,9 @@ Usage: python -m benchmarks.native_cpu_table results/benchmarks/chain_cpu_b64_k3
 
 ``--against REF``: one line per case of ours' fraction of read bandwidth in REF and in this run (median of the
 rounds, [lowest, highest] round), the move in percentage points, and whether this run's median lies within
-REF's [lowest, highest] round widened by ``--tolerance`` points on either side (default 6: of three sweeps of
-the same kernels on the 2-thread Xeon VM, each case's median lay within 6 points of the other two runs'
-[lowest, highest] round, in 3 of the 288 comparisons more than 5 points away; medians moved by up to 7.4
-points between runs).
+REF's [lowest, highest] round widened by ``--tolerance`` points on either side (default 6: the spread between
+the committed Xeon sweep and its reproduction, ``results/benchmarks/chain_cpu_b64_k3_v151936*.csv``; the
+figures are in benchmarks/README.md, checked by tests/test_docs.py).
 """
 
 from __future__ import annotations
