@@ -181,6 +181,15 @@ def test_performance_page_table_is_the_artefacts(artefact):
     for line in targets(rows):
         assert line in page, f"docs/performance.md lacks the target line {line!r}"
     assert f"`{as_run_today(rows[0]['command'])}`" in page, f"docs/performance.md lacks {artefact}'s command"
+    if artefact == CHAIN_CSV:  # the protocol figures of the page are the reference sweep's
+        protocol = " ".join(page.split("## Protocol", 1)[1].split("\n## ", 1)[0].split())
+        (rounds,), (evict,) = {r["rounds"] for r in rows}, {r["evict_mib"] for r in rows}
+        (ours,), (baseline,) = ({r["repeats"] for r in rows if r["provider"] in names}
+                                for names in (("ours", "stream", "sum", "int16"), ("vllm", "vllm_step", "torch")))
+        shown = f"{rounds} rounds with the providers interleaved and their order alternated; ours and the read " \
+                f"probes {ours} calls per round, the baselines {baseline}; every call from caches evicted by a " \
+                f"{evict} MiB write"
+        assert shown in protocol, f"docs/performance.md's protocol should say: {shown}"
 
 
 BENCH_README = ROOT / "benchmarks" / "README.md"
