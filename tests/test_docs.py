@@ -390,6 +390,18 @@ def test_rl_loop_page_figures_match_their_artefacts():
     verify = json.loads((ROOT / "results/rl_loop/verify_methods.json").read_text())["conditional_chain"]
     shapes = json.loads((ROOT / "results/rl_loop/decode/decode_paths.json").read_text())["shapes"]
     default = next(s for s in shapes if s["preset"] == "default")
+    from rl_loop.config import RunConfig, tiny_config
+
+    text = " ".join(page.split())
+    run, tiny = RunConfig(), tiny_config()
+    checks = [json.loads((ROOT / f"results/rl_loop/default/seed{i}/equivalence.json").read_text()) for i in range(3)]
+    n = run.equivalence_prompts * run.equivalence_samples
+    assert {c["samples_per_arm"] for c in checks} == {n} and all(c["control_rejected"] for c in checks)
+    power = min(c["power"]["two_sample_power"] for c in checks)
+    (tv,) = {c["power"]["tv"] for c in checks}
+    assert (f"the default sample is {run.equivalence_prompts} prompts x {run.equivalence_samples} = {n:,} per arm, "
+            f"power >= {math.floor(power * 10) / 10:g} at total variation {tv:g} per test") in text
+    assert f"sample ({tiny.equivalence_prompts * tiny.equivalence_samples} per arm) is underpowered" in text
     for shown in (f"**{default['verify_over_decode']:.2f}** one-token decodes",
                   f"**{repeat['rollout_speedup']['median']:.2f}x**",
                   f"**{repeat['mean_accepted_length']['median']:.2f}**",
