@@ -168,6 +168,23 @@ def test_readme_headline_figures_match_their_artefact():
         assert cells[4:] == want, f"README headline {key}: {cells[4:]} but {CHAIN_CSV} gives {want}"
 
 
+def test_readme_rl_loop_row_is_the_default_run():
+    """The README's line on `python -m rl_loop`: policy size, k, steps and the minutes a run takes, from the
+    committed default run (three seeds) and the decode benchmark's default policy."""
+    import json
+
+    row = next(line for line in README.read_text().splitlines() if line.startswith("| `.venv/bin/python -m rl_loop` |"))
+    repeat = json.loads((ROOT / "results/rl_loop/default/repeat.json").read_text())
+    shapes = json.loads((ROOT / "results/rl_loop/decode/decode_paths.json").read_text())["shapes"]
+    params = next(s for s in shapes if s["preset"] == "default")["parameters"]
+    assert f"a {params / 1e6:.1f}M-parameter Qwen3 policy" in row
+    assert f"k = {repeat['k']} chain speculation, {repeat['steps']} steps" in row
+    lo, hi = map(int, re.search(r"\| (\d+)-(\d+) minutes \|$", row).groups())
+    walls = [json.loads((ROOT / f"results/rl_loop/default/seed{i}/summary.json").read_text())["wall_s"]
+             for i in range(3)]
+    assert all(lo * 60 <= w <= hi * 60 for w in walls), (walls, lo, hi)
+
+
 @pytest.mark.parametrize("artefact", [CHAIN_CSV, "results/benchmarks/chain_cpu_b64_k3_v151936_zen2_avx2.csv"])
 def test_performance_page_table_is_the_artefacts(artefact):
     """docs/performance.md holds native_cpu_table's output for each committed sweep (the AVX-512 Xeon one and
