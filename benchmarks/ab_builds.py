@@ -1,12 +1,16 @@
 """Two checkouts' native CPU chain kernels timed against each other: before / after figures on one machine.
 
-    python -m benchmarks.ab_builds --before ../old-checkout --rounds 5 --out ab.csv
+    python -m benchmarks.ab_builds --before ../old-checkout --rounds 5
 
 Each round runs one process per checkout (``--before`` and ``--after``, default this one), in alternating
 order. A process imports that checkout's ``specdec_kernels`` (its own compiled ``_C``), builds the inputs of
 ``benchmarks/bench_native_cpu.py`` from *this* checkout (same seeds, so both builds see identical inputs)
 and times ``verify_chain(..., backend="cpu")`` on every case, ``--reps`` calls from evicted caches, median.
-A CSV row per case: both builds' median / min / max over rounds, the after / before ratio of medians, and
+Rows are appended to one history table, ``results/benchmarks/ab_history.csv`` by default (``--out``), so
+every comparison ever committed is one file; a run's rows share its ``pair`` label
+(``ab_cpu_<before>_vs_<after>``, or ``--pair``) and its ``command``, and name both checkouts' commits
+(``+dirty`` for a tree with uncommitted changes). A row per case: both builds' median / min / max over
+rounds, the after / before ratio of medians, and
 each build's fraction of read bandwidth on the bytes an exact verifier must read (``bench_native_cpu``'s
 ``must_read_bytes`` and reference: the fastest of ``torch.sum``, ``native.stream_sum`` and
 ``native.stream_minmax16``, where that build has them, over the case's dtype's logits, measured in the same
@@ -29,6 +33,10 @@ from pathlib import Path
 from .common import CsvWriter, choice_list, git_commit, provenance, require_positive
 
 REPO = Path(__file__).resolve().parent.parent
+HISTORY = "results/benchmarks/ab_history.csv"
+COLUMNS = ("pair", "case", "before_commit", "after_commit", "rounds", "before_median_ms", "before_min_ms",
+           "before_max_ms", "after_median_ms", "after_min_ms", "after_max_ms", "after_over_before",
+           "must_read_bytes", "before_read_fraction", "after_read_fraction", "command")
 # bench_native_cpu's modes and families; not imported from it here, because it imports specdec_kernels,
 # which a worker must take from its --package checkout.
 MODES = ("greedy", "random_det", "random_stoch")
@@ -74,8 +82,14 @@ def worker(args) -> None:
 
 
 def _commit_of(checkout: str) -> str:
+    """The checkout's short commit, ``+dirty`` when its tracked files have uncommitted changes."""
     proc = subprocess.run(["git", "-C", checkout, "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True)
-    return proc.stdout.strip() or "unknown"
+    commit = proc.stdout.strip()
+    if not commit:
+        return "unknown"
+    status = subprocess.run(["git", "-C", checkout, "status", "--porcelain", "--untracked-files=no"],
+                            capture_output=True, text=True)
+    return commit + ("+dirty" if status.stdout.strip() else "")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -92,16 +106,21 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--dtypes", type=choice_list(("bfloat16", "float32")), default=["bfloat16", "float32"])
     ap.add_argument("--modes", type=choice_list(MODES), default=list(MODES))
     ap.add_argument("--families", type=choice_list(FAMILIES), default=["flat", "zipf"])
-    ap.add_argument("--out", help="CSV to write")
+    ap.add_argument("--out", default=str(REPO / HISTORY), help=f"history CSV to append to (default {HISTORY})")
+    ap.add_argument("--pair", help="label of this run's rows (default ab_cpu_<before>_vs_<after>, 7 digits)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--package", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
         worker(args)
         return
-    if not args.before or not args.out:
-        ap.error("--before and --out are required")
+    if not args.before:
+        ap.error("--before is required")
     require_positive(ap, args, ("rounds", "reps", "batch", "k", "vocab", "threads"))
+    try:
+        CsvWriter.check_appendable(args.out, COLUMNS)  # before the rounds, not after
+    except ValueError as e:
+        ap.error(str(e))
     builds = {"before": str(Path(args.before).resolve()), "after": str(Path(args.after).resolve())}
     for label, path in builds.items():
         if not (Path(path) / "specdec_kernels" / "__init__.py").exists():
@@ -128,18 +147,16 @@ def main(argv: list[str] | None = None) -> None:
 
     info = {**provenance(torch.device("cpu")), "git_commit": git_commit()}
     command = "python -m benchmarks.ab_builds " + " ".join(sys.argv[1:] if argv is None else argv)
-    columns = ("case", "before_commit", "after_commit", "rounds", "before_median_ms", "before_min_ms",
-               "before_max_ms", "after_median_ms", "after_min_ms", "after_max_ms", "after_over_before",
-               "must_read_bytes", "before_read_fraction", "after_read_fraction", "command")
     commits = {label: _commit_of(path) for label, path in builds.items()}
-    with CsvWriter(args.out, columns) as writer:
+    pair = args.pair or f"ab_cpu_{commits['before'][:7]}_vs_{commits['after'][:7]}"
+    with CsvWriter(args.out, COLUMNS, append=True) as writer:
         for key, by in times.items():
             if key.startswith("need/"):
                 continue
             (b_med, b_min, b_max), (a_med, a_min, a_max) = (
                 (statistics.median(by[label]), min(by[label]), max(by[label])) for label in ("before", "after"))
             row = {**info, "provider": "read" if key.startswith("read_gbs") else "ours",
-                   "status": "ok", "case": key, "before_commit": commits["before"],
+                   "status": "ok", "pair": pair, "case": key, "before_commit": commits["before"],
                    "after_commit": commits["after"], "rounds": args.rounds, "repeats": args.reps,
                    "median_ms": f"{a_med:.4g}", "min_ms": f"{a_min:.4g}",
                    "before_median_ms": f"{b_med:.4g}", "before_min_ms": f"{b_min:.4g}",
@@ -156,7 +173,7 @@ def main(argv: list[str] | None = None) -> None:
                                                                                   strict=True)]
                     row[f"{label}_read_fraction"] = f"{statistics.median(fractions):.4g}"
             writer.write(row)
-    print(f"wrote {args.out}")
+    print(f"appended {pair} to {args.out}")
 
 
 if __name__ == "__main__":

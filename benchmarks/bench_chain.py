@@ -333,7 +333,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="tensor size for the copy-bandwidth measurement (default 1024 GPU, 128 CPU)")
     parser.add_argument("--threads", type=int, default=None,
                         help="CPU threads for torch (default 1 on CPU: shared machines make more threads noisy)")
-    parser.add_argument("--out", type=Path, default=None, help="CSV path (default benchmarks/results/...)")
+    parser.add_argument("--out", type=Path, default=None, help="CSV path (default results/benchmarks/...)")
     return parser
 
 

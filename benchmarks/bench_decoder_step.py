@@ -27,7 +27,7 @@ tokens; R = 32 is rl_loop's rollout batch.
 
 Usage (the committed CSV; run alone on the machine)::
 
-    python -m benchmarks.bench_decoder_step --out benchmarks/results/decoder_step_cpu.csv
+    python -m benchmarks.bench_decoder_step --out results/benchmarks/decoder_step_cpu.csv
 """
 
 from __future__ import annotations

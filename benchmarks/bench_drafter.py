@@ -29,7 +29,7 @@ cuda``): hidden 4096, draft vocabulary 32000, vocabulary 151936, bf16 ops.
 
 Usage (the committed CSV; run alone on the machine)::
 
-    python -m benchmarks.bench_drafter --out benchmarks/results/drafter_cpu.csv
+    python -m benchmarks.bench_drafter --out results/benchmarks/drafter_cpu.csv
 """
 
 from __future__ import annotations

@@ -62,7 +62,7 @@ vocabulary, built locally: no trained model of that vocabulary can be made here)
 
 Usage (the committed CSV)::
 
-    python -m benchmarks.bench_native_cpu --out benchmarks/results/chain_cpu_b64_k3_v151936.csv
+    python -m benchmarks.bench_native_cpu --out results/benchmarks/chain_cpu_b64_k3_v151936.csv
 """
 
 from __future__ import annotations

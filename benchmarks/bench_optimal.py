@@ -21,7 +21,7 @@ Examples::
 
     python -m benchmarks.bench_optimal cost --quick
     python -m benchmarks.bench_optimal cost --batch 1,16,64 --k 3,5 --vocab 151936 --threads 2
-    python -m benchmarks.bench_optimal acceptance --out benchmarks/results/optimal_acceptance
+    python -m benchmarks.bench_optimal acceptance --out results/benchmarks/optimal_acceptance
 """
 
 from __future__ import annotations
@@ -262,7 +262,7 @@ def run_acceptance(args: argparse.Namespace) -> Path:
     torch.set_num_threads(args.threads)
     toy_rows = acceptance_rows(args.toy_vocab, args.toys, args.seed)
     logit_rows = random_logit_rows(args.requests, args.vocab[0], args.k)
-    out = args.out or Path("benchmarks/results/optimal_acceptance")
+    out = args.out or Path("results/benchmarks/optimal_acceptance")
     out.parent.mkdir(parents=True, exist_ok=True)
     command = "python -m benchmarks.bench_optimal acceptance " + " ".join(sys.argv[2:])
     meta = {**provenance(torch.device("cpu")), "command": command}

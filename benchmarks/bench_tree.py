@@ -17,7 +17,7 @@ contexts and seeds (common random numbers), so differences between columns are l
 
 Usage (the committed files)::
 
-    python -m benchmarks.bench_tree --out benchmarks/results/tree_acceptance.csv
+    python -m benchmarks.bench_tree --out results/benchmarks/tree_acceptance.csv
 """
 
 from __future__ import annotations

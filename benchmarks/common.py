@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
+RESULTS_DIR = Path(__file__).resolve().parent.parent / "results" / "benchmarks"
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 # Provenance columns repeated on every row, so a CSV row is self-describing after concatenation.
@@ -157,15 +157,35 @@ def copy_bandwidth_gbs(device: torch.device, num_bytes: int | None = None, repea
 
 
 class CsvWriter:
-    """Writes rows with the base columns plus ``extra_columns``; creates the parent folder."""
+    """Writes rows with the base columns plus ``extra_columns``; creates the parent folder.
 
-    def __init__(self, path: str | os.PathLike, extra_columns: Sequence[str]):
+    ``append=True`` adds rows to an existing table (a history) instead of replacing it; its header must
+    be these columns (ValueError otherwise), so rows of different runs stay one table.
+    """
+
+    def __init__(self, path: str | os.PathLike, extra_columns: Sequence[str], append: bool = False):
         self.path = Path(path)
         self.columns = list(BASE_COLUMNS) + [c for c in extra_columns if c not in BASE_COLUMNS]
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.path, "w", newline="")
+        existing = append and self.check_appendable(self.path, extra_columns)
+        self._file = open(self.path, "a" if existing else "w", newline="")
         self._writer = csv.DictWriter(self._file, fieldnames=self.columns, extrasaction="raise")
-        self._writer.writeheader()
+        if not existing:
+            self._writer.writeheader()
+
+    @staticmethod
+    def check_appendable(path: str | os.PathLike, extra_columns: Sequence[str]) -> bool:
+        """Whether ``path`` holds a table to append to (False: none or empty); ValueError when its header is
+        not the base columns plus ``extra_columns``."""
+        path = Path(path)
+        if not path.exists() or path.stat().st_size == 0:
+            return False
+        columns = list(BASE_COLUMNS) + [c for c in extra_columns if c not in BASE_COLUMNS]
+        with open(path, newline="") as f:
+            header = next(csv.reader(f), [])
+        if header != columns:
+            raise ValueError(f"{path} has columns {header}, not {columns}: cannot append")
+        return True
 
     def write(self, row: dict) -> None:
         self._writer.writerow({c: row.get(c, "") for c in self.columns})
@@ -182,7 +202,7 @@ class CsvWriter:
 
 
 def default_csv_path(op: str, device: torch.device) -> Path:
-    """``benchmarks/results/<op>_<cpu|cuda>_<UTC timestamp>.csv``."""
+    """``results/benchmarks/<op>_<cpu|cuda>_<UTC timestamp>.csv``."""
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     return RESULTS_DIR / f"{op}_{device.type}_{stamp}.csv"
 

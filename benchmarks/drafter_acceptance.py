@@ -16,7 +16,7 @@ Setup (everything built locally, seeded):
   sync only, and after online adaptation (DrafterTrainer.step on the drifted policy's own rollouts,
   consuming the features/logits of its forward through the detach boundary).
 
-``python -m benchmarks.drafter_acceptance --help``; writes JSON to ``benchmarks/results/``.
+``python -m benchmarks.drafter_acceptance --help``; writes JSON to ``results/benchmarks/``.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import sys
 import time
 from pathlib import Path
 
@@ -34,6 +35,8 @@ from specdec_kernels.drafters.eagle3 import Eagle3Config, Eagle3Drafter, Eagle3H
 from specdec_kernels.drafters.features import capture_target_features
 from specdec_kernels.drafters.training import DrafterTrainer, TrainConfig, build_draft_vocab
 from specdec_kernels.testing.tiny_models import tiny_qwen3
+
+from .common import provenance
 
 V = 64
 PAD, BOS, EOS = 0, 1, 2
@@ -273,8 +276,8 @@ def sweep(target, head, prompts, temperature: float, max_new: int, ks=range(1, 8
 # ---------------------------------------------------------------------------------------------------
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.drafter_acceptance", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target-steps", type=int, default=600)
     ap.add_argument("--head-steps", type=int, default=300)
     ap.add_argument("--adapt-steps", type=int, default=60)
@@ -283,8 +286,9 @@ def main() -> None:
     ap.add_argument("--eval-prompts", type=int, default=32)
     ap.add_argument("--max-new", type=int, default=40)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--out", default="benchmarks/results/drafter_acceptance.json")
-    args = ap.parse_args()
+    ap.add_argument("--out", default="results/benchmarks/drafter_acceptance.json")
+    args = ap.parse_args(argv)
+    command = " ".join(["python -m benchmarks.drafter_acceptance", *(sys.argv[1:] if argv is None else argv)])
     torch.set_num_threads(args.threads)
     t0 = time.time()
     rng = random.Random(0)
@@ -348,6 +352,7 @@ def main() -> None:
         print(f"{key:32s} {results[key]}")
     results["args"] = vars(args)
     results["seconds"] = round(time.time() - t0, 1)
+    results["provenance"] = {**provenance(torch.device("cpu")), "command": command}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=1))
     print(f"wrote {args.out} ({results['seconds']}s)")

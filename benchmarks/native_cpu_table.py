@@ -1,15 +1,14 @@
 """Markdown tables of a ``bench_native_cpu`` CSV: our time and fraction of read bandwidth, and the baselines;
 the issue-16 targets it meets; and, with ``--against``, how far each case moved from another run.
 
-Usage: python -m benchmarks.native_cpu_table benchmarks/results/chain_cpu_b64_k3_v151936.csv [--families flat]
-       python -m benchmarks.native_cpu_table new.csv --against benchmarks/results/chain_cpu_b64_k3_v151936.csv
+Usage: python -m benchmarks.native_cpu_table results/benchmarks/chain_cpu_b64_k3_v151936.csv [--families flat]
+       python -m benchmarks.native_cpu_table new.csv --against results/benchmarks/chain_cpu_b64_k3_v151936.csv
 
 ``--against REF``: one line per case of ours' fraction of read bandwidth in REF and in this run (median of the
 rounds, [lowest, highest] round), the move in percentage points, and whether this run's median lies within
-REF's [lowest, highest] round widened by ``--tolerance`` points on either side (default 6: of three sweeps of
-the same kernels on the 2-thread Xeon VM, each case's median lay within 6 points of the other two runs'
-[lowest, highest] round, in 3 of the 288 comparisons more than 5 points away; medians moved by up to 7.4
-points between runs).
+REF's [lowest, highest] round widened by ``--tolerance`` points on either side (default 6: the spread between
+the committed Xeon sweep and its reproduction, ``results/benchmarks/chain_cpu_b64_k3_v151936*.csv``; the
+figures are in benchmarks/README.md, checked by tests/test_docs.py).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Figures and tables from benchmark CSVs.
 
-``python -m benchmarks.plot benchmarks/results/chain_cpu_quick.csv --out chain.png --table``
+``python -m benchmarks.plot results/benchmarks/chain_cpu_quick.csv --out chain.png --table``
 draws median time against batch size (log-log), one panel per (sampling, drafts) x vocabulary at one
 draft length k, one line per provider, and prints a markdown table with each provider's time relative to
 the ``--baseline`` provider measured in the same run.

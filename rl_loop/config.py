@@ -14,7 +14,8 @@ REQUIRED_SUMMARY_KEYS = (
     "rollout_speedup", "step_speedup", "mean_accepted_length", "acceptance_by_position", "equivalence_pass",
     "equivalence_min_pvalue", "val_accuracy_start", "val_accuracy_end", "k",
     "rollout_speedup_ci", "step_speedup_ci", "end_to_end_speedup", "break_even_steps", "ar_baseline",
-    "rollout_temperature", "equivalence_control_rejected", "test_accuracy_start", "test_accuracy_end",
+    "rollout_temperature", "equivalence", "equivalence_control_rejected", "test_accuracy_start",
+    "test_accuracy_end",
 )
 PIPELINES = ("sync", "async")
 SPECS = ("none", "chain", "tree")

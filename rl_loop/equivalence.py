@@ -13,12 +13,18 @@ Tests (on one prompt set, the same number of samples per prompt in both arms, in
 - a planted lossy verifier as the negative control, in the same run: chain speculation whose verifier is
   handed the target's own probabilities as the draft probabilities (the draft-prob / target mix-up bug:
   every draft is accepted, so the emitted law is the drafter's, not the policy's). The same tests between
-  the autoregressive arm and this arm must reject: ``pass`` requires the real check to pass AND the control
-  to be rejected (a check that cannot fail proves nothing). Optionally (``control_temperature``) a second
-  control samples the autoregressive arm at another temperature;
+  the autoregressive arm and this arm must reject (a check that cannot fail proves nothing). The control
+  runs on every backend: an engine that cannot plant a verifier (vLLM) has its policy and drafter run by
+  our engine for the control arm. Optionally (``control_temperature``) a second control samples the
+  autoregressive arm at another temperature;
 - power: the two-sample chi-square power (``stats.two_sample_chi2_power``: effective size n / 2 for two
   arms of n) to detect a total-variation difference ``power_tv`` per position test; the default sample
   size (16 prompts x 160 samples = 2560 per arm) gives >= 0.9 at TV 0.1 for up to 32 degrees of freedom.
+
+The verdict, ``equivalence`` (:func:`verdict`), is the same on every backend: ``"fail"`` when a real check
+rejects (greedy rollouts differ, or a temperature-1 test rejects); otherwise ``"underpowered"`` when the
+planted control is not rejected (the sample is too small to decide: a ``--tiny`` run's 16 per arm), and
+``"pass"`` when it is. ``pass`` is True / False / None (underpowered) for older consumers.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -36,7 +43,9 @@ import specdec_kernels as sk
 from specdec_kernels.testing.stats import two_sample_chi2
 
 from .batch import build_batch
+from .engine import RolloutEngine
 from .logprobs import policy_log_probs
+from .provenance import provenance
 from .rollouts import GenerationConfig, Rollouts
 from .state import Engine
 from .stats import two_sample_chi2_power
@@ -123,13 +132,36 @@ def _control_report(control: dict, alpha_each: float) -> dict:
     return {"min_pvalue": min_p, "rejected": bool(min_p < alpha_each), "pvalues": control["pvalues"]}
 
 
+PASS, FAIL, UNDERPOWERED = "pass", "fail", "underpowered"
+
+
+def verdict(greedy_identical: bool, law_pass: bool, control_rejected: bool | None) -> str:
+    """``"fail"`` when a real check rejects; else ``"pass"`` if the planted lossy control was rejected (the
+    sample had the power to see a loss), ``"underpowered"`` if it was not or none could be planted."""
+    if not (greedy_identical and law_pass):
+        return FAIL
+    return PASS if control_rejected else UNDERPOWERED
+
+
+def _control_engine(engine: Engine) -> Engine | None:
+    """An engine that can run the planted lossy verifier on ``engine``'s policy and drafter: ``engine``
+    itself when it is ours, our engine on its policy and drafter otherwise (vLLM), None without a drafter."""
+    drafter = getattr(engine, "drafter", None)
+    if drafter is None:
+        return None
+    if hasattr(engine, "policy_step"):
+        return engine
+    policy, eos_id = getattr(engine, "policy", None), getattr(engine, "eos_id", None)
+    return None if policy is None or eos_id is None else RolloutEngine(policy, drafter, eos_id)
+
+
 def check_equivalence(
     engine: Engine, problems: list[Problem], tok: CharTokenizer, cfg: EquivalenceConfig
 ) -> dict:
     """Run the checks of the module docstring on ``problems[:num_prompts]``; returns a JSON-able report.
 
-    The planted lossy control needs our engine (``engine.RolloutEngine``) with a drafter; for another
-    engine it is not run, ``control_rejected`` is None and ``pass`` rests on the real check alone.
+    The planted lossy control runs on our engine (``engine.RolloutEngine``) with ``engine``'s drafter:
+    ``engine`` itself, or one built on its policy and drafter (vLLM). ``equivalence`` is :func:`verdict`.
     """
     if cfg.generation.spec == "none":
         raise ValueError("the equivalence check compares speculative rollouts: generation.spec must not be 'none'")
@@ -162,11 +194,11 @@ def check_equivalence(
         return _control_report(compare_laws(fa, f, lp_a, lp, cfg.positions, tok.vocab_size), alpha_each)
 
     lossy = None
-    drafter = getattr(engine, "drafter", None)
-    if drafter is not None and hasattr(engine, "policy_step"):  # our engine: plant the lossy verifier
-        planted = LossyChain(drafter, sample_cfg.k, sample_cfg.temperature)
-        lossy_out = engine.generate(prompts, seeds[2], replace(sample_cfg, spec="chain", verify="token"),
-                                    strategy=planted)
+    control_engine = _control_engine(engine)
+    if control_engine is not None:  # plant the lossy verifier
+        planted = LossyChain(control_engine.drafter, sample_cfg.k, sample_cfg.temperature)
+        lossy_out = control_engine.generate(prompts, seeds[2], replace(sample_cfg, spec="chain", verify="token"),
+                                            strategy=planted)
         lossy = {**control_of(lossy_out), "verifier": "verify_chain with the target's probabilities as draft_probs",
                  "mean_accepted_length": lossy_out.stats.mean_accepted_length}
     temperature_control = None
@@ -177,8 +209,10 @@ def check_equivalence(
     df = max(main["max_df"], 1)
     power = two_sample_chi2_power(n, n, cfg.power_tv, df, alpha_each)
     control_rejected = None if lossy is None else lossy["rejected"]
+    outcome = verdict(bool(greedy_identical), bool(law_pass), control_rejected)
     return {
-        "pass": bool(greedy_identical and law_pass and control_rejected is not False),
+        "equivalence": outcome,
+        "pass": None if outcome == UNDERPOWERED else outcome == PASS,
         "greedy_identical": bool(greedy_identical),
         "law_pass": bool(law_pass),
         "control_rejected": control_rejected,
@@ -241,10 +275,11 @@ def main(argv: list[str] | None = None) -> int:
     result = check_equivalence(engine, val_set, tok, eq_cfg)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "equivalence.json"), "w") as f:
-        json.dump(result, f, indent=1)
-    print(json.dumps({k: result[k] for k in ("pass", "greedy_identical", "law_pass", "min_pvalue")}))
+        command = " ".join(["python -m rl_loop.equivalence", *(sys.argv[1:] if argv is None else argv)])
+        json.dump({**result, "provenance": provenance(command)}, f, indent=1)
+    print(json.dumps({k: result[k] for k in ("equivalence", "greedy_identical", "law_pass", "min_pvalue")}))
     print(result["power"]["statement"])
-    return 0 if result["pass"] else 1
+    return 0 if result["equivalence"] == PASS else 1
 
 
 if __name__ == "__main__":

@@ -8,8 +8,6 @@ import subprocess
 import sys
 from datetime import datetime, timezone
 
-import torch
-
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -34,8 +32,24 @@ def command_line() -> str | None:
     return " ".join(["python", "-m", module, *sys.argv[1:]])
 
 
+def row_provenance(record: dict) -> dict[str, str]:
+    """A :func:`provenance` record as the CSV columns of results/README.md: ``command``, ``git_commit``
+    (``+dirty`` for a tree with uncommitted changes) and ``device`` (the CPU and the torch threads)."""
+    commit = record["commit"] or ""
+    threads = f" ({record['threads']} threads)" if record.get("threads") else ""
+    return {"command": record["command"] or "", "git_commit": commit + ("+dirty" if record["dirty"] else ""),
+            "device": f"{record['cpu']}{threads}"}
+
+
 def provenance(command: str | None = None) -> dict:
-    """Commit (and whether the tree had uncommitted changes), date, CPU, cores, torch threads, command."""
+    """Commit (and whether the tree had uncommitted changes), date, CPU, cores, torch threads, command.
+
+    torch is imported here, not at module level, so stdlib-only tools (the simulator) can record it too;
+    without torch, ``threads`` and ``torch`` are None."""
+    try:
+        import torch
+    except ImportError:
+        torch = None
     cpu = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
@@ -45,5 +59,5 @@ def provenance(command: str | None = None) -> dict:
     status = _git("status", "--porcelain", "--untracked-files=no")
     return {"commit": _git("rev-parse", "HEAD"), "dirty": None if status is None else bool(status),
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "cpu": cpu,
-            "cores": os.cpu_count(), "threads": torch.get_num_threads(), "torch": torch.__version__,
+            "cores": os.cpu_count(), "threads": torch and torch.get_num_threads(), "torch": torch and torch.__version__,
             "command": command or command_line()}

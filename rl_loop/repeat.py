@@ -57,6 +57,7 @@ def aggregate(summaries: list[dict], per_seed_rows: list[list[list[float]]]) -> 
         out[name] = {"median": statistics.median(present) if present else None,
                      "range": [min(present), max(present)] if present else None, "per_seed": values}
     out["rollout_speedup"]["pooled_ci95"] = pooled_ci(per_seed_rows, slice(0, 4))
+    out["equivalence"] = [s.get("equivalence") for s in summaries]  # "pass" / "fail" / "underpowered"
     out["equivalence_pass"] = [s.get("equivalence_pass") for s in summaries]
     out["equivalence_control_rejected"] = [s.get("equivalence_control_rejected") for s in summaries]
     out["test_accuracy_change"] = [s.get("test_accuracy_change") for s in summaries]

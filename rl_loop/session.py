@@ -128,7 +128,8 @@ def finish_run(s: Session, t_run: float, extra: dict | None = None) -> dict:
     test = {}
     if s.test and st.test_start is not None:
         test = heldout_report(st.test_start, evaluate_test(s.engine, s.test, s.tok, gen, cfg.test_samples, cfg.seed))
-    eq = {"equivalence_pass": None, "equivalence_min_pvalue": None, "equivalence_control_rejected": None}
+    eq = {"equivalence": None, "equivalence_pass": None, "equivalence_min_pvalue": None,
+          "equivalence_control_rejected": None}
     t_eq = time.perf_counter()
     if cfg.equivalence and s.drafter is not None:
         from .equivalence import EquivalenceConfig, check_equivalence
@@ -137,8 +138,9 @@ def finish_run(s: Session, t_run: float, extra: dict | None = None) -> dict:
                                    seed=cfg.seed, generation=gen)
         result = check_equivalence(s.engine, s.val, s.tok, eq_cfg)
         with open(os.path.join(cfg.out, "equivalence.json"), "w") as f:
-            json.dump(result, f, indent=1)
-        eq = {"equivalence_pass": result["pass"], "equivalence_min_pvalue": result["min_pvalue"],
+            json.dump({**result, "provenance": provenance()}, f, indent=1)
+        eq = {"equivalence": result["equivalence"], "equivalence_pass": result["pass"],
+              "equivalence_min_pvalue": result["min_pvalue"],
               "equivalence_control_rejected": result["control_rejected"],
               "equivalence_power_tv": result["power"]["tv"],
               "equivalence_power": result["power"]["two_sample_power"]}

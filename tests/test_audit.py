@@ -102,6 +102,7 @@ def test_lossless_verifier_passes_and_report_holds_every_case(tmp_path):
     assert report.verdict() == "PASS", [o for o in report.outcomes if o.verdict != "pass"]
     md, js = write_report(report, tmp_path)
     data = json.loads(js.read_text())
+    assert data["environment"]["device"] and data["environment"]["commit"]  # the machine and the commit
     law = [o for o in data["outcomes"] if o["family"] == "first-token" and o["verdict"] == "pass"]
     assert law and all(o["num_samples"] > 0 and 0 <= o["pvalue"] <= 1 and o["alpha"] == pytest.approx(4e-7) for o in law)
     assert data["level"]["family_wise_bound"] == pytest.approx(data["level"]["num_statistical_tests"] * 4e-7)

@@ -303,9 +303,10 @@ def test_eviction_is_twice_the_last_level_cache(tmp_path):
 
 
 @pytest.mark.skipif(not native.has_device("cpu"), reason="specdec_kernels._C not built")
-def test_ab_builds_times_two_checkouts_alternately(tmp_path):
+def test_ab_builds_times_two_checkouts_alternately(tmp_path, capsys):
     """The before / after harness on one checkout given twice: a row per case with both builds' rounds,
-    the ratio of medians and the command; a bad argument is one clear error."""
+    the ratio of medians and the command, appended to the history table under the run's pair label; a
+    bad argument is one clear error."""
     from benchmarks import ab_builds
 
     out = tmp_path / "ab.csv"
@@ -313,7 +314,13 @@ def test_ab_builds_times_two_checkouts_alternately(tmp_path):
             "--vocab", "300", "--dtypes", "float32", "--modes", "greedy,random_stoch", "--families", "flat",
             "--out", str(out)]
     ab_builds.main(argv)
-    rows = read_csv([out])
+    ab_builds.main([*argv, "--pair", "second", "--rounds", "1"])
+    history = read_csv([out])
+    assert [r["pair"] for r in history].count("second") == len(history) // 2
+    rows = [r for r in history if r["pair"] != "second"]
+    commit = ab_builds._commit_of(str(ab_builds.REPO))
+    assert {r["pair"] for r in rows} == {f"ab_cpu_{commit[:7]}_vs_{commit[:7]}"}
+    assert {(r["before_commit"], r["after_commit"]) for r in rows} == {(commit, commit)}
     cases = {r["case"] for r in rows if r["provider"] == "ours"}
     assert cases == {f"flat/float32/{m}/{d}" for m in ("greedy", "random_stoch") for d in ("accept", "model")}
     assert {r["case"] for r in rows if r["provider"] == "read"} == {"read_gbs/flat/float32"}
@@ -328,6 +335,14 @@ def test_ab_builds_times_two_checkouts_alternately(tmp_path):
             assert all(float(r[f"{label}_read_fraction"]) > 0 for label in ("before", "after"))
     with pytest.raises(SystemExit):
         ab_builds.main(["--before", str(tmp_path), "--out", str(out)])  # no checkout there
+    other = tmp_path / "other.csv"
+    other.write_text("name,value\na,1\n")
+    with pytest.raises(SystemExit):
+        ab_builds.main([*argv[:-1], str(other)])  # not an A/B history table: refused before any round
+    assert "cannot append" in capsys.readouterr().err
+    assert other.read_text() == "name,value\na,1\n"
+    with pytest.raises(ValueError, match="cannot append"):
+        CsvWriter(other, ab_builds.COLUMNS, append=True)
 
 
 def test_call_overhead_times_every_call_cold_and_warm(capsys):
@@ -461,21 +476,38 @@ def test_native_cpu_table_reports_targets_and_moves_against_a_reference(tmp_path
 
 def test_committed_results_carry_the_command_that_wrote_them():
     """Every committed result CSV names, in every row, the one command that wrote it; a sweep's command
-    writes to the file's own path (the A/B runs of ab_builds name the checkouts they compared, some written
-    elsewhere and copied)."""
+    writes to the file's own path. The A/B history holds one command per run (pair label), an ab_builds
+    command, each run's rows contiguous."""
     from pathlib import Path
 
-    results = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
+    results = Path(__file__).resolve().parent.parent / "results" / "benchmarks"
     csvs = sorted(results.glob("*.csv"))
     assert any(p.name == "chain_cpu_b64_k3_v151936.csv" for p in csvs)
     for path in csvs:
         rows = read_csv([path])
+        if path.name == "ab_history.csv":
+            pairs = [r["pair"] for r in rows]
+            runs = [p for i, p in enumerate(pairs) if i == 0 or pairs[i - 1] != p]
+            assert len(runs) == len(set(runs)), "a run's rows must be contiguous"
+            for pair in runs:
+                commands = {r["command"] for r in rows if r["pair"] == pair}
+                assert len(commands) == 1, (pair, commands)
+                assert commands.pop().startswith("python -m benchmarks.ab_builds --before "), pair
+            continue
         commands = {r.get("command") or "" for r in rows}
         assert rows and len(commands) == 1, (path.name, commands)
         command = commands.pop()
         assert command.startswith("python -m benchmarks."), (path.name, command)
-        if path.name.startswith("ab_cpu_"):
-            assert command.startswith("python -m benchmarks.ab_builds --before "), (path.name, command)
-        else:
-            args = command.split()
-            assert "--out" in args and args[args.index("--out") + 1] == f"benchmarks/results/{path.name}", command
+        args = command.split()
+        # benchmarks/results/ was the results folder before results/benchmarks/
+        assert "--out" in args and args[args.index("--out") + 1] in (
+            f"results/benchmarks/{path.name}", f"benchmarks/results/{path.name}"), command
+
+
+def test_ab_history_holds_every_committed_ab_run():
+    """The per-pair A/B files were merged into the history table, none lost (17 runs, 499 rows)."""
+    from pathlib import Path
+
+    rows = read_csv([Path(__file__).resolve().parent.parent / "results" / "benchmarks" / "ab_history.csv"])
+    assert len({r["pair"] for r in rows}) >= 17 and len(rows) >= 499
+    assert all(r["before_commit"] and r["after_commit"] and r["case"] for r in rows)

@@ -37,8 +37,9 @@ def test_tiny_async_run_writes_summary_with_lag_at_most_one(tmp_path):
     assert summary["pipeline"] == "async"
     eq = json.load(open(tmp_path / "async" / "equivalence.json"))
     assert eq["greedy_identical"] and eq["law_pass"]
-    # a tiny run is too small to reject the planted lossy control, and then the check must not pass
-    assert summary["equivalence_pass"] is (eq["control_rejected"] is True)
+    # a tiny run is too small to reject the planted lossy control: underpowered, not failed
+    assert summary["equivalence"] == eq["equivalence"] == ("pass" if eq["control_rejected"] else "underpowered")
+    assert summary["equivalence_pass"] is (True if eq["control_rejected"] else None)
     assert summary["policy_lags"] == [0, 1] and summary["max_policy_lag"] == 1
     assert summary["async_step_s"] > 0 and summary["sync_step_s"] > 0 and summary["async_step_speedup"] > 0
     assert 1.0 <= summary["mean_accepted_length"] <= 4.0

@@ -1,4 +1,5 @@
-"""rl_loop.equivalence at a tiny size: passes on the real engine, and its negative control rejects."""
+"""rl_loop.equivalence at a tiny size: passes on the real engine, and its negative control rejects; a sample
+too small to reject the control is "underpowered", on every engine."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ import os
 import pytest
 import torch
 
+from rl_loop import equivalence
 from rl_loop.engine import RolloutEngine
-from rl_loop.equivalence import EquivalenceConfig, check_equivalence, main
+from rl_loop.equivalence import EquivalenceConfig, check_equivalence, main, verdict
 from rl_loop.rollouts import GenerationConfig
 from rl_loop.task import CharTokenizer, TaskConfig, make_splits
 from specdec_kernels.drafters import DraftModelDrafter
@@ -40,7 +42,9 @@ def test_check_equivalence_passes_with_power_and_a_rejecting_control(spec, verif
                                                         verify=verify))
     res = check_equivalence(engine, val, tok, cfg)
     assert res["greedy_identical"] and res["law_pass"]
-    assert res["pass"] is res["control_rejected"]  # pass needs the planted lossy control rejected too
+    # pass needs the planted lossy control rejected too; not rejected, the sample is too small to decide
+    assert res["equivalence"] == ("pass" if res["control_rejected"] else "underpowered")
+    assert res["pass"] is (True if res["control_rejected"] else None)
     assert res["min_pvalue"] >= res["alpha_per_test"]
     assert res["temperature_control"]["rejected"]
     assert 0 < res["power"]["two_sample_power"] <= 1
@@ -50,5 +54,35 @@ def test_check_equivalence_passes_with_power_and_a_rejecting_control(spec, verif
 def test_module_entry_point_writes_a_report(tmp_path):
     rc = main(["--tiny", "--out", str(tmp_path), "--prompts", "2", "--samples", "6"])
     report = json.load(open(os.path.join(tmp_path, "equivalence.json")))
-    assert rc == (0 if report["pass"] else 1)
+    assert rc == (0 if report["equivalence"] == "pass" else 1)
+    # 12 samples per arm cannot reject the planted control: underpowered, not failed
+    assert report["equivalence"] == "underpowered" and report["pass"] is None
+    assert report["provenance"]["command"].startswith("python -m rl_loop.equivalence")
+    assert report["provenance"]["commit"] and report["provenance"]["cpu"]
     assert report["greedy_identical"] is True
+
+
+@pytest.mark.parametrize("greedy, law, control, want", [
+    (True, True, True, "pass"), (True, True, False, "underpowered"), (True, True, None, "underpowered"),
+    (False, True, True, "fail"), (True, False, True, "fail"), (True, False, False, "fail"),
+])
+def test_verdict_says_underpowered_when_the_control_is_not_rejected(greedy, law, control, want):
+    assert verdict(greedy, law, control) == want
+
+
+def test_the_control_runs_for_an_engine_that_cannot_plant_it():
+    """An engine without our policy step (vLLM's) gets the planted control on our engine, with its own
+    policy and drafter, so its verdict follows the same rule; without a drafter there is no control."""
+    tok = CharTokenizer()
+    policy = Qwen3(ModelConfig(num_hidden_layers=1, intermediate_size=32)).eval()
+    drafter = DraftModelDrafter(copy.deepcopy(policy))
+
+    class Served:  # the attributes VllmRolloutEngine exposes
+        def __init__(self, drafter):
+            self.policy, self.drafter, self.eos_id = policy, drafter, tok.eos_id
+
+    ours = RolloutEngine(policy, drafter, tok.eos_id)
+    assert equivalence._control_engine(ours) is ours
+    planted = equivalence._control_engine(Served(drafter))
+    assert isinstance(planted, RolloutEngine) and planted.policy is policy and planted.drafter is drafter
+    assert equivalence._control_engine(Served(None)) is None

@@ -216,8 +216,12 @@ def test_test_split_is_disjoint_from_train_and_validation_and_reproducible():
 
 def test_repeat_aggregate_median_range_and_pooled_interval():
     rows = [[[100, 1.0, 100, 2.0]] * 3, [[100, 1.0, 100, 3.0]] * 3, [[100, 1.0, 100, 2.5]] * 3]
-    summaries = [{"rollout_speedup": v, "equivalence_pass": True, "wall_s": 10.0} for v in (2.0, 3.0, 2.5)]
+    summaries = [{"rollout_speedup": v, "equivalence_pass": True, "equivalence": "pass", "wall_s": 10.0}
+                 for v in (2.0, 3.0, 2.5)]
+    summaries[1].update(equivalence_pass=None, equivalence="underpowered")
     agg = aggregate(summaries, rows)
+    assert agg["equivalence"] == ["pass", "underpowered", "pass"]
+    assert agg["equivalence_pass"] == [True, None, True]
     assert agg["rollout_speedup"]["median"] == 2.5 and agg["rollout_speedup"]["range"] == [2.0, 3.0]
     lo, hi = agg["rollout_speedup"]["pooled_ci95"]
     assert lo == pytest.approx(2.5) and hi == pytest.approx(2.5)  # every resample keeps each seed's steps
@@ -257,14 +261,16 @@ def test_equivalence_requires_the_planted_lossy_control_to_be_rejected(monkeypat
                             generation=GenerationConfig(max_new_tokens=6, k=3, max_batch=128))
     res = check_equivalence(engine, val, tok, cfg)
     assert res["law_pass"] and res["greedy_identical"]
-    assert res["control_rejected"] is True and res["pass"] is True
+    assert res["control_rejected"] is True and res["pass"] is True and res["equivalence"] == "pass"
     assert res["negative_control"]["mean_accepted_length"] > 3.9  # the lossy verifier accepts every draft
     assert res["power"]["two_sample_power"] == pytest.approx(
         two_sample_chi2_power(400, 400, 0.1, res["power"]["df_bound"], res["alpha_per_test"]))
-    # a "control" that is in fact lossless is not rejected, and then the check must not pass
+    # a "control" that is in fact lossless is not rejected, and then the check must not pass: the sample
+    # showed no power to see a loss
     monkeypatch.setattr(equivalence, "LossyChain", equivalence.ChainSpeculation)
     res = check_equivalence(engine, val, tok, cfg)
-    assert res["law_pass"] and res["control_rejected"] is False and res["pass"] is False
+    assert res["law_pass"] and res["control_rejected"] is False
+    assert res["equivalence"] == "underpowered" and res["pass"] is None
 
 
 def test_default_policy_is_the_documented_shape():

@@ -169,7 +169,7 @@ def test_cli_tree_run_writes_summary(tmp_path):
         assert key in written
     assert written["spec"] == "tree" and summary["mean_accepted_length"] >= 1.0
     assert len(written["acceptance_by_position"]) == written["k"]
-    assert written["equivalence_pass"] is not None
+    assert written["equivalence"] in ("pass", "underpowered")
     # the snapshot tools read the run's checkpoint: the k sweep and AR vs chain vs trees, side by side
     assert bench.main(["--run", out, "--ks", "1,2", "--repeats", "1", "--requests", "8"]) == 0
     with open(os.path.join(out, "k_sweep.json")) as f:

@@ -453,8 +453,17 @@ def test_cli_rejects_bad_arguments(capsys):
 
 
 def test_sweep_writes_tables(tmp_path):
+    import csv
+
     from rl_loop.sim.sweep import main
 
-    assert main(["--preset", "paper-8b-zero", "--out", str(tmp_path), "--no-plots"]) == 0
+    argv = ["--preset", "paper-8b-zero", "--out", str(tmp_path), "--no-plots"]
+    assert main(argv) == 0
     for name in ("speedup_vs_k", "speedup_vs_acceptance", "speedup_vs_scale", "speedup_vs_async_split"):
         assert (tmp_path / f"{name}.csv").read_text().count("\n") >= 6
+        with open(tmp_path / f"{name}.csv", newline="") as f:
+            rows = list(csv.DictReader(f))
+        # every row records the command, the commit and the machine (tests/test_results_provenance.py)
+        assert {r["command"] for r in rows} == {"python -m rl_loop.sim sweep " + " ".join(argv)}
+        assert all(r["git_commit"] and r["device"] for r in rows)
+        assert (tmp_path / f"{name}.md").read_text().startswith(f"<!-- python -m rl_loop.sim sweep {argv[0]}")

@@ -6,7 +6,7 @@
 # Everything lands in $OUT: run.log, pytest.xml, identity_<backend>.log, chain_cuda.csv, chain_cuda.png.
 #
 # Usage, from the repository root on the GPU machine:   bash benchmarks/gpu/run.sh
-# Environment knobs: OUT (default benchmarks/results/gpu_run), PYTHON (default python3),
+# Environment knobs: OUT (default results/benchmarks/gpu_run), PYTHON (default python3),
 # SWEEP_ARGS (bench_chain arguments; default "--k 1,3,7 --dtype bfloat16": batch {1,8,64,256} x vocab
 # {32000,151936,262144} x greedy/random x deterministic/stochastic), timeouts in seconds: BUILD_TIMEOUT
 # (default 240), TEST_TIMEOUT (300), IDENTITY_TIMEOUT (150 per backend), SWEEP_TIMEOUT (180); BENCH_DEVICE
@@ -15,7 +15,7 @@
 #   BUILD_TIMEOUT=200 TEST_TIMEOUT=200 IDENTITY_TIMEOUT=60 SWEEP_TIMEOUT=60 bash benchmarks/gpu/run.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-OUT=${OUT:-$PWD/benchmarks/results/gpu_run}
+OUT=${OUT:-$PWD/results/benchmarks/gpu_run}
 PY=${PYTHON:-python3}
 mkdir -p "$OUT"
 exec > >(tee -a "$OUT/run.log") 2>&1

@@ -24,12 +24,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import torch
 
+from ..provenance import provenance
 from .engine_costs import cpu_time
 from .generation import Parallelism, Speculation, Workload, forward_time, simulate_generation
 from .hardware import Hardware
@@ -304,7 +306,8 @@ def format_table(result: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rl_loop.sim.calibrate", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default="runs/sim", help="directory for cpu_here.json (default runs/sim)")
+    parser.add_argument("--out", default="runs/sim",
+                        help="directory for cpu_here_harness.json / cpu_here_engine.json (default runs/sim)")
     parser.add_argument("--rounds", type=int, default=None,
                         help="interleaved measurement rounds (default 3 for the harness, 5 for the engine)")
     parser.add_argument("--quick", action="store_true", help="a much smaller harness (smoke test)")
@@ -317,11 +320,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.rounds is not None and args.rounds < 1:
         parser.error("--rounds must be >= 1")
     os.makedirs(args.out, exist_ok=True)
+    command = " ".join(["python -m rl_loop.sim.calibrate", *(sys.argv[1:] if argv is None else argv)])
     if args.target == "engine":
         from .engine_costs import build_engine, compare_engine
 
         cfg_e, state = build_engine(state_path=args.engine_state)
-        result = compare_engine(cfg_e, state, rounds=args.rounds or 5)
+        result = {**compare_engine(cfg_e, state, rounds=args.rounds or 5), "provenance": provenance(command)}
         path = os.path.join(args.out, "cpu_here_engine.json")
         with open(path, "w") as f:
             json.dump(result, f, indent=2, default=float)
@@ -329,8 +333,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"max |error|: {max(abs(r['error']) for r in result['speedups']) * 100:.1f}%  ->  {path}")
         return 0
     cfg = QUICK_HARNESS if args.quick else DEFAULT_HARNESS
-    result = compare(cfg, rounds=args.rounds or 3)
-    path = os.path.join(args.out, "cpu_here.json")
+    result = {**compare(cfg, rounds=args.rounds or 3), "provenance": provenance(command)}
+    path = os.path.join(args.out, "cpu_here_harness.json")
     with open(path, "w") as f:
         json.dump(result, f, indent=2, default=float)
     print(format_table(result))

@@ -25,10 +25,13 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 from dataclasses import dataclass
 
 import torch
+
+from ..provenance import provenance
 
 
 @dataclass(frozen=True)
@@ -143,8 +146,7 @@ def calibrate_and_measure(repeats: int = 5, steps: int = 2) -> dict:
         ray.shutdown()
     errors = [abs(r[f"n{n}"]["predicted_s"] / r[f"n{n}"]["measured_s"] - 1) for r in rows for n in (1, 2)]
     return {"costs": costs.__dict__, "weight_bytes": weight_bytes, "steps": rows, "publish": publish,
-            "max_relative_error": max(errors), "repeats": repeats,
-            "command": f"python -m rl_loop.sim.ray_workers --repeats {repeats} --steps {steps}"}
+            "max_relative_error": max(errors), "repeats": repeats}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -153,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--out", default=None, help="write the result as JSON here")
     a = ap.parse_args(argv)
-    res = calibrate_and_measure(a.repeats, a.steps)
+    command = " ".join(["python -m rl_loop.sim.ray_workers", *(sys.argv[1:] if argv is None else argv)])
+    res = {**calibrate_and_measure(a.repeats, a.steps), "provenance": provenance(command)}
     for r in res["steps"]:
         for n in (1, 2):
             x = r[f"n{n}"]

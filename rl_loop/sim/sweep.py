@@ -16,8 +16,10 @@ from __future__ import annotations
 import argparse
 import csv
 import os
+import sys
 from dataclasses import replace
 
+from ..provenance import provenance, row_provenance
 from ..usage import UsageError, check_out_dir
 from .presets import PRESETS, Scenario, evaluate
 from .step import async_split, simulate_async_fixed_split, simulate_step
@@ -113,12 +115,15 @@ def sweep_operating_points(scn: Scenario, gpus: tuple[int, ...] = OPERATING_GPUS
     return rows
 
 
-def _write(rows: list[dict], out: str, name: str) -> None:
+def _write(rows: list[dict], out: str, name: str, prov: dict[str, str]) -> None:
+    """``name.csv`` (the rows, each with the provenance columns ``command``, ``git_commit``, ``device``) and
+    ``name.md`` (the rows as a table under a comment naming the command and commit)."""
     with open(os.path.join(out, f"{name}.csv"), "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w = csv.DictWriter(f, fieldnames=[*rows[0], *prov])
         w.writeheader()
-        w.writerows(rows)
+        w.writerows({**r, **prov} for r in rows)
     with open(os.path.join(out, f"{name}.md"), "w") as f:
+        f.write(f"<!-- {prov['command']} ({prov['git_commit']}, {prov['device']}) -->\n\n")
         f.write("| " + " | ".join(rows[0]) + " |\n|" + "---|" * len(rows[0]) + "\n")
         for r in rows:
             f.write("| " + " | ".join(f"{v:.3f}" if isinstance(v, float) else str(v) for v in r.values()) + " |\n")
@@ -154,6 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-plots", action="store_true", help="tables only")
     args = parser.parse_args(argv)
     names = args.preset or sorted(PRESETS)
+    command = " ".join(["python -m rl_loop.sim sweep", *(sys.argv[2:] if argv is None else argv)])
+    prov = row_provenance(provenance(command))
     try:
         check_out_dir(args.out)  # creates it
     except UsageError as e:
@@ -172,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         if not presets:
             continue
         rows = [r for name in presets for r in fn(PRESETS[name])]
-        _write(rows, args.out, table)
+        _write(rows, args.out, table, prov)
         if not args.no_plots:
             # One line per preset, or per (GPUs, policy lag) for the operating points.
             groups: dict[str, list[dict]] = {}

@@ -158,6 +158,17 @@ def _in_case_order(family: str, kept: dict[str, Outcome], fresh):
             yield ran.pop(name)
 
 
+def _device() -> str:
+    """The machine: the CPU model (from /proc/cpuinfo where there is one) and, with CUDA, the GPU's name."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return f"{cpu}, {torch.cuda.get_device_name()}" if torch.cuda.is_available() else cpu
+
+
 def _environment(target: AuditTarget) -> dict:
     from importlib import metadata
 
@@ -171,6 +182,7 @@ def _environment(target: AuditTarget) -> dict:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "platform": f"{platform.system()} {platform.machine()}",
+        "device": _device(),
         "cuda_available": torch.cuda.is_available(),
         "torch_threads": torch.get_num_threads(),
     }
