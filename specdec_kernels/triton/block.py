@@ -25,7 +25,6 @@ from .chain import (
     _KEY_NEG_INF,
     _greedy_argmax,
     _gumbel_argmax,
-    _request_sampling,
     _softmax_stats,
     _target_prob,
     _top_k_threshold,
@@ -34,6 +33,7 @@ from .chain import (
     chain_config,
 )
 from .chain import verify_chain as verify_chain_token
+from .prologue import _request_sampling, _request_span
 
 __all__ = ["verify_chain_block"]
 
@@ -155,11 +155,8 @@ def _verify_chain_block_kernel(
     BLOCK_V: tl.constexpr, SEARCH_BLOCK_V: tl.constexpr, NUM_PIVOTS: tl.constexpr,
 ):
     b = tl.program_id(0)
-    # cu is unchecked under validate=False: clamp the chain into the drafts and the output row, as
-    # reference.chain.chain_spans does (the identity on a valid cu).
-    draft_start = tl.minimum(tl.maximum(tl.load(cu_ptr + b), 0), total_drafts)
-    draft_end = tl.minimum(tl.maximum(tl.load(cu_ptr + b + 1), draft_start), total_drafts)
-    num_drafts = tl.minimum(draft_end - draft_start, out_width - 1)
+    draft_start, draft_end = _request_span(cu_ptr, b, total_drafts)
+    num_drafts = tl.minimum(draft_end - draft_start, out_width - 1)  # and the output row
     first_row = draft_start + b
     temperature, greedy, seed, position, use_top_k, top_k, use_top_p, top_p = _request_sampling(
         b, temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr, position_ptr, vocab_size, HAS_TOP_K, HAS_TOP_P)

@@ -29,6 +29,7 @@ import triton.language as tl
 from ..reference.chain import ChainResult
 from ..reference.philox import STREAM_BONUS, STREAM_RECOVERY
 from . import gumbel
+from .prologue import _request_sampling, _request_span
 
 __all__ = ["ChainKernelConfig", "chain_config", "verify_chain"]
 
@@ -278,29 +279,6 @@ def _residual_sample(row_ptr, q_row_ptr, vocab_size, temperature, threshold, m, 
 # ----------------------------------------------------------------------------------------------------
 
 @triton.jit
-def _request_sampling(b, temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr, position_ptr, vocab_size,
-                      HAS_TOP_K: tl.constexpr, HAS_TOP_P: tl.constexpr):
-    """Request ``b``'s sampling parameters, as every verification kernel reads them: (temperature with
-    greedy requests at 1.0, greedy, seed, position, use_top_k, top_k, use_top_p, top_p)."""
-    temperature = tl.load(temperature_ptr + b)
-    greedy = temperature == 0.0
-    temperature = tl.where(greedy, 1.0, temperature)
-    seed = tl.load(seed_ptr + b)
-    position = tl.load(position_ptr + b)
-    use_top_k = False
-    top_k = tl.zeros((), tl.int64)
-    if HAS_TOP_K:
-        top_k = tl.load(top_k_ptr + b).to(tl.int64)
-        use_top_k = (top_k > 0) & (top_k < vocab_size)
-    use_top_p = False
-    top_p = 1.0
-    if HAS_TOP_P:
-        top_p = tl.load(top_p_ptr + b)
-        use_top_p = top_p < 1.0
-    return temperature, greedy, seed, position, use_top_k, top_k, use_top_p, top_p
-
-
-@triton.jit
 def _verify_chain_kernel(
     logits_ptr, draft_ids_ptr, cu_ptr, draft_probs_ptr,
     temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr, position_ptr,
@@ -310,11 +288,8 @@ def _verify_chain_kernel(
     BLOCK_V: tl.constexpr, SEARCH_BLOCK_V: tl.constexpr, NUM_PIVOTS: tl.constexpr,
 ):
     b = tl.program_id(0)
-    # cu is unchecked under validate=False: clamp the chain into the drafts and the output row, as
-    # reference.chain.chain_spans does (the identity on a valid cu).
-    draft_start = tl.minimum(tl.maximum(tl.load(cu_ptr + b), 0), total_drafts)
-    draft_end = tl.minimum(tl.maximum(tl.load(cu_ptr + b + 1), draft_start), total_drafts)
-    num_drafts = tl.minimum(draft_end - draft_start, out_width - 1)
+    draft_start, draft_end = _request_span(cu_ptr, b, total_drafts)
+    num_drafts = tl.minimum(draft_end - draft_start, out_width - 1)  # and the output row
     first_row = draft_start + b
     temperature, greedy, seed, position, use_top_k, top_k, use_top_p, top_p = _request_sampling(
         b, temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr, position_ptr, vocab_size, HAS_TOP_K, HAS_TOP_P)

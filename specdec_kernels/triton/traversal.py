@@ -23,7 +23,8 @@ from ..reference.philox import STREAM_BONUS, STREAM_RECOVERY
 from ..reference.tree import TreeResult, tree_layout
 from . import gumbel
 from .block import _probs, _ratio_weight, _sequence_coin, _softmax_stats, _threshold
-from .chain import _greedy_argmax, _gumbel_argmax, _request_sampling, chain_config
+from .chain import _greedy_argmax, _gumbel_argmax, chain_config
+from .prologue import _request_sampling, _request_span
 from .tree import verify_tree as verify_tree_token
 
 __all__ = ["verify_tree_traversal"]
@@ -127,10 +128,8 @@ def _traversal_kernel(
 ):
     b = tl.program_id(0).to(tl.int64)
     width = max_depth + 1
-    # cu is unchecked under validate=False: clamp the request's nodes into [0, N) as reference.tree.tree_spans
-    # does; a request left without nodes verifies nothing (its outputs stay -1, 0 accepted).
-    root = tl.minimum(tl.maximum(tl.load(cu_ptr + b), 0), num_nodes)
-    end = tl.minimum(tl.maximum(tl.load(cu_ptr + b + 1), root), num_nodes)
+    # A request left without nodes verifies nothing (its outputs stay -1, 0 accepted).
+    root, end = _request_span(cu_ptr, b, num_nodes)
     temperature, greedy, seed, position, use_top_k, top_k, use_top_p, top_p = _request_sampling(
         b, temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr, position_ptr, vocab_size, HAS_TOP_K, HAS_TOP_P)
 

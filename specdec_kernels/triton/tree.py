@@ -16,6 +16,7 @@ import triton.language as tl
 
 from ..reference.tree import TreeResult, tree_layout
 from . import gumbel
+from .prologue import _request_span
 
 FLOAT32_MAX = tl.constexpr(3.4028234663852886e38)
 
@@ -252,10 +253,8 @@ def _tree_kernel(
 ):
     b = tl.program_id(0).to(tl.int64)
     width = max_depth + 1
-    # cu is unchecked under validate=False: clamp the request's nodes into [0, N) as reference.tree.tree_spans
-    # does; a request left without nodes verifies nothing.
-    root = tl.minimum(tl.maximum(tl.load(cu_ptr + b), 0), num_nodes)
-    end = tl.minimum(tl.maximum(tl.load(cu_ptr + b + 1), root), num_nodes)
+    # A request left without nodes verifies nothing.
+    root, end = _request_span(cu_ptr, b, num_nodes)
     temp = tl.load(temp_ptr + b)
     seed = tl.load(seed_ptr + b)
     pos0 = tl.load(pos_ptr + b)

@@ -15,6 +15,7 @@
 #include "specdec/cuda/cuda_api.h"
 #include "specdec/cuda/cuda_common.cuh"
 #include "specdec/cuda/gumbel.cuh"
+#include "specdec/cuda/prologue.cuh"
 #include "specdec/cuda/tree.cuh"
 
 SPECDEC_NS_BEGIN
@@ -77,22 +78,18 @@ __global__ void chain_block_kernel(CudaChainArgs a, float* workspace) {
   __shared__ double smem[32];
   const int64_t b = blockIdx.x;
   const int64_t V = a.vocab;
-  // cu is unchecked under validate=False: clamp the chain into the drafts and the output row, as
-  // reference.chain.chain_spans does (the identity on a valid cu).
-  const int64_t num_drafts = a.num_rows - a.num_reqs;
-  const int64_t c0 = a.cu[b], c1 = a.cu[b + 1];
-  const int64_t first_draft = c0 < 0 ? 0 : (c0 > num_drafts ? num_drafts : c0);
-  const int64_t end = c1 < first_draft ? first_draft : (c1 > num_drafts ? num_drafts : c1);
-  const int64_t k = end - first_draft < a.out_width - 1 ? end - first_draft : a.out_width - 1;
+  const ChainSpan span = chain_span(a, b);
+  const int64_t first_draft = span.start, k = span.k;
   const int64_t row0 = first_draft + b;
-  const float temp = a.temperature[b];
-  const int64_t seed = a.seed[b];
-  const int64_t position = a.position[b];
-  const PhiloxKey key = philox_key(seed);
+  const RequestSampling rs = request_sampling(a, b);
+  const float temp = rs.temperature;
+  const int64_t seed = rs.seed;
+  const int64_t position = rs.position;
+  const PhiloxKey key = rs.key;
   const size_t elem = a.logits_dtype == DType::kFloat32 ? 4 : 2;
   const size_t q_elem = a.probs_dtype == DType::kFloat32 ? 4 : 2;
-  const int32_t top_k = a.top_k != nullptr ? a.top_k[b] : 0;
-  const float top_p = a.top_p != nullptr ? a.top_p[b] : 1.0f;
+  const int32_t top_k = rs.top_k;
+  const float top_p = rs.top_p;
   int32_t* out = a.out_tokens + b * a.out_width;
   float* p = workspace + b * V;
   auto row_ptr = [&](int64_t j) { return static_cast<const void*>(static_cast<const char*>(a.logits) + (row0 + j) * V * elem); };

@@ -24,6 +24,7 @@
 #include "specdec/cuda/cuda_api.h"
 #include "specdec/cuda/cuda_common.cuh"
 #include "specdec/cuda/gumbel.cuh"
+#include "specdec/cuda/prologue.cuh"
 
 SPECDEC_NS_BEGIN
 namespace dev {
@@ -34,24 +35,6 @@ struct RowInfo {
   int64_t draft;      // -1 for bonus rows and placeholders
   int64_t draft_row;  // index into draft_token_ids / draft_probs (meaningful when !bonus)
 };
-
-// Request b's chain with its cu entries clamped into the draft array and the output, since cu is
-// unchecked under validate=False: drafts start ... start + k - 1, target rows start + b ... start + b + k.
-// The identity on a valid cu.
-struct ChainSpan {
-  int64_t start, k;
-};
-
-__device__ __forceinline__ int64_t clamp_index(int64_t x, int64_t lo, int64_t hi) {
-  return x < lo ? lo : (x > hi ? hi : x);
-}
-
-__device__ __forceinline__ ChainSpan chain_span(const CudaChainArgs& a, int64_t b) {
-  const int64_t num_drafts = a.num_rows - a.num_reqs;
-  const int64_t start = clamp_index(a.cu[b], 0, num_drafts);
-  const int64_t end = clamp_index(a.cu[b + 1], start, num_drafts);
-  return {start, end - start < a.out_width - 1 ? end - start : a.out_width - 1};
-}
 
 __device__ __forceinline__ RowInfo row_info(const CudaChainArgs& a, int64_t r) {
   // Request b owns rows start_b + b ... start_b + b + k_b: binary search on start_b + b <= r. Rows outside

@@ -15,6 +15,7 @@
 #include "specdec/cuda/block.cuh"
 #include "specdec/cuda/cuda_api.h"
 #include "specdec/cuda/cuda_common.cuh"
+#include "specdec/cuda/prologue.cuh"
 #include "specdec/cuda/tree.cuh"
 
 SPECDEC_NS_BEGIN
@@ -37,10 +38,8 @@ __global__ void tree_traversal_kernel(CudaTreeArgs a, float* rows, TraversalDept
   __shared__ DevArgMax amax[32];
   __shared__ double smem[32];
   const int64_t b = blockIdx.x;
-  // cu is unchecked under validate=False: clamp the request's nodes into [0, N) as tree.cuh does.
-  const int64_t c0 = a.cu[b], c1 = a.cu[b + 1];
-  const int64_t first = c0 < 0 ? 0 : (c0 > a.num_nodes ? a.num_nodes : c0);
-  const int64_t n = (c1 < first ? first : (c1 > a.num_nodes ? a.num_nodes : c1)) - first;
+  const Span span = request_span(a.cu, b, a.num_nodes);
+  const int64_t first = span.first, n = span.n;
   const int64_t width = a.max_depth + 1;
   const int64_t V = a.vocab;
   int32_t* out = a.out_tokens + b * width;
@@ -49,14 +48,15 @@ __global__ void tree_traversal_kernel(CudaTreeArgs a, float* rows, TraversalDept
     if (threadIdx.x == 0) a.num_accepted[b] = 0;
     return;
   }
-  const float temp = a.temperature[b];
-  const int64_t seed = a.seed[b];
-  const int64_t position = a.position[b];
-  const PhiloxKey key = philox_key(seed);
+  const RequestSampling rs = request_sampling(a, b);
+  const float temp = rs.temperature;
+  const int64_t seed = rs.seed;
+  const int64_t position = rs.position;
+  const PhiloxKey key = rs.key;
   const size_t elem = a.logits_dtype == DType::kFloat32 ? 4 : 2;
   const size_t q_elem = a.probs_dtype == DType::kFloat32 ? 4 : 2;
-  const int32_t top_k = a.top_k != nullptr ? a.top_k[b] : 0;
-  const float top_p = a.top_p != nullptr ? a.top_p[b] : 1.0f;
+  const int32_t top_k = rs.top_k;
+  const float top_p = rs.top_p;
   const bool wor = a.without_replacement;
   auto row_ptr = [&](int64_t local) {
     return static_cast<const void*>(static_cast<const char*>(a.logits) + (first + local) * V * elem);

@@ -12,6 +12,7 @@
 #include "specdec/cuda/cuda_api.h"
 #include "specdec/cuda/cuda_common.cuh"
 #include "specdec/cuda/gumbel.cuh"
+#include "specdec/cuda/prologue.cuh"
 
 SPECDEC_NS_BEGIN
 namespace dev {
@@ -21,9 +22,8 @@ __global__ void tree_walk_kernel(CudaTreeArgs a, float* workspace) {
   __shared__ DevArgMax amax[32];
   __shared__ double smem[32];
   const int64_t b = blockIdx.x;
-  // cu is unchecked under validate=False: clamp the request's nodes into [0, N) (the identity on a valid cu).
-  const int64_t first = a.cu[b] < 0 ? 0 : (a.cu[b] > a.num_nodes ? a.num_nodes : a.cu[b]);
-  const int64_t n = (a.cu[b + 1] < first ? first : (a.cu[b + 1] > a.num_nodes ? a.num_nodes : a.cu[b + 1])) - first;
+  const Span span = request_span(a.cu, b, a.num_nodes);
+  const int64_t first = span.first, n = span.n;
   const int64_t width = a.max_depth + 1;
   const int64_t V = a.vocab;
   int32_t* out = a.out_tokens + b * width;
@@ -34,9 +34,10 @@ __global__ void tree_walk_kernel(CudaTreeArgs a, float* workspace) {
   }
   float* p = workspace + b * 2 * V;
   float* q = p + V;
-  const float temp = a.temperature[b];
-  const int64_t seed = a.seed[b];
-  const PhiloxKey key = philox_key(seed);
+  const RequestSampling rs = request_sampling(a, b);
+  const float temp = rs.temperature;
+  const int64_t seed = rs.seed;
+  const PhiloxKey key = rs.key;
   const size_t elem = a.logits_dtype == DType::kFloat32 ? 4 : 2;
   const size_t q_elem = a.probs_dtype == DType::kFloat32 ? 4 : 2;
   if (threadIdx.x == 0) path[0] = 0;
@@ -50,7 +51,7 @@ __global__ void tree_walk_kernel(CudaTreeArgs a, float* workspace) {
       for (int64_t i = cur + 1; i < n; ++i) num_kids += a.parent[first + i] == cur ? 1 : 0;
     }
     const bool leaf = num_kids == 0;
-    const int64_t pos = a.position[b] + d;
+    const int64_t pos = rs.position + d;
     int64_t y = 0;
     int64_t slot = -1;
     bool decided = false;
@@ -60,7 +61,7 @@ __global__ void tree_walk_kernel(CudaTreeArgs a, float* workspace) {
       best = block_argmax(best, amax);
       y = best.value == -kInf ? 0 : best.index;
     } else {
-      const uint32_t lo_key = row_lo_key<D>(row, V, temp, a.top_k ? a.top_k[b] : 0, a.top_p ? a.top_p[b] : 1.0f,
+      const uint32_t lo_key = row_lo_key<D>(row, V, temp, rs.top_k, rs.top_p,
                                             smem, amax);
       if (a.draft_probs == nullptr || leaf) {  // two-level Gumbel-max (gumbel.h)
         const int stream = leaf ? kStreamBonus : kStreamRecovery;
