@@ -39,7 +39,7 @@ from specdec_kernels import native
 from specdec_kernels.reference.block import ratio_weight
 from specdec_kernels.reference.sampling import target_probs
 from specdec_kernels.testing import exact_verify as ev
-from specdec_kernels.testing.optimal_law import StepCase
+from specdec_kernels.testing.block_traversal_law import StepCase
 
 from .bench_chain import BENCH_TEMPERATURE, ChainCase, make_inputs
 from .common import CsvWriter, default_csv_path, parse_int_list, provenance, time_fn

@@ -7,17 +7,17 @@ import pytest
 
 from specdec_kernels import native
 from specdec_kernels.testing import identity
-from specdec_kernels.testing import optimal_law as ol
+from specdec_kernels.testing import block_traversal_law as btl
 
 
 def _job(case_name: str, method: str, api: str) -> identity.Job:
-    index = [c.name for c in ol.STEP_CASES].index(case_name)
+    index = [c.name for c in btl.STEP_CASES].index(case_name)
     return identity.Job(index, method, api)
 
 
 def test_jobs_cover_every_step_case_and_method():
     todo = identity.jobs()
-    assert {j.case for j in todo} == set(range(len(ol.STEP_CASES)))
+    assert {j.case for j in todo} == set(range(len(btl.STEP_CASES)))
     assert {(j.method, j.api) for j in todo} == set(identity.CHAIN_APIS)
     assert {j.method for j in identity.jobs(("traversal",))} == {"traversal"}
 

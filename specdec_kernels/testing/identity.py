@@ -1,9 +1,9 @@
 """Token identity of a backend with the reference, request by request, over every step-law case at scale.
 
-The statistical suite (``tests/test_optimal_law.py``, ``tests/test_tree_law.py``) asks whether a backend's
+The statistical suite (``tests/test_block_traversal_law.py``, ``tests/test_tree_law.py``) asks whether a backend's
 outputs follow the exact law; ``tests/test_native.py`` compares backends with the reference on a few hundred
 random requests. This check asks the stricter, cheaper question at a scale those cannot afford: for each
-step-law case (:data:`optimal_law.STEP_CASES`: chains and trees of widths 1-4 and depths 1-4, every sibling
+step-law case (:data:`block_traversal_law.STEP_CASES`: chains and trees of widths 1-4 and depths 1-4, every sibling
 mode, temperature / top-k / top-p / greedy), each method and entry point, and each seed, ``n`` drafted
 requests are verified by the backend on ``device`` and by the reference on the CPU, and every request whose
 accepted count or emitted tokens differ is counted. Rare faults show up here: a race that touches 3 requests
@@ -13,7 +13,7 @@ in 65476, or a compiled kernel that loses a loop-carried value for 117 of them (
     python -m specdec_kernels.testing.identity --backend cpu --n 4096 --seeds 11
 
 Exit status 1 when any request differs or a job raises. ``tests/test_identity.py`` runs it on the CPU backend
-and shows that a planted bug (:mod:`optimal_mutants`) is counted.
+and shows that a planted bug (:mod:`block_traversal_mutants`) is counted.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from dataclasses import dataclass
 import torch
 
 from ..api import CHAIN_METHODS, TREE_METHODS
-from . import optimal_law as ol
-from .optimal_mutants import planted
+from . import block_traversal_law as btl
+from .block_traversal_mutants import planted
 
 __all__ = ["Job", "jobs", "differences", "main"]
 
@@ -43,20 +43,20 @@ METHODS = tuple(dict.fromkeys(m for m, _ in CHAIN_APIS))
 
 @dataclass(frozen=True)
 class Job:
-    case: int  # index into optimal_law.STEP_CASES
+    case: int  # index into block_traversal_law.STEP_CASES
     method: str
     api: str
 
     @property
     def name(self) -> str:
-        return f"{ol.STEP_CASES[self.case].name} {self.method} {self.api}"
+        return f"{btl.STEP_CASES[self.case].name} {self.method} {self.api}"
 
 
 def jobs(methods: tuple[str, ...] = METHODS) -> list[Job]:
     """Every (step case, method, entry point): chains through verify_chain and verify_tree, trees through
     verify_tree."""
     out = []
-    for i, case in enumerate(ol.STEP_CASES):
+    for i, case in enumerate(btl.STEP_CASES):
         pairs = CHAIN_APIS if case.step().is_chain else TREE_APIS
         out += [Job(i, m, api) for m, api in pairs if m in methods]
     return out
@@ -65,12 +65,12 @@ def jobs(methods: tuple[str, ...] = METHODS) -> list[Job]:
 def differences(job: Job, backend: str, device: str, n: int, seed: int, bug: str | None = None) -> int:
     """Requests (of ``n`` drawn with ``seed``) whose accepted count or tokens differ from the reference's.
 
-    ``bug`` plants one of :data:`optimal_mutants.MUTANTS` in the reference while the backend runs (with
+    ``bug`` plants one of :data:`block_traversal_mutants.MUTANTS` in the reference while the backend runs (with
     ``backend="reference"``: a planted bug the check must count)."""
-    case = ol.STEP_CASES[job.case]
-    acc_ref, out_ref = ol.sample_step(case, ol.step_verifier(job.method, "reference", job.api, "cpu"), n, seed)
+    case = btl.STEP_CASES[job.case]
+    acc_ref, out_ref = btl.sample_step(case, btl.step_verifier(job.method, "reference", job.api, "cpu"), n, seed)
     with planted(bug) if bug else contextlib.nullcontext():
-        acc, out = ol.sample_step(case, ol.step_verifier(job.method, backend, job.api, device), n, seed)
+        acc, out = btl.sample_step(case, btl.step_verifier(job.method, backend, job.api, device), n, seed)
     width = max(out_ref.shape[1], out.shape[1])
     out_ref = torch.nn.functional.pad(out_ref, (0, width - out_ref.shape[1]), value=-1)
     out = torch.nn.functional.pad(out, (0, width - out.shape[1]), value=-1)

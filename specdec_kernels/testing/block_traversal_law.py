@@ -118,7 +118,7 @@ def _step_cases() -> tuple[StepCase, ...]:
 
 
 STEP_CASES: tuple[StepCase, ...] = _step_cases()
-"""The exact-theory grid (tests/test_optimality.py): every (shape, sibling mode), settings rotating."""
+"""The exact-theory grid (tests/test_block_traversal_theory.py): every (shape, sibling mode), settings rotating."""
 
 
 def _sampling(case: StepCase, n: int) -> dict:
@@ -308,5 +308,5 @@ MUTANT_CASES: dict[str, str] = {
     "traversal_reversed_siblings": "w2d2-without_replacement-t1",
     "traversal_coin_per_depth": "w3d2-iid-t1",
 }
-"""For each planted bug of :mod:`optimal_mutants`, the step-law case (:data:`STEP_CASES`) or the
+"""For each planted bug of :mod:`block_traversal_mutants`, the step-law case (:data:`STEP_CASES`) or the
 whole-sequence case (:data:`BLOCK_SEQUENCE_CASES`) whose check must reject it."""

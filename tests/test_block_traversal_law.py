@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 
-from specdec_kernels.testing import optimal_law as ol
+from specdec_kernels.testing import block_traversal_law as btl
 from specdec_kernels.testing import stats
 from specdec_kernels.testing.chain_law import backend_verifier, check_sequence_law
 from tests.conftest import DEVICE
@@ -24,7 +24,7 @@ from tests.tree_law_helpers import sequence_law_p_value, single_thread  # noqa: 
 pytestmark = pytest.mark.stat
 
 
-@pytest.mark.parametrize("case", ol.BLOCK_SEQUENCE_CASES, ids=lambda c: c.name)
+@pytest.mark.parametrize("case", btl.BLOCK_SEQUENCE_CASES, ids=lambda c: c.name)
 def test_block_sequence_law(backend, case):
     alpha = stats.SUITE_BUDGET.claim(f"block-seq:{backend}:{case.name}")
     check = check_sequence_law(backend_verifier(backend, DEVICE, method="block"), case, alpha)
@@ -37,27 +37,27 @@ REFERENCE_TRAVERSAL_CASES = {("iid", "w3d2", "t1"), ("without_replacement", "w2d
                              ("deterministic", "w4d1", "t1"), ("iid", "chain4", "t0.7-k2")}
 
 
-@pytest.mark.parametrize("mode,tree,setting", ol.TRAVERSAL_SEQUENCE_CASES,
-                         ids=["-".join(c) for c in ol.TRAVERSAL_SEQUENCE_CASES])
+@pytest.mark.parametrize("mode,tree,setting", btl.TRAVERSAL_SEQUENCE_CASES,
+                         ids=["-".join(c) for c in btl.TRAVERSAL_SEQUENCE_CASES])
 def test_traversal_sequence_law(backend, mode, tree, setting):
     if backend == "reference" and (mode, tree, setting) not in REFERENCE_TRAVERSAL_CASES:
         pytest.skip("reference: one case per sibling mode (the native backend runs them all)")
-    cfg = ol.SETTINGS[setting]
+    cfg = btl.SETTINGS[setting]
     alpha = stats.SUITE_BUDGET.claim(f"traversal-seq:{backend}:{mode}-{tree}-{setting}")
-    seed = ol.TRAVERSAL_SEQUENCE_CASES.index((mode, tree, setting))
-    p = sequence_law_p_value(ol.TREE_PATHS[tree], None if mode == "deterministic" else mode, cfg.temperature,
+    seed = btl.TRAVERSAL_SEQUENCE_CASES.index((mode, tree, setting))
+    p = sequence_law_p_value(btl.TREE_PATHS[tree], None if mode == "deterministic" else mode, cfg.temperature,
                              cfg.top_k, cfg.top_p, seed=seed, backend=backend, method="traversal", device=DEVICE)
     assert p >= alpha, f"sequence law rejected: p = {p:.3g} < {alpha:.3g}"
 
 
-def _methods(case: ol.StepCase) -> list[tuple[str, str]]:
+def _methods(case: btl.StepCase) -> list[tuple[str, str]]:
     """(method, api) pairs a step case checks: chains through verify_chain(block) and verify_tree(traversal)."""
     if case.step().is_chain:
         return [("block", "chain"), ("traversal", "tree")]
     return [("traversal", "tree")]
 
 
-STEP_PARAMS = [(case, method, api) for case in ol.STEP_LAW_CASES for method, api in _methods(case)]
+STEP_PARAMS = [(case, method, api) for case in btl.STEP_LAW_CASES for method, api in _methods(case)]
 
 
 @pytest.mark.parametrize("case,method,api", STEP_PARAMS, ids=[f"{c.name}-{m}" for c, m, _ in STEP_PARAMS])
@@ -65,20 +65,20 @@ def test_step_law_and_acceptance(backend, case, method, api):
     name = f"step:{backend}:{case.name}:{method}"
     alpha = stats.SUITE_BUDGET.claim(name)
     z_alpha = stats.SUITE_BUDGET.claim(name + ":mean")
-    check = ol.check_step_law(case, method, ol.step_verifier(method, backend, api, DEVICE), alpha, seed=11)
+    check = btl.check_step_law(case, method, btl.step_verifier(method, backend, api, DEVICE), alpha, seed=11)
     assert not check.result.rejects(alpha), f"{check.result} with n = {check.num_samples}"
-    assert abs(check.z) < ol.acceptance_z_critical(z_alpha), (
+    assert abs(check.z) < btl.acceptance_z_critical(z_alpha), (
         f"mean accepted {check.mean_accepted:.4f} vs exact {check.exact_accepted:.4f} (z = {check.z:.2f})"
     )
 
 
 def test_cases_cover_the_grid():
-    assert {c.k for c in ol.BLOCK_SEQUENCE_CASES} == {1, 2, 3, 4}
-    assert any(c.cfg.greedy for c in ol.BLOCK_SEQUENCE_CASES)
-    assert any(c.cfg.top_k for c in ol.BLOCK_SEQUENCE_CASES) and any(c.cfg.top_p < 1 for c in ol.BLOCK_SEQUENCE_CASES)
-    assert {m for m, _, _ in ol.TRAVERSAL_SEQUENCE_CASES} == {"iid", "without_replacement", "deterministic"}
-    shapes = {t for _, t, _ in ol.TRAVERSAL_SEQUENCE_CASES}
-    widths = {max(sum(1 for p in ol.TREE_PATHS[t] if p[:-1] == q) for q in [()] + ol.TREE_PATHS[t]) for t in shapes}
-    depths = {max(len(p) for p in ol.TREE_PATHS[t]) for t in shapes}
+    assert {c.k for c in btl.BLOCK_SEQUENCE_CASES} == {1, 2, 3, 4}
+    assert any(c.cfg.greedy for c in btl.BLOCK_SEQUENCE_CASES)
+    assert any(c.cfg.top_k for c in btl.BLOCK_SEQUENCE_CASES) and any(c.cfg.top_p < 1 for c in btl.BLOCK_SEQUENCE_CASES)
+    assert {m for m, _, _ in btl.TRAVERSAL_SEQUENCE_CASES} == {"iid", "without_replacement", "deterministic"}
+    shapes = {t for _, t, _ in btl.TRAVERSAL_SEQUENCE_CASES}
+    widths = {max(sum(1 for p in btl.TREE_PATHS[t] if p[:-1] == q) for q in [()] + btl.TREE_PATHS[t]) for t in shapes}
+    depths = {max(len(p) for p in btl.TREE_PATHS[t]) for t in shapes}
     assert widths == {1, 2, 3, 4} and depths == {1, 2, 3, 4}
-    assert REFERENCE_TRAVERSAL_CASES <= set(ol.TRAVERSAL_SEQUENCE_CASES)
+    assert REFERENCE_TRAVERSAL_CASES <= set(btl.TRAVERSAL_SEQUENCE_CASES)

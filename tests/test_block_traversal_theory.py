@@ -1,6 +1,6 @@
 """Exact theory of block and traversal verification, by enumeration (no sampling, no backend).
 
-Every toy step of ``optimal_law.STEP_CASES`` (chains and trees of widths 1-4 and depths 1-4; i.i.d.,
+Every toy step of ``block_traversal_law.STEP_CASES`` (chains and trees of widths 1-4 and depths 1-4; i.i.d.,
 without-replacement and deterministic siblings; temperature / top-k / top-p; greedy) is enumerated in
 float64 with the rules written from the papers (``testing/exact_verify.py``, independent of the
 references): every method is lossless, block = traversal on chains, and the sequence-level methods
@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from specdec_kernels.testing import exact_verify as ev
-from specdec_kernels.testing import optimal_law as ol
+from specdec_kernels.testing import block_traversal_law as btl
 
-CASES = ol.STEP_CASES
+CASES = btl.STEP_CASES
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -61,8 +61,8 @@ def test_the_grid_covers_widths_depths_modes_and_strict_gains():
 def test_block_with_one_hot_drafts_is_token_level(shape):
     """Deterministic drafts are a one-hot q: block verification's rule then has token level's emission law
     (hence its acceptance law) exactly, so nothing is lost by running token level for method="block"."""
-    case = ol.StepCase(shape, ol.SHAPES[shape], "deterministic", ol.SETTINGS["t1"], seed=3)
-    assert torch.allclose(ol.step_emission_law(case, "block"), ol.step_emission_law(case, "token"),
+    case = btl.StepCase(shape, btl.SHAPES[shape], "deterministic", btl.SETTINGS["t1"], seed=3)
+    assert torch.allclose(btl.step_emission_law(case, "block"), btl.step_emission_law(case, "token"),
                           atol=1e-12, rtol=0)
 
 

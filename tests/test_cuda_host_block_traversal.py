@@ -1,4 +1,4 @@
-"""The CUDA block and traversal kernels (block.cuh, traversal.cuh, optimal_cuda.cu), run on the CPU through
+"""The CUDA block and traversal kernels (block.cuh, traversal.cuh, block_traversal_cuda.cu), run on the CPU through
 the host emulation (specdec_kernels.testing.cuda_host), emit the reference's tokens for the same seeds.
 
 The backend-equality cases of tests/test_block_traversal.py (ragged batches, fp32/bf16/fp16, top-k / top-p,
@@ -197,7 +197,7 @@ def caught(site: str, uses: list) -> bool:
 
 _CHILD = """
 import sys
-from tests.test_cuda_host_optimal import barrier_uses, caught
+from tests.test_cuda_host_block_traversal import barrier_uses, caught
 done = set(sys.argv[1:])
 for site, uses in barrier_uses().items():
     if site not in done:
