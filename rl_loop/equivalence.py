@@ -33,7 +33,7 @@ import torch
 from scipy import stats as sps
 
 import specdec_kernels as sk
-from specdec_kernels.testing.stats import two_sample_chi2
+from specdec_kernels.exactness.goodness_of_fit import two_sample_chi2
 
 from .batch import build_batch
 from .logprobs import policy_log_probs

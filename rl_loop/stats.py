@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from specdec_kernels.testing.stats import chi2_power, sample_size_for_tv
+from specdec_kernels.exactness.goodness_of_fit import chi2_power, sample_size_for_tv
 
 Z95 = 1.959963984540054  # two-sided 95 % normal quantile
 
@@ -82,7 +82,7 @@ def two_sample_chi2_power(n1: int, n2: int, tv: float, df: int, alpha: float) ->
     Under the alternative the statistic is about noncentral chi-square with noncentrality
     ``lambda = n1 n2 / (n1 + n2) * sum((p1 - p2)**2 / pbar)`` (``pbar`` the pooled law), and by
     Cauchy-Schwarz ``sum((p1 - p2)**2 / pbar) >= (2 tv)**2``: the one-sample bound
-    (``specdec_kernels.testing.stats.chi2_power``) at the effective size ``n1 n2 / (n1 + n2)`` (n / 2 for
+    (``specdec_kernels.exactness.goodness_of_fit.chi2_power``) at the effective size ``n1 n2 / (n1 + n2)`` (n / 2 for
     equal arms, not n).
     """
     if n1 < 1 or n2 < 1:

@@ -38,8 +38,8 @@ import numpy as np
 import torch
 
 import specdec_kernels as sk
+from specdec_kernels.exactness.exact_verify import chain_conditional_accepted
 from specdec_kernels.reference.sampling import target_probs
-from specdec_kernels.testing.exact_verify import chain_conditional_accepted
 
 from .batch import step_requests
 from .bench import load_run_config

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import pytest
 
-from specdec_kernels.testing import block_traversal_law as btl
-from specdec_kernels.testing import stats
-from specdec_kernels.testing.chain_law import backend_verifier, check_sequence_law
+from specdec_kernels.exactness import block_traversal_law as btl
+from specdec_kernels.exactness import goodness_of_fit as gof
+from specdec_kernels.exactness.chain_law import backend_verifier, check_sequence_law
 from tests.conftest import DEVICE
 from tests.test_chain_law import describe
 from tests.tree_law_helpers import sequence_law_p_value, single_thread  # noqa: F401  (autouse fixture)
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.stat
 
 @pytest.mark.parametrize("case", btl.BLOCK_SEQUENCE_CASES, ids=lambda c: c.name)
 def test_block_sequence_law(backend, case):
-    alpha = stats.SUITE_BUDGET.claim(f"block-seq:{backend}:{case.name}")
+    alpha = gof.SUITE_BUDGET.claim(f"block-seq:{backend}:{case.name}")
     check = check_sequence_law(backend_verifier(backend, DEVICE, method="block"), case, alpha)
     assert not check.result.rejects(alpha), describe(check)
 
@@ -43,7 +43,7 @@ def test_traversal_sequence_law(backend, mode, tree, setting):
     if backend == "reference" and (mode, tree, setting) not in REFERENCE_TRAVERSAL_CASES:
         pytest.skip("reference: one case per sibling mode (the native backend runs them all)")
     cfg = btl.SETTINGS[setting]
-    alpha = stats.SUITE_BUDGET.claim(f"traversal-seq:{backend}:{mode}-{tree}-{setting}")
+    alpha = gof.SUITE_BUDGET.claim(f"traversal-seq:{backend}:{mode}-{tree}-{setting}")
     seed = btl.TRAVERSAL_SEQUENCE_CASES.index((mode, tree, setting))
     p = sequence_law_p_value(btl.TREE_PATHS[tree], None if mode == "deterministic" else mode, cfg.temperature,
                              cfg.top_k, cfg.top_p, seed=seed, backend=backend, method="traversal", device=DEVICE)
@@ -63,8 +63,8 @@ STEP_PARAMS = [(case, method, api) for case in btl.STEP_LAW_CASES for method, ap
 @pytest.mark.parametrize("case,method,api", STEP_PARAMS, ids=[f"{c.name}-{m}" for c, m, _ in STEP_PARAMS])
 def test_step_law_and_acceptance(backend, case, method, api):
     name = f"step:{backend}:{case.name}:{method}"
-    alpha = stats.SUITE_BUDGET.claim(name)
-    z_alpha = stats.SUITE_BUDGET.claim(name + ":mean")
+    alpha = gof.SUITE_BUDGET.claim(name)
+    z_alpha = gof.SUITE_BUDGET.claim(name + ":mean")
     check = btl.check_step_law(case, method, btl.step_verifier(method, backend, api, DEVICE), alpha, seed=11)
     assert not check.result.rejects(alpha), f"{check.result} with n = {check.num_samples}"
     assert abs(check.z) < btl.acceptance_z_critical(z_alpha), (

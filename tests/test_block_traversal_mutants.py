@@ -1,6 +1,6 @@
 """Mutation power of the block / traversal checks: every planted bug is rejected at the suite's alpha.
 
-Each mutant (``testing/block_traversal_mutants.py``) is the reference with one wrong line; it runs through the
+Each mutant (``exactness/block_traversal_mutants.py``) is the reference with one wrong line; it runs through the
 very check and case that tests/test_block_traversal_law.py runs on real backends and must be rejected. Where a bug
 is invisible to a check by construction (siblings drawn i.i.d. with identical subtrees are exchangeable,
 so their order does not matter; a per-position coin is exact within one verification), the inert case is
@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import pytest
 
-from specdec_kernels.testing import block_traversal_law as btl
-from specdec_kernels.testing import block_traversal_mutants, stats
-from specdec_kernels.testing.chain_law import backend_verifier, check_sequence_law
+from specdec_kernels.exactness import block_traversal_law as btl
+from specdec_kernels.exactness import block_traversal_mutants
+from specdec_kernels.exactness import goodness_of_fit as gof
+from specdec_kernels.exactness.chain_law import backend_verifier, check_sequence_law
 from tests.tree_law_helpers import single_thread  # noqa: F401  (autouse fixture)
 
 pytestmark = pytest.mark.stat
 
-ALPHA = stats.SUITE_BUDGET.per_test_alpha  # same alpha as the real samplers; no slot: rejection expected
+ALPHA = gof.SUITE_BUDGET.per_test_alpha  # same alpha as the real samplers; no slot: rejection expected
 CASES = {c.name: c for c in btl.STEP_CASES}
 SEQUENCE_CASES = {c.name: c for c in btl.BLOCK_SEQUENCE_CASES}
 

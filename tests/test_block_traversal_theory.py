@@ -2,7 +2,7 @@
 
 Every toy step of ``block_traversal_law.STEP_CASES`` (chains and trees of widths 1-4 and depths 1-4; i.i.d.,
 without-replacement and deterministic siblings; temperature / top-k / top-p; greedy) is enumerated in
-float64 with the rules written from the papers (``testing/exact_verify.py``, independent of the
+float64 with the rules written from the papers (``exactness/exact_verify.py``, independent of the
 references): every method is lossless, block = traversal on chains, and the sequence-level methods
 accept at least as much as token level, strictly exactly where the block-verification inequality is
 strict. The optimal-acceptance bounds (Hu et al.; the coupling LP) dominate every method.
@@ -13,8 +13,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdec_kernels.testing import exact_verify as ev
-from specdec_kernels.testing import block_traversal_law as btl
+from specdec_kernels.exactness import block_traversal_law as btl
+from specdec_kernels.exactness import exact_verify as ev
 
 CASES = btl.STEP_CASES
 

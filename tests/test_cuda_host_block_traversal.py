@@ -1,5 +1,5 @@
 """The CUDA block and traversal kernels (block.cuh, traversal.cuh, block_traversal_cuda.cu), run on the CPU through
-the host emulation (specdec_kernels.testing.cuda_host), emit the reference's tokens for the same seeds.
+the host emulation (specdec_kernels.exactness.cuda_host), emit the reference's tokens for the same seeds.
 
 The backend-equality cases of tests/test_block_traversal.py (ragged batches, fp32/bf16/fp16, top-k / top-p,
 NaN/inf rows and placeholders, both sibling modes, greedy / random mixes, V = 151936), each under one of the
@@ -20,7 +20,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import specdec_kernels as sk
-from specdec_kernels.testing import cuda_host, fuzz
+from specdec_kernels.exactness import cuda_host
+from tests.harness import fuzz
 from tests.test_block_traversal import CHAIN_CASES, TREE_CASES, _label
 from tests.test_native import ROOT, _chain_case, _tree_case
 from tests.test_tree import _chain_case as _chain_and_tree

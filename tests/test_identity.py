@@ -1,4 +1,4 @@
-"""The backend-identity check (specdec_kernels.testing.identity) passes where backends agree and counts a
+"""The backend-identity check (tests.harness.identity) passes where backends agree and counts a
 planted bug."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from specdec_kernels import native
-from specdec_kernels.testing import identity
-from specdec_kernels.testing import block_traversal_law as btl
+from specdec_kernels.exactness import block_traversal_law as btl
+from tests.harness import identity
 
 
 def _job(case_name: str, method: str, api: str) -> identity.Job:

@@ -1,6 +1,6 @@
 """Mutation power: the exactness checks reject every planted-bug sampler at the suite's alpha.
 
-Each mutant (specdec_kernels/testing/mutants.py) is the reference chain verifier with one bug. It runs
+Each mutant (specdec_kernels/exactness/chain_mutants.py) is the reference chain verifier with one bug. It runs
 through the very check function and case that tests/test_chain_law.py runs on real backends, at the
 same per-test alpha; the check must reject it. A suite that cannot fail would fail here.
 """
@@ -11,8 +11,9 @@ import pytest
 import torch
 
 import specdec_kernels as sk
-from specdec_kernels.testing import mutants, stats
-from specdec_kernels.testing.chain_law import (
+from specdec_kernels.exactness import chain_mutants
+from specdec_kernels.exactness import goodness_of_fit as gof
+from specdec_kernels.exactness.chain_law import (
     FIRST_TOKEN_CASES,
     MUTANT_CASES,
     FirstTokenCase,
@@ -25,16 +26,16 @@ pytestmark = pytest.mark.stat
 
 
 def test_every_mutant_has_a_case():
-    assert set(MUTANT_CASES) == set(mutants.MUTANTS)
-    assert len(mutants.MUTANTS) >= 6
+    assert set(MUTANT_CASES) == set(chain_mutants.MUTANTS)
+    assert len(chain_mutants.MUTANTS) >= 6
 
 
-@pytest.mark.parametrize("bug", mutants.MUTANTS)
+@pytest.mark.parametrize("bug", chain_mutants.MUTANTS)
 def test_suite_rejects_mutant(bug):
-    alpha = stats.SUITE_BUDGET.per_test_alpha  # same alpha as the real samplers; no slot: rejection expected
+    alpha = gof.SUITE_BUDGET.per_test_alpha  # same alpha as the real samplers; no slot: rejection expected
     case = case_by_name(MUTANT_CASES[bug])
     check = check_first_token_law if isinstance(case, FirstTokenCase) else check_sequence_law
-    result = check(mutants.mutant_verifier(bug), case, alpha).result
+    result = check(chain_mutants.mutant_verifier(bug), case, alpha).result
     print(f"mutant {bug}: case {case.name}: {result}")
     assert result.rejects(alpha), f"the suite did not catch mutant {bug!r}: {result}"
 
@@ -42,7 +43,7 @@ def test_suite_rejects_mutant(bug):
 GREEDY_INERT = ("biased_first_token", "block_noise_reused")
 
 
-@pytest.mark.parametrize("bug", mutants.MUTANTS)
+@pytest.mark.parametrize("bug", chain_mutants.MUTANTS)
 def test_mutant_matches_reference_where_its_bug_is_inert(bug):
     """Mutants are copies of the reference: on inputs their bug cannot touch, tokens are identical.
 
@@ -66,7 +67,7 @@ def test_mutant_matches_reference_where_its_bug_is_inert(bug):
     if bug == "deterministic_resample_with_draft":
         kwargs["draft_probs"] = torch.softmax(torch.randn(b * k, v, generator=g), -1)
     ref = sk.verify_chain(logits, drafts, cu, backend="reference", **kwargs)
-    mut = mutants.mutant_verifier(bug)(logits, drafts, cu, **kwargs)
+    mut = chain_mutants.mutant_verifier(bug)(logits, drafts, cu, **kwargs)
     assert torch.equal(ref.output_token_ids, mut.output_token_ids)
     assert torch.equal(ref.num_accepted, mut.num_accepted)
 
@@ -88,7 +89,7 @@ def test_draft_temperature_bug_is_inert_at_temperature_one():
     q = torch.softmax(torch.randn(b * k, v, generator=g), -1)
     drafts = torch.multinomial(q, 1, generator=g).squeeze(1)
     cu = torch.arange(b + 1) * k
-    mutant = mutants.mutant_verifier("draft_temperature_missing")
+    mutant = chain_mutants.mutant_verifier("draft_temperature_missing")
     for t, same in ((1.0, True), (2.0, False)):
         kwargs = dict(draft_probs=q, temperature=torch.full((b,), t), seed=torch.arange(b))
         ref = sk.verify_chain(logits, drafts, cu, backend="reference", **kwargs)

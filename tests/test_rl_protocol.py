@@ -35,8 +35,8 @@ from rl_loop.stats import (
 from rl_loop.task import CharTokenizer, TaskConfig, make_splits
 from specdec_kernels import native
 from specdec_kernels.drafters import DraftModelDrafter
+from specdec_kernels.exactness.goodness_of_fit import chi2_power
 from specdec_kernels.models import KVCache, ModelConfig, Qwen3
-from specdec_kernels.testing.stats import chi2_power
 
 pytestmark = pytest.mark.rl
 torch.set_num_threads(1)

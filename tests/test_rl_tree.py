@@ -18,9 +18,9 @@ from rl_loop.engine import RolloutEngine
 from rl_loop.rollouts import GenerationConfig, TreeShape
 from rl_loop.train import run
 from specdec_kernels.drafters.training import DrafterTrainer, TrainConfig
+from specdec_kernels.exactness.goodness_of_fit import two_sample_chi2
 from specdec_kernels.models import KVCache, ModelConfig
-from specdec_kernels.testing.stats import two_sample_chi2
-from specdec_kernels.testing.tiny_models import spread_qwen3
+from specdec_kernels.models.tiny_qwen3 import spread_qwen3
 
 pytestmark = [pytest.mark.rl, pytest.mark.usefixtures("one_thread")]
 

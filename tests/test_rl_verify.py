@@ -28,10 +28,10 @@ from rl_loop.strategies import ChainSpeculation, TreeSpeculation, Verified, stra
 from rl_loop.train import run
 from rl_loop.usage import UsageError
 from specdec_kernels.drafters import DraftModelDrafter
+from specdec_kernels.exactness.exact_verify import chain_conditional_accepted
 from specdec_kernels.models import ModelConfig
+from specdec_kernels.models.tiny_qwen3 import spread_qwen3
 from specdec_kernels.reference.sampling import target_probs
-from specdec_kernels.testing.exact_verify import chain_conditional_accepted
-from specdec_kernels.testing.tiny_models import spread_qwen3
 
 pytestmark = [pytest.mark.rl, pytest.mark.usefixtures("one_thread")]
 

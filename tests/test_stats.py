@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from specdec_kernels.testing import stats
+from specdec_kernels.exactness import goodness_of_fit as gof
 
 # Seeded simulations; a deviation this unlikely under a correct implementation fails the test.
 SIM_ALPHA = 1e-4
@@ -27,7 +27,7 @@ def _binomial_upper_ok(rejections: int, trials: int, rate: float) -> bool:
 def test_asymptotic_pvalues_uniform_under_h0(method):
     rng = np.random.default_rng(11)
     p = np.array([0.3, 0.25, 0.2, 0.15, 0.07, 0.03])
-    pvalues = [stats.gof_test(rng.multinomial(2000, p), p, method=method).pvalue for _ in range(1500)]
+    pvalues = [gof.gof_test(rng.multinomial(2000, p), p, method=method).pvalue for _ in range(1500)]
     assert sps.kstest(pvalues, "uniform").pvalue > SIM_ALPHA
 
 
@@ -35,7 +35,7 @@ def test_pooled_chi2_is_valid_with_small_expected_counts():
     """Many cells with expected counts < 5: pooling keeps the size at or below alpha (within noise)."""
     rng = np.random.default_rng(12)
     p = np.array([0.5, 0.3] + [0.2 / 20] * 20)  # twenty cells of expected 0.6 at n = 60
-    pvalues = np.array([stats.chi2_gof(rng.multinomial(60, p), p).pvalue for _ in range(3000)])
+    pvalues = np.array([gof.chi2_gof(rng.multinomial(60, p), p).pvalue for _ in range(3000)])
     for a in (0.01, 0.05, 0.2):
         assert _binomial_upper_ok(int((pvalues < a).sum()), pvalues.size, a)
     assert (pvalues < 0.05).mean() > 0.02  # not vacuous either
@@ -48,34 +48,34 @@ def test_exact_test_matches_brute_force_and_binomtest():
     pmf = np.array([sps.multinomial.pmf(x, 6, p) for x in outcomes])
     p_obs = sps.multinomial.pmf(obs, 6, p)
     expected = pmf[pmf <= p_obs * (1 + 1e-9)].sum()
-    assert stats.multinomial_exact_test(obs, p).pvalue == pytest.approx(expected, rel=1e-9)
+    assert gof.multinomial_exact_test(obs, p).pvalue == pytest.approx(expected, rel=1e-9)
     for k in (3, 10, 17):
-        got = stats.multinomial_exact_test([k, 40 - k], [0.3, 0.7]).pvalue
+        got = gof.multinomial_exact_test([k, 40 - k], [0.3, 0.7]).pvalue
         assert got == pytest.approx(sps.binomtest(k, 40, 0.3).pvalue, rel=1e-6)
 
 
 def test_exact_test_is_valid():
     rng = np.random.default_rng(13)
     p = np.array([0.6, 0.25, 0.1, 0.05])
-    pvalues = np.array([stats.multinomial_exact_test(rng.multinomial(12, p), p).pvalue for _ in range(2000)])
+    pvalues = np.array([gof.multinomial_exact_test(rng.multinomial(12, p), p).pvalue for _ in range(2000)])
     for a in (0.01, 0.05, 0.2):
         assert _binomial_upper_ok(int((pvalues <= a).sum()), pvalues.size, a)
 
 
 def test_gof_auto_method_and_special_cells():
-    assert stats.gof_test([3, 2, 1], [0.5, 0.3, 0.2]).method == "exact"
-    assert stats.gof_test([30000, 20000, 10000], [0.5, 0.3, 0.2]).method == "chi2"
-    impossible = stats.gof_test([10, 0, 1], [0.5, 0.5, 0.0])
+    assert gof.gof_test([3, 2, 1], [0.5, 0.3, 0.2]).method == "exact"
+    assert gof.gof_test([30000, 20000, 10000], [0.5, 0.3, 0.2]).method == "chi2"
+    impossible = gof.gof_test([10, 0, 1], [0.5, 0.5, 0.0])
     assert impossible.pvalue == 0.0 and impossible.method == "impossible"
-    assert stats.gof_test([10, 0, 0], [1.0, 0.0, 0.0]).pvalue == 1.0
-    assert stats.gof_test([5, 5, 0], [0.5, 0.5, 0.0], method="chi2").df == 1  # zero cells drop out
-    assert stats.gof_test([500, 500], [0.9, 0.1]).rejects(1e-6)
+    assert gof.gof_test([10, 0, 0], [1.0, 0.0, 0.0]).pvalue == 1.0
+    assert gof.gof_test([5, 5, 0], [0.5, 0.5, 0.0], method="chi2").df == 1  # zero cells drop out
+    assert gof.gof_test([500, 500], [0.9, 0.1]).rejects(1e-6)
     with pytest.raises(ValueError, match="probs"):
-        stats.gof_test([1, 2], [0.5, 0.6])
+        gof.gof_test([1, 2], [0.5, 0.6])
     with pytest.raises(ValueError, match="method"):
-        stats.gof_test([1, 2], [0.5, 0.5], method="ks")
+        gof.gof_test([1, 2], [0.5, 0.5], method="ks")
     with pytest.raises(ValueError, match="observed"):
-        stats.gof_test([1.5, 2], [0.5, 0.5])
+        gof.gof_test([1.5, 2], [0.5, 0.5])
 
 
 def test_pool_small_cells_reaches_min_expected_and_preserves_totals():
@@ -84,7 +84,7 @@ def test_pool_small_cells_reaches_min_expected_and_preserves_totals():
         k = int(rng.integers(2, 30))
         exp = rng.dirichlet(np.full(k, 0.3)) * rng.integers(5, 200)
         obs = rng.poisson(exp)
-        po, pe = stats.pool_small_cells(obs, exp)
+        po, pe = gof.pool_small_cells(obs, exp)
         assert po.sum() == obs.sum() and pe.sum() == pytest.approx(exp.sum())
         if exp.sum() >= 5:
             assert pe.min() >= 5 - 1e-9
@@ -93,19 +93,19 @@ def test_pool_small_cells_reaches_min_expected_and_preserves_totals():
 def test_two_sample_chi2_calibration_and_power():
     rng = np.random.default_rng(15)
     p = np.array([0.4, 0.3, 0.2, 0.05, 0.03, 0.02])
-    pvalues = [stats.two_sample_chi2(rng.multinomial(3000, p), rng.multinomial(5000, p)).pvalue
+    pvalues = [gof.two_sample_chi2(rng.multinomial(3000, p), rng.multinomial(5000, p)).pvalue
                for _ in range(1500)]
     assert sps.kstest(pvalues, "uniform").pvalue > SIM_ALPHA
-    q = stats.least_favourable_alternative(p, 0.05)
-    assert stats.two_sample_chi2(rng.multinomial(20000, p), rng.multinomial(20000, q)).rejects(1e-6)
+    q = gof.least_favourable_alternative(p, 0.05)
+    assert gof.two_sample_chi2(rng.multinomial(20000, p), rng.multinomial(20000, q)).rejects(1e-6)
     with pytest.raises(ValueError, match="same number"):
-        stats.two_sample_chi2([1, 2], [1, 2, 3])
+        gof.two_sample_chi2([1, 2], [1, 2, 3])
 
 
 def test_total_variation():
-    assert stats.total_variation([0.5, 0.5], [1.0, 0.0]) == pytest.approx(0.5)
-    q = stats.least_favourable_alternative([0.25] * 4, 0.02)
-    assert stats.total_variation([0.25] * 4, q) == pytest.approx(0.02)
+    assert gof.total_variation([0.5, 0.5], [1.0, 0.0]) == pytest.approx(0.5)
+    q = gof.least_favourable_alternative([0.25] * 4, 0.02)
+    assert gof.total_variation([0.25] * 4, q) == pytest.approx(0.02)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -113,7 +113,7 @@ def test_total_variation():
 # ----------------------------------------------------------------------------------------------------
 
 def test_false_positive_budget():
-    budget = stats.FalsePositiveBudget(1e-4, capacity=4)
+    budget = gof.FalsePositiveBudget(1e-4, capacity=4)
     assert budget.per_test_alpha == pytest.approx(2.5e-5)
     assert budget.claim("a") == budget.per_test_alpha
     with pytest.raises(ValueError, match="already claimed"):
@@ -123,10 +123,10 @@ def test_false_positive_budget():
     with pytest.raises(RuntimeError, match="exhausted"):
         budget.claim("e")
     assert budget.claimed == ("a", "b", "c", "d")
-    assert stats.FalsePositiveBudget.for_cases(1e-3, ["x", "y"]).per_test_alpha == pytest.approx(5e-4)
-    assert stats.SUITE_BUDGET.per_test_alpha == pytest.approx(4e-7)
+    assert gof.FalsePositiveBudget.for_cases(1e-3, ["x", "y"]).per_test_alpha == pytest.approx(5e-4)
+    assert gof.SUITE_BUDGET.per_test_alpha == pytest.approx(4e-7)
     with pytest.raises(ValueError, match="total_alpha"):
-        stats.FalsePositiveBudget(0.0, 3)
+        gof.FalsePositiveBudget(0.0, 3)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -144,13 +144,13 @@ def test_power_calculation_matches_simulation():
     """At the least favourable alternative the simulated power equals the noncentral chi-square power."""
     p0 = np.full(6, 1 / 6)
     alpha, tv = 1e-3, 0.05
-    n = stats.sample_size_for_tv(tv, df=5, alpha=alpha, power=0.9)
-    assert stats.chi2_power(n, tv, 5, alpha) >= 0.9 > stats.chi2_power(n - 2, tv, 5, alpha)
-    p1 = stats.least_favourable_alternative(p0, tv)
+    n = gof.sample_size_for_tv(tv, df=5, alpha=alpha, power=0.9)
+    assert gof.chi2_power(n, tv, 5, alpha) >= 0.9 > gof.chi2_power(n - 2, tv, 5, alpha)
+    p1 = gof.least_favourable_alternative(p0, tv)
     trials = 4000
     sim = _simulated_power(n, p0, p1, alpha, trials, seed=16)
     sd = math.sqrt(0.9 * 0.1 / trials)
-    assert abs(sim - stats.chi2_power(n, tv, 5, alpha)) < 4.5 * sd
+    assert abs(sim - gof.chi2_power(n, tv, 5, alpha)) < 4.5 * sd
     # Any other alternative at the same TV is detected at least as often (the bound is a bound).
     p2 = p0.copy()
     p2[0] += tv
@@ -160,20 +160,20 @@ def test_power_calculation_matches_simulation():
 
 def test_suite_design_point_power():
     """The suite's own sample size (TV 0.02, power 0.999, per-test alpha) is confirmed by simulation."""
-    alpha = stats.SUITE_BUDGET.per_test_alpha
+    alpha = gof.SUITE_BUDGET.per_test_alpha
     p0 = np.full(6, 1 / 6)
-    n = stats.sample_size_for_tv(0.02, df=5, alpha=alpha, power=0.999)
+    n = gof.sample_size_for_tv(0.02, df=5, alpha=alpha, power=0.999)
     assert 40_000 < n < 60_000
-    sim = _simulated_power(n, p0, stats.least_favourable_alternative(p0, 0.02), alpha, 3000, seed=18)
+    sim = _simulated_power(n, p0, gof.least_favourable_alternative(p0, 0.02), alpha, 3000, seed=18)
     assert sim >= 0.995
 
 
 def test_sample_sizes():
     alpha = 4e-7
-    sizes = [stats.sample_size_for_tv(0.02, df, alpha) for df in (1, 5, 20, 80)]
+    sizes = [gof.sample_size_for_tv(0.02, df, alpha) for df in (1, 5, 20, 80)]
     assert sizes == sorted(sizes)
-    assert stats.sample_size_for_tv(0.01, 5, alpha) > 3.9 * stats.sample_size_for_tv(0.02, 5, alpha)
-    n = stats.sample_size_for_point_mass(0.02, 0.999)
+    assert gof.sample_size_for_tv(0.01, 5, alpha) > 3.9 * gof.sample_size_for_tv(0.02, 5, alpha)
+    n = gof.sample_size_for_point_mass(0.02, 0.999)
     assert (1 - 0.02) ** n <= 1e-3 < (1 - 0.02) ** (n - 1)
-    assert stats.sample_size([0.0, 1.0, 0.0], alpha) == n
-    assert stats.sample_size([0.2, 0.8, 0.0], alpha) == stats.sample_size_for_tv(0.02, 1, alpha)
+    assert gof.sample_size([0.0, 1.0, 0.0], alpha) == n
+    assert gof.sample_size([0.2, 0.8, 0.0], alpha) == gof.sample_size_for_tv(0.02, 1, alpha)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdec_kernels.testing.toy_models import (
+from specdec_kernels.exactness.markov_models import (
     Drafter,
     MarkovModel,
     SamplingConfig,
