@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-import rl_loop.strategies as strategies
+import rl_loop.round_strategies as strategies
 from rl_loop import bench, tree_bench
 from rl_loop.config import REQUIRED_SUMMARY_KEYS, tiny_config
 from rl_loop.drafting import build_drafter, distill_step

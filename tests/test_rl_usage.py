@@ -14,7 +14,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-import rl_loop.checks as checks
+import rl_loop.run_checks as checks
 import rl_loop.sync_pipeline as sync_pipeline
 from rl_loop.__main__ import main
 from rl_loop.config import tiny_config

@@ -16,7 +16,7 @@ import pytest
 import torch
 from scipy import stats as scipy_stats
 
-import rl_loop.strategies as strategies
+import rl_loop.round_strategies as strategies
 import rl_loop.sync_pipeline as sync_pipeline
 import specdec_kernels as sk
 from rl_loop import verify_bench
@@ -24,7 +24,7 @@ from rl_loop.__main__ import parse_args
 from rl_loop.config import RunConfig, tiny_config
 from rl_loop.engine import RolloutEngine
 from rl_loop.rollouts import GenerationConfig, TreeShape
-from rl_loop.strategies import ChainSpeculation, TreeSpeculation, Verified, strategy_for
+from rl_loop.round_strategies import ChainSpeculation, TreeSpeculation, Verified, strategy_for
 from rl_loop.train import run
 from rl_loop.usage import UsageError
 from specdec_kernels.drafters import DraftModelDrafter

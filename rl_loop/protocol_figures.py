@@ -23,8 +23,8 @@ autoregressively (timing only), in alternating order. Both arms run the policy o
 from __future__ import annotations
 
 from .decode import describe
+from .run_statistics import bootstrap_ci, ratio_of_rates
 from .state import RunState
-from .stats import bootstrap_ci, ratio_of_rates
 
 
 def _step_rates(data):
