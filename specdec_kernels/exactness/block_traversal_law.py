@@ -12,7 +12,7 @@ one-step behaviour under every method comes from :mod:`exact_verify`. The checks
   The same samples give the mean accepted length, which must match the exact expectation (z test).
 
 Whole-sequence laws (generation with repeated verification until L tokens) are checked with the chain and
-tree harnesses (:func:`chain_law.check_sequence_law`, :func:`toy_trees.generate_with_trees`).
+tree harnesses (:func:`chain_law.check_sequence_law`, :func:`markov_trees.generate_with_trees`).
 """
 
 from __future__ import annotations
@@ -267,7 +267,7 @@ def _block_sequence_cases() -> tuple[SequenceCase, ...]:
     return tuple(cases)
 
 
-TREE_PATHS: dict[str, list[tuple[int, ...]]] = {  # widths 1-4, depths 1-4 (drafted by toy_trees)
+TREE_PATHS: dict[str, list[tuple[int, ...]]] = {  # widths 1-4, depths 1-4 (drafted by markov_trees)
     "w3d2": [(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (2, 1)],
     "chain4": [(0,), (0, 0), (0, 0, 0), (0, 0, 0, 0)],
     "w4d1": [(0,), (1,), (2,), (3,)],

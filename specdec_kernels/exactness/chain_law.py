@@ -9,7 +9,7 @@ from :mod:`specdec_kernels.exactness.chain_mutants`. Two families of cases:
   0-2 drafts each (every row holds the same target logits); the first emitted token of every request
   must follow the (temperature / top-k / top-p truncated) target law.
 - :class:`SequenceCase`: a toy Markov target and a drafter; the full speculative loop
-  (:func:`toy_models.run_speculative`) must generate sequences whose law equals the enumerated
+  (:func:`markov_models.run_speculative`) must generate sequences whose law equals the enumerated
   autoregressive law.
 
 Each check draws the sample size from the power calculation (:func:`gof.sample_size`: detect any

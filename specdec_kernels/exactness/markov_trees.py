@@ -1,8 +1,8 @@
 """Toy Markov targets and drafters for tree verification, with their exactly enumerated laws.
 
 A toy Markov model over a vocabulary of V tokens is a [V, V] logits table: the next token's logits
-given the last token t are ``table[t]`` (the first-order ``toy_models.MarkovModel``, whose exact
-sequence law ``toy_models.sequence_law`` the tree tests compare against). This module adds what trees
+given the last token t are ``table[t]`` (the first-order ``markov_models.MarkovModel``, whose exact
+sequence law ``markov_models.sequence_law`` the tree tests compare against). This module adds what trees
 need: a drafter with the tree-builder interface, speculative generation with draft trees, and the exact
 expected accepted length of target-only verification on a deterministic tree.
 """
