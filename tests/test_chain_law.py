@@ -2,7 +2,7 @@
 
 Every case runs at the suite's per-test alpha (``gof.SUITE_BUDGET``, Bonferroni) with a sample size
 that detects a total-variation error of 0.02 with power 0.999; inputs and seeds are fixed, so each test
-is deterministic. The same check functions reject every planted bug (tests/test_mutants.py).
+is deterministic. The same check functions reject every planted bug (tests/test_chain_mutants.py).
 """
 
 from __future__ import annotations
