@@ -1,4 +1,5 @@
-"""The project's CUDA kernels, run on the CPU through a host emulation (test-only; not a backend).
+"""The project's CUDA kernels, run on the CPU through a host emulation (for the tests and the audit's
+``cuda-emulated`` target; not a backend).
 
 ``verify_chain`` and ``verify_tree`` take the public API's arguments and run its checks
 (:func:`specdec_kernels.api.checked_chain_args`), then do what the torch binding
