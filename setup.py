@@ -39,7 +39,7 @@ NO_NATIVE_MESSAGE = (
 
 class CMakeBuild(build_ext):
     """Configures and builds CMakeLists.txt, writing _C next to the package (or into build_lib), and the
-    test-only CUDA host emulation library into specdec_kernels/testing/."""
+    CUDA host emulation library (the audit's cuda-emulated target, the tests) into specdec_kernels/exactness/."""
 
     def run(self) -> None:
         try:
@@ -96,6 +96,6 @@ class CMakeBuild(build_ext):
 
 ext_modules = [] if os.environ.get("SPECDEC_SKIP_NATIVE") == "1" else [CMakeExtension("specdec_kernels._C", "_C")]
 if ext_modules and sys.platform.startswith("linux"):  # the CUDA host emulation (tests only), see CMakeLists.txt
-    ext_modules.append(CMakeExtension("specdec_kernels.testing._cuda_host", "specdec_cuda_host"))
+    ext_modules.append(CMakeExtension("specdec_kernels.exactness._cuda_host", "specdec_cuda_host"))
 
 setup(ext_modules=ext_modules, cmdclass={"build_ext": CMakeBuild})

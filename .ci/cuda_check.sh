@@ -2,7 +2,7 @@
 # CUDA checks of CI that need nvcc but no GPU (run by .ci/run; usage: bash .ci/cuda_check.sh PYTHON):
 #  1. the framework-free kernels (csrc/cuda/*.cu) compile for sm_90a and sm_100a, and nvcc's register /
 #     shared-memory report fits the H200 / B200 limits for every launch of the typed table
-#     (python -m specdec_kernels.testing.cuda_limits, which plans the launches through the host emulation);
+#     (python -m tests.harness.cuda_limits, which plans the launches through the host emulation);
 #  2. the whole CUDA extension (CPU kernels, CUDA kernels, the torch binding csrc/cuda/ops_cuda.cpp)
 #     configures, compiles and links against a CUDA build of torch, installed without its runtime
 #     dependencies (headers and libraries are all a build needs) into a cache outside the checkout;
@@ -32,7 +32,7 @@ for arch in sm_90a sm_100a; do
     cat "$OUT/nvcc.log" >> "$report"
   done
 done
-"$PY" -m specdec_kernels.testing.cuda_limits --ptxas "$OUT/resource-usage-sm_90a.txt" \
+"$PY" -m tests.harness.cuda_limits --ptxas "$OUT/resource-usage-sm_90a.txt" \
   --ptxas "$OUT/resource-usage-sm_100a.txt" > "$OUT/limits.txt"
 tail -n 1 "$OUT/limits.txt"
 echo "nvcc compile check (sm_90a, sm_100a) and launch limits: ok ($(( $(date +%s) - start )) s)"

@@ -12,7 +12,7 @@ records what each method reads: the mean accepted length and the mean number of 
 (token level stops at its first rejection, block verification reads on until the weight reaches 0), so
 the time per row visited shows the extra arithmetic per row (one residual-mass pass).
 
-``acceptance``: exact expected accepted lengths (by enumeration, ``testing/exact_verify.py``) of token
+``acceptance``: exact expected accepted lengths (by enumeration, ``exactness/exact_verify.py``) of token
 level, block and traversal on toy Markov targets and drafters, with Hu et al.'s optimal multi-draft
 acceptance (depth 1) and the coupling bound (the same optimal transport over whole trees), as a markdown
 table and JSON; plus the measured mean accepted length of token level and block on random logits.
@@ -36,10 +36,10 @@ import torch
 
 import specdec_kernels as sk
 from specdec_kernels import native
+from specdec_kernels.exactness import exact_verify as ev
+from specdec_kernels.exactness.block_traversal_law import StepCase
 from specdec_kernels.reference.block import ratio_weight
 from specdec_kernels.reference.sampling import target_probs
-from specdec_kernels.testing import exact_verify as ev
-from specdec_kernels.testing.optimal_law import StepCase
 
 from .bench_chain import BENCH_TEMPERATURE, ChainCase, make_inputs
 from .common import CsvWriter, default_csv_path, parse_int_list, provenance, time_fn
@@ -205,7 +205,7 @@ def acceptance_rows(vocab: int, toys: int, seed: int) -> list[dict]:
 
 
 def sk_cfg():
-    from specdec_kernels.testing.toy_models import SamplingConfig
+    from specdec_kernels.exactness.markov_models import SamplingConfig
 
     return SamplingConfig(1.0)
 

@@ -36,7 +36,7 @@ from specdec_kernels.drafters.tree_builder import (
     build_static_tree,
     chain_paths,
 )
-from specdec_kernels.testing import toy_trees
+from specdec_kernels.exactness import markov_trees
 
 WORKLOADS = {"toy": ("toy Markov model", 32, 4.0, 1.0), "random": ("random logits", 1024, 3.0, 1.5)}
 DETERMINISTIC = ("chain", "static", "dynamic")
@@ -88,9 +88,9 @@ def bootstrap_ci(values: torch.Tensor, resamples: int = 1000, seed: int = 0) -> 
 def run_workload(key: str, sets: int, requests: int, budgets: list[int]) -> tuple[list[dict], str]:
     """Rows (one per budget x tree) and the per-rank acceptance line of one workload."""
     _, vocab, scale, noise = WORKLOADS[key]
-    target, draft = toy_trees.markov_tables(vocab, seed=0, scale=scale, draft_noise=noise)
-    transition = toy_trees.transition_matrix(target, 1.0)
-    drafter = toy_trees.MarkovDrafter(draft)
+    target, draft = markov_trees.markov_tables(vocab, seed=0, scale=scale, draft_noise=noise)
+    transition = markov_trees.transition_matrix(target, 1.0)
+    drafter = markov_trees.MarkovDrafter(draft)
     alpha = rank_acceptance(target, draft, 4)
     measured: dict[tuple[int, str], list[torch.Tensor]] = {}
     exact: dict[tuple[int, str], list[torch.Tensor]] = {}
@@ -106,7 +106,7 @@ def run_workload(key: str, sets: int, requests: int, budgets: list[int]) -> tupl
             }
             for name, tree in trees.items():
                 measured.setdefault((budget, name), []).append(accepted_lengths(tree, target, seed=1000 * s))
-                exact.setdefault((budget, name), []).append(toy_trees.expected_accepted_length(tree, transition))
+                exact.setdefault((budget, name), []).append(markov_trees.expected_accepted_length(tree, transition))
             for i, mode in enumerate(STOCHASTIC):
                 tree = build_static_tree(drafter, context, static, mode, torch.Generator().manual_seed(5 + i + 10 * s))
                 measured.setdefault((budget, mode), []).append(

@@ -7,10 +7,10 @@ import json
 import sys
 from dataclasses import replace
 
-from .checks import check_values
 from .config import POLICY_PRESETS, REQUIRED_SUMMARY_KEYS, WORKLOADS, RunConfig, tiny_config, with_workload
 from .decode import DECODE_PATHS
 from .rollouts import VERIFY_METHODS
+from .run_checks import check_values
 from .train import run
 from .usage import UsageError
 

@@ -34,8 +34,8 @@ from specdec_kernels.drafters.features import capture_target_features
 from specdec_kernels.drafters.training import DrafterTrainer, TrainConfig, head_features
 from specdec_kernels.models import Qwen3
 
-from .model import sft_batch
 from .task import CharTokenizer, Problem
+from .warm_start import sft_batch
 
 DRAFTER_INTERMEDIATE = 256  # the heads' (and the draft model's) MLP width
 

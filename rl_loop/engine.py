@@ -4,14 +4,14 @@ The engine drives a fixed number of *slots* (rows of the KV cache). Requests wai
 slot frees up (EOS or length cap) the next request starts in it, so the batch stays full across a GRPO
 group (continuous batching). Every distinct prompt of a call is prefilled once, all in one forward, and
 copied into the slots of its requests (a GRPO group shares its prompt), with the policy features the
-drafter needs. Every round, for the active slots, the call's strategy (``strategies.py``: autoregressive,
+drafter needs. Every round, for the active slots, the call's strategy (``round_strategies.py``: autoregressive,
 chain or tree) proposes, the policy runs the proposal in ONE forward against the cache, the strategy
 verifies (``verify_chain`` / ``verify_tree``, native CPU backend when built) and commits; the engine
 books the emitted tokens and the statistics.
 
 Randomness: request ``i`` carries a Philox key ``seed[i]``; the first row of a round decides absolute
 position ``position = length + 1`` (the index of the next token in prompt + response); drafts are drawn at
-the positions they propose (stream 3). See ``strategies.py`` for why this is lossless and batch invariant.
+the positions they propose (stream 3). See ``round_strategies.py`` for why this is lossless and batch invariant.
 Tokens emitted past EOS or past ``max_new_tokens`` are discarded; truncating a sequence keeps its law.
 """
 
@@ -28,7 +28,7 @@ from specdec_kernels.models import KVCache, ModelConfig, Qwen3
 
 from .decode import PolicyStep
 from .rollouts import GenerationConfig, Rollouts, RolloutStats, resolve_verify_backend
-from .strategies import strategy_for
+from .round_strategies import strategy_for
 
 
 class _Requests:

@@ -40,16 +40,16 @@ import torch
 from scipy import stats as sps
 
 import specdec_kernels as sk
-from specdec_kernels.testing.stats import two_sample_chi2
+from specdec_kernels.exactness.goodness_of_fit import two_sample_chi2
 
 from .batch import build_batch
 from .engine import RolloutEngine
 from .logprobs import policy_log_probs
 from .provenance import provenance
 from .rollouts import GenerationConfig, Rollouts
+from .round_strategies import ChainSpeculation, Proposal, Verified
+from .run_statistics import two_sample_chi2_power
 from .state import Engine
-from .stats import two_sample_chi2_power
-from .strategies import ChainSpeculation, Proposal, Verified
 from .task import CharTokenizer, Problem, reward
 
 
@@ -249,8 +249,8 @@ def main(argv: list[str] | None = None) -> int:
     from .config import RunConfig, tiny_config
     from .drafting import build_drafter, problem_batches, warm_start
     from .engine import RolloutEngine
-    from .model import supervised_warm_start
     from .task import make_splits
+    from .warm_start import supervised_warm_start
 
     cfg = tiny_config() if args.tiny else RunConfig()
     torch.set_num_threads(cfg.num_threads)

@@ -15,8 +15,8 @@ import numpy as np
 
 from .batch import request_seeds, score
 from .rollouts import GenerationConfig
+from .run_statistics import clustered_mean, paired_change, pass_at_k
 from .state import Engine
-from .stats import clustered_mean, paired_change, pass_at_k
 from .task import CharTokenizer, Problem, TaskConfig, make_problem
 
 TEST_STEP = -2  # Philox keys of the test evaluation: never a training step's (>= 0) nor validation's (-1)

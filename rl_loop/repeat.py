@@ -21,7 +21,7 @@ import numpy as np
 
 from .config import POLICY_PRESETS, WORKLOADS, RunConfig, tiny_config, with_workload
 from .provenance import provenance
-from .stats import ratio_of_rates
+from .run_statistics import ratio_of_rates
 from .train import run
 
 FIGURES = (

@@ -21,12 +21,12 @@ from .engine import RolloutEngine
 from .evaluation import validate
 from .heldout import evaluate_test, heldout_report, make_test_split
 from .learn import policy_optimizer
-from .model import supervised_warm_start
+from .protocol_figures import ar_baseline, protocol_figures
 from .provenance import provenance
-from .report import ar_baseline, protocol_figures
 from .resume import cut_metrics, metrics_path, read_checkpoint
 from .state import Engine, RunState, Session, load_checkpoint, save_checkpoint
 from .task import CharTokenizer, make_splits
+from .warm_start import supervised_warm_start
 
 
 def open_run(cfg: RunConfig) -> Callable[[dict], None]:

@@ -16,8 +16,8 @@ pieces (``batch``, ``learn``, ``accounting``, ``evaluation``, ``session``).
 
 from __future__ import annotations
 
-from .checks import check_run
 from .config import RunConfig
+from .run_checks import check_run
 
 
 def run(cfg: RunConfig) -> dict:

@@ -38,16 +38,16 @@ import numpy as np
 import torch
 
 import specdec_kernels as sk
+from specdec_kernels.exactness.exact_verify import chain_conditional_accepted
 from specdec_kernels.reference.sampling import target_probs
-from specdec_kernels.testing.exact_verify import chain_conditional_accepted
 
 from .batch import step_requests
 from .bench import load_run_config
-from .checks import check_verify_backend
 from .provenance import provenance
 from .rollouts import GenerationConfig, RolloutStats
+from .run_checks import check_verify_backend
+from .run_statistics import bootstrap_ci, ratio_of_rates
 from .session import setup
-from .stats import bootstrap_ci, ratio_of_rates
 from .usage import UsageError
 
 PROG = "python -m rl_loop.verify_bench"

@@ -29,10 +29,10 @@ import torch
 
 from .drafting import build_drafter, problem_batches, warm_start
 from .engine import RolloutEngine
-from .model import supervised_warm_start
 from .rollouts import GenerationConfig, Rollouts
 from .task import CharTokenizer, TaskConfig, make_splits
 from .vllm_backend import VllmOptions, VllmRolloutEngine, spec_method
+from .warm_start import supervised_warm_start
 
 
 def _counters(r: Rollouts) -> dict:

@@ -31,13 +31,17 @@ INDEX_DTYPES = (torch.int32, torch.int64)
 BACKENDS = ("auto", "reference", "triton", "cpu", "cuda")
 CHAIN_METHODS = ("token", "block")
 TREE_METHODS = ("token", "traversal")
-# op name of each (op, method): the backends' function names are verify_<op name>.
+# op name of each (op, method), and each backend's function for it: tables to grep, not names built from strings.
 _METHOD_OPS = {("chain", "token"): "chain", ("chain", "block"): "chain_block",
                ("tree", "token"): "tree", ("tree", "traversal"): "tree_traversal"}
 _REFERENCE_OPS = {"chain": _ref_chain.verify_chain, "chain_block": _ref_block.verify_chain_block,
                   "tree": _ref_tree.verify_tree, "tree_traversal": _ref_traversal.verify_tree_traversal}
-_TRITON_MODULES = {"chain": ".triton.chain", "chain_block": ".triton.block", "tree": ".triton.tree",
-                   "tree_traversal": ".triton.traversal"}
+# (module, function) of each op's Triton launcher, imported on first use (importing Triton is slow).
+_TRITON_OPS = {"chain": (".triton.chain", "verify_chain"), "chain_block": (".triton.block", "verify_chain_block"),
+               "tree": (".triton.tree", "verify_tree"), "tree_traversal": (".triton.traversal", "verify_tree_traversal")}
+# The native op of each op (specdec_kernels.native.OPS gives its function per device type).
+_NATIVE_OPS = {"chain": "verify_chain", "chain_block": "verify_chain_block", "tree": "verify_tree",
+               "tree_traversal": "verify_tree_traversal"}
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -104,14 +108,14 @@ def _resolve(backend: str, device: torch.device, op: str) -> Callable:
                 "backend='triton' needs CUDA tensors, or CPU tensors with TRITON_INTERPRET=1 and triton "
                 f"installed (got device {device})"
             )
-        module = importlib.import_module(_TRITON_MODULES[op], __package__)
-        return module.__dict__[f"verify_{op}"]
+        module_name, function = _TRITON_OPS[op]
+        return getattr(importlib.import_module(module_name, __package__), function)
     # native backends
     if device.type != backend:
         raise ValueError(f"backend={backend!r} needs {backend} tensors, got tensors on {device}")
     from . import native
 
-    fn = native.op(f"verify_{op}", device.type)
+    fn = native.op(_NATIVE_OPS[op], device.type)
     _NATIVE_RESOLVED[backend, op] = fn
     return fn
 
@@ -375,7 +379,7 @@ def checked_chain_args(
 
     Returns the positional arguments every backend's ``verify_chain`` takes: (logits, draft ids, cu,
     draft_probs, temperature, top_k, top_p, seed, position, max_draft_len), normalised as the module
-    docstring says. Test harnesses that launch kernels themselves (``testing.cuda_host``) start here.
+    docstring says. Test harnesses that launch kernels themselves (``exactness.cuda_host``) start here.
     """
     _check_logits("target_logits", target_logits)
     device = target_logits.device

@@ -74,9 +74,29 @@ def has_device(device_type: str) -> bool:
     return module is not None and device_type in getattr(module, "DEVICES", ())
 
 
+# The extension's function for each (op, device type) (csrc/bindings.cpp): a table to grep, not names built
+# from strings.
+OPS: dict[tuple[str, str], str] = {
+    ("verify_chain", "cpu"): "verify_chain_cpu",
+    ("verify_chain", "cuda"): "verify_chain_cuda",
+    ("verify_tree", "cpu"): "verify_tree_cpu",
+    ("verify_tree", "cuda"): "verify_tree_cuda",
+    ("verify_chain_block", "cpu"): "verify_chain_block_cpu",
+    ("verify_chain_block", "cuda"): "verify_chain_block_cuda",
+    ("verify_tree_traversal", "cpu"): "verify_tree_traversal_cpu",
+    ("verify_tree_traversal", "cuda"): "verify_tree_traversal_cuda",
+    ("decoder_step", "cpu"): "decoder_step_cpu",
+    ("philox_uniform_rows", "cpu"): "philox_uniform_rows_cpu",
+    ("stream_sum", "cpu"): "stream_sum_cpu",
+    ("stream_work", "cpu"): "stream_work_cpu",
+    ("stream_minmax16", "cpu"): "stream_minmax16_cpu",
+}
+
+
 def has_op(name: str, device_type: str) -> bool:
     """True when the extension has the op ``name`` for ``device_type`` (an older build may lack it)."""
-    return has_device(device_type) and hasattr(_load(), f"{name}_{device_type}")
+    attr = OPS.get((name, device_type))
+    return attr is not None and has_device(device_type) and hasattr(_load(), attr)
 
 
 def op(name: str, device_type: str) -> Callable:
@@ -86,7 +106,7 @@ def op(name: str, device_type: str) -> Callable:
         raise RuntimeError(_MISSING_MESSAGE.format(reason=_error))
     if device_type not in getattr(module, "DEVICES", ()):
         raise RuntimeError(f"specdec_kernels._C was built without {device_type} kernels")
-    return getattr(module, f"{name}_{device_type}")
+    return getattr(module, OPS[name, device_type])
 
 
 def decoder_step(x, weights, k_cache, v_cache, rows, start, depth, rope, num_heads: int, eps: float, qkv_add=None):

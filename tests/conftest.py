@@ -29,7 +29,7 @@ requires_triton = pytest.mark.skipif(
 )
 
 # ----------------------------------------------------------------------------------------------------
-# Statistical exactness suite (tests/test_chain_law.py, test_mutants.py, test_chain_properties.py).
+# Statistical exactness suite (tests/test_chain_law.py, test_chain_mutants.py, test_chain_properties.py).
 # A backend joins the suite by adding its name to STAT_READY_BACKENDS (one-line change); it then runs
 # wherever available_backends(DEVICE) offers it (inputs move to DEVICE). Under the Triton interpreter
 # only the cases marked cheap run.

@@ -1,4 +1,4 @@
-"""The audit tool (specdec_kernels/testing/audit): its verdicts can fail, its reports hold every case, its
+"""The audit tool (specdec_kernels/audit): its verdicts can fail, its reports hold every case, its
 command line refuses bad input in one line.
 
 Small by design: law cases run at a large total-variation target (hundreds of samples, not tens of
@@ -15,14 +15,22 @@ import pytest
 import torch
 
 import specdec_kernels as sk
-from specdec_kernels.testing import mutants, stats
-from specdec_kernels.testing.audit import AuditOptions, AuditTarget, resolve_target, run_audit, write_report
-from specdec_kernels.testing.audit.__main__ import build_parser, main
-from specdec_kernels.testing.audit.cases import GRID_FIRST_TOKEN_CASES, LAW_CASES, uses_min_p
-from specdec_kernels.testing.audit.checks import FAMILIES, case_names, greedy_expected, run_family
-from specdec_kernels.testing.audit.pytest_plugin import ENTRY_POINT
-from specdec_kernels.testing.audit.targets import TargetError, reference_verifier
-from specdec_kernels.testing.chain_law import first_token_law
+from specdec_kernels.audit import (
+    AuditOptions,
+    AuditTarget,
+    pytest_plugin,
+    resolve_target,
+    run_audit,
+    write_report,
+)
+from specdec_kernels.audit.__main__ import build_parser, main
+from specdec_kernels.audit.cases import GRID_FIRST_TOKEN_CASES, LAW_CASES, uses_min_p
+from specdec_kernels.audit.families import FAMILIES, case_names, greedy_expected, run_family
+from specdec_kernels.audit.pytest_plugin import ENTRY_POINT
+from specdec_kernels.audit.targets import TargetError, reference_verifier
+from specdec_kernels.exactness import chain_mutants
+from specdec_kernels.exactness import goodness_of_fit as gof
+from specdec_kernels.exactness.chain_law import first_token_law
 
 QUICK = AuditOptions(tv=0.25, mutant_tv=0.25)
 pytest_plugins = ["pytester"]
@@ -37,11 +45,11 @@ reference.audit_supports = ("per_request_seed", "validation")
 
 def ratio_inverted(*args, **kwargs):
     """A lossy verifier (accepts with min(1, q/p))."""
-    return mutants.mutant_verifier("ratio_inverted")(*args, **kwargs)
+    return chain_mutants.mutant_verifier("ratio_inverted")(*args, **kwargs)
 
 
 def greedy_sampled(*args, **kwargs):
-    return mutants.mutant_verifier("greedy_sampled")(*args, **kwargs)
+    return chain_mutants.mutant_verifier("greedy_sampled")(*args, **kwargs)
 
 
 def unseeded(*args, **kwargs):
@@ -91,14 +99,14 @@ def test_min_p_cases_remove_tokens(case):
     plain = first_token_law(type(case)(case.name, case.vocab_size, type(case.cfg)(case.cfg.temperature),
                                        case.drafts, case.seed))
     assert (law == 0).sum() > (plain == 0).sum()
-    assert stats.total_variation(law, plain) > 0.02
+    assert gof.total_variation(law, plain) > 0.02
 
 
 def test_lossless_verifier_passes_and_report_holds_every_case(tmp_path):
     target = _target("reference")
     report = run_audit(target, ("first-token", "greedy", "batch"), AuditOptions(
         tv=0.25, cases=("first-stoch-T1", "first-deter-greedy", "greedy-deter", "replay-stoch")),
-        command="python -m specdec_kernels.testing.audit tests.test_audit:reference")
+        command="python -m specdec_kernels.audit tests.test_audit:reference")
     assert report.verdict() == "PASS", [o for o in report.outcomes if o.verdict != "pass"]
     md, js = write_report(report, tmp_path)
     data = json.loads(js.read_text())
@@ -107,7 +115,7 @@ def test_lossless_verifier_passes_and_report_holds_every_case(tmp_path):
     assert law and all(o["num_samples"] > 0 and 0 <= o["pvalue"] <= 1 and o["alpha"] == pytest.approx(4e-7) for o in law)
     assert data["level"]["family_wise_bound"] == pytest.approx(data["level"]["num_statistical_tests"] * 4e-7)
     text = md.read_text()
-    assert "python -m specdec_kernels.testing.audit tests.test_audit:reference" in text
+    assert "python -m specdec_kernels.audit tests.test_audit:reference" in text
     assert all(o["name"] in text for o in data["outcomes"])
 
 
@@ -211,16 +219,18 @@ def test_help_lists_the_options():
 
 
 def _plugin_args() -> list[str]:
-    """``-p`` for the audit plugin unless an installed specdec-kernels already loads it (pytest11)."""
-    installed = any(ep.name == ENTRY_POINT for ep in importlib.metadata.entry_points(group="pytest11"))
-    return [] if installed else ["-p", "specdec_kernels.testing.audit.pytest_plugin"]
+    """``-p`` for the audit plugin unless an installed specdec-kernels already loads it (pytest11; an install
+    that predates the plugin's module path names another module and does not)."""
+    installed = any(ep.name == ENTRY_POINT and ep.value == pytest_plugin.__name__
+                    for ep in importlib.metadata.entry_points(group="pytest11"))
+    return [] if installed else ["-p", pytest_plugin.__name__]
 
 
 def test_pytest_entry_point(tmp_path, pytester):
-    """pytest --pyargs specdec_kernels.testing --verifier TARGET: one test per case, report on request."""
+    """pytest --pyargs specdec_kernels.audit --verifier TARGET: one test per case, report on request."""
     result = pytester.runpytest_inprocess(
         "-q", "-p", "no:cacheprovider", *_plugin_args(), "--pyargs",
-        "specdec_kernels.testing", "--verifier", "tests.test_audit:ratio_inverted", "--audit-cases",
+        "specdec_kernels.audit", "--verifier", "tests.test_audit:ratio_inverted", "--audit-cases",
         "first-stoch-T1-topk3,first-deter-T1-", "--audit-tv", "0.25", "--audit-report", str(tmp_path))
     # The stochastic-draft bug fails its stochastic case; deterministic cases pass; min-p is skipped.
     result.assert_outcomes(failed=1, passed=2, skipped=1)
@@ -236,7 +246,7 @@ def test_target_resolution():
     target = resolve_target("tests.test_audit:reference")
     assert target.supports == frozenset({"per_request_seed", "validation"})
     wrapped = resolve_target("tests.test_audit:ratio_inverted")
-    assert wrapped.mutant is mutants.mutant_verifier and wrapped.supports == frozenset()
+    assert wrapped.mutant is chain_mutants.mutant_verifier and wrapped.supports == frozenset()
 
 
 def test_our_backends_run_their_own_mutants():

@@ -1,6 +1,6 @@
 """The ``cuda-emulated`` audit target: our CUDA kernels through the CUDA host emulation, as the audit runs them.
 
-A thin adapter (``specdec_kernels.testing.audit.targets.cuda_emulated_target``): these tests show that it runs
+A thin adapter (``specdec_kernels.audit.targets.cuda_emulated_target``): these tests show that it runs
 the emulated kernels (launches recorded, the reference's tokens for the same seeds), that the audit's
 families pass through it at a small sample size, that its planted bugs are caught, and that it refuses
 clearly when the emulation is not built. The full-power run is the committed report
@@ -15,12 +15,12 @@ import pytest
 import torch
 
 import specdec_kernels as sk
-from specdec_kernels.testing import cuda_host
-from specdec_kernels.testing.audit import AuditOptions, resolve_target
-from specdec_kernels.testing.audit.__main__ import main
-from specdec_kernels.testing.audit.checks import run_family
-from specdec_kernels.testing.audit.targets import TargetError, cuda_emulated_target
-from specdec_kernels.testing.chain_law import case_by_name, sample_first_tokens
+from specdec_kernels.audit import AuditOptions, resolve_target
+from specdec_kernels.audit.__main__ import main
+from specdec_kernels.audit.families import run_family
+from specdec_kernels.audit.targets import TargetError, cuda_emulated_target
+from specdec_kernels.exactness import cuda_host
+from specdec_kernels.exactness.chain_law import case_by_name, sample_first_tokens
 
 needs_emulation = pytest.mark.skipif(not cuda_host.available(),
                                      reason="CUDA host emulation not built (setup.py build_ext)")

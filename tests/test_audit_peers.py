@@ -14,13 +14,13 @@ import pytest
 import torch
 
 import specdec_kernels as sk
-from specdec_kernels.testing import mutants
-from specdec_kernels.testing.audit import AuditOptions, AuditTarget
-from specdec_kernels.testing.audit import flashinfer_target as fi
-from specdec_kernels.testing.audit import sglang_target as sg
-from specdec_kernels.testing.audit.checks import run_family
-from specdec_kernels.testing.audit.peer_common import effective_lengths, group_chains, row_target_probs
-from specdec_kernels.testing.audit.targets import reference_verifier
+from specdec_kernels.audit import AuditOptions, AuditTarget
+from specdec_kernels.audit import flashinfer_target as fi
+from specdec_kernels.audit import sglang_target as sg
+from specdec_kernels.audit.families import run_family
+from specdec_kernels.audit.peer_common import effective_lengths, group_chains, row_target_probs
+from specdec_kernels.audit.targets import reference_verifier
+from specdec_kernels.exactness import chain_mutants
 
 QUICK = AuditOptions(tv=0.25, mutant_tv=0.25)
 
@@ -57,14 +57,14 @@ def test_adapter_over_a_lossless_double_passes(peer):
     ("sglang", "bonus_wrong_row", "sequence", "seq-self-k3-T0.7-k2-o2"),
 ])
 def test_adapter_over_a_planted_bug_fails(peer, bug, family, case):
-    outcome = _run(_adapted(peer, mutants.mutant_verifier(bug)), family, (case,))[case]
+    outcome = _run(_adapted(peer, chain_mutants.mutant_verifier(bug)), family, (case,))[case]
     assert outcome.verdict == "FAIL", outcome
 
 
 def test_target_only_adapter_reports_stochastic_bugs_inert():
     """SGLang's verification ignores q: a bug in how q is used cannot act through that adapter."""
     target = AuditTarget("sg", "double", sg.tree_adapter(sg.contract_double(reference), "cpu"),
-                         mutant=lambda bug: sg.tree_adapter(sg.contract_double(mutants.mutant_verifier(bug)), "cpu"),
+                         mutant=lambda bug: sg.tree_adapter(sg.contract_double(chain_mutants.mutant_verifier(bug)), "cpu"),
                          mutant_base=sg.tree_adapter(sg.contract_double(reference_verifier), "cpu"))
     outcome = list(run_family(target, "mutants", AuditOptions(mutant_tv=0.25, cases=("ratio_inverted",))))[0]
     assert outcome.verdict == "inert"

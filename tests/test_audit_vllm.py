@@ -13,11 +13,11 @@ import torch
 
 pytest.importorskip("vllm")
 
-from specdec_kernels.testing.audit import AuditOptions, resolve_target  # noqa: E402
-from specdec_kernels.testing.audit.checks import run_family  # noqa: E402
-from specdec_kernels.testing.audit.vllm_inputs import min_p_processor  # noqa: E402
-from specdec_kernels.testing.audit.vllm_targets import parse_like_vllm  # noqa: E402
-from specdec_kernels.testing.toy_models import SamplingConfig, step_probs  # noqa: E402
+from specdec_kernels.audit import AuditOptions, resolve_target  # noqa: E402
+from specdec_kernels.audit.families import run_family  # noqa: E402
+from specdec_kernels.audit.vllm_inputs import min_p_processor  # noqa: E402
+from specdec_kernels.audit.vllm_targets import parse_like_vllm  # noqa: E402
+from specdec_kernels.exactness.markov_models import SamplingConfig, step_probs  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"
@@ -102,7 +102,7 @@ def test_v1_cpu_random_sample_stand_in_accepts_placeholder_drafts():
     ``draft_token_id < 0`` rejection, so a -1 (padded) draft is accepted with probability
     ``target_probs.flatten()[row * V - 1]``: the previous row's last entry (the previous request's, in a batch).
     The diagnostic target with both stand-ins fixed rejects it, as the reference does."""
-    from specdec_kernels.testing.audit.vllm_targets import random_sample_in_torch
+    from specdec_kernels.audit.vllm_targets import random_sample_in_torch
 
     resolve_target("vllm-v1-cpu")  # registers vLLM's C++ stand-ins
     from vllm.utils import cpu_triton_utils

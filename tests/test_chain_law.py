@@ -1,16 +1,16 @@
 """Statistical exactness of chain verification: emitted laws equal the (truncated) target laws.
 
-Every case runs at the suite's per-test alpha (``stats.SUITE_BUDGET``, Bonferroni) with a sample size
+Every case runs at the suite's per-test alpha (``gof.SUITE_BUDGET``, Bonferroni) with a sample size
 that detects a total-variation error of 0.02 with power 0.999; inputs and seeds are fixed, so each test
-is deterministic. The same check functions reject every planted bug (tests/test_mutants.py).
+is deterministic. The same check functions reject every planted bug (tests/test_chain_mutants.py).
 """
 
 from __future__ import annotations
 
 import pytest
 
-from specdec_kernels.testing import stats
-from specdec_kernels.testing.chain_law import (
+from specdec_kernels.exactness import goodness_of_fit as gof
+from specdec_kernels.exactness.chain_law import (
     FIRST_TOKEN_CASES,
     SEQUENCE_CASES,
     LawCheck,
@@ -37,7 +37,7 @@ def describe(check: LawCheck) -> str:
 def test_first_token_law(backend, case):
     """The first emitted token of each request follows the truncated target law."""
     skip_if_interpreter_expensive(backend, case.cheap)
-    alpha = stats.SUITE_BUDGET.claim(f"chain:{backend}:{case.name}")
+    alpha = gof.SUITE_BUDGET.claim(f"chain:{backend}:{case.name}")
     check = check_first_token_law(backend_verifier(backend, DEVICE), case, alpha)
     assert not check.result.rejects(alpha), describe(check)
 
@@ -46,7 +46,7 @@ def test_first_token_law(backend, case):
 def test_sequence_law(backend, case):
     """Speculative generation with toy Markov models has exactly the autoregressive sequence law."""
     skip_if_interpreter_expensive(backend, case.cheap)
-    alpha = stats.SUITE_BUDGET.claim(f"chain:{backend}:{case.name}")
+    alpha = gof.SUITE_BUDGET.claim(f"chain:{backend}:{case.name}")
     check = check_sequence_law(backend_verifier(backend, DEVICE), case, alpha)
     assert not check.result.rejects(alpha), describe(check)
 

@@ -14,12 +14,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import specdec_kernels as sk
+from specdec_kernels.exactness.bad_inputs import BAD_ARGUMENTS, valid_call
+from specdec_kernels.exactness.chain_law import backend_verifier
+from specdec_kernels.exactness.markov_models import Drafter, SamplingConfig, random_markov, run_speculative
 from specdec_kernels.reference.sampling import greedy_logits
-from specdec_kernels.testing.bad_inputs import BAD_ARGUMENTS, valid_call
-from specdec_kernels.testing.chain_law import backend_verifier
-from specdec_kernels.testing.strategies import ChainInputs, chain_inputs
-from specdec_kernels.testing.toy_models import Drafter, SamplingConfig, random_markov, run_speculative
 from tests.conftest import DEVICE, INTERPRETED_TRITON, STAT_BACKENDS
+from tests.harness.chain_input_strategies import ChainInputs, chain_inputs
 
 # Fewer examples when the (slow) Triton interpreter is among the backends.
 MAX_EXAMPLES = 25 if "triton" in STAT_BACKENDS and INTERPRETED_TRITON else 100

@@ -8,8 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdec_kernels.testing import cuda_host, cuda_limits
+from specdec_kernels.exactness import cuda_host
 from tests.conftest import host_cxx
+from tests.harness import cuda_limits
 
 pytestmark = [
     pytest.mark.native,

@@ -1,4 +1,4 @@
-"""The CUDA kernels, run on the CPU through the host emulation (specdec_kernels.testing.cuda_host), emit the
+"""The CUDA kernels, run on the CPU through the host emulation (specdec_kernels.exactness.cuda_host), emit the
 reference's tokens for the same seeds.
 
 The randomised cases of tests/test_native.py (ragged batches, fp32/bf16/fp16 logits, greedy/random mixes,
@@ -19,14 +19,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import specdec_kernels as sk
-from specdec_kernels.testing import cuda_host, fuzz, stats
-from specdec_kernels.testing.chain_law import (
+from specdec_kernels.exactness import cuda_host
+from specdec_kernels.exactness import goodness_of_fit as gof
+from specdec_kernels.exactness.chain_law import (
     FIRST_TOKEN_CASES,
     case_by_name,
     check_first_token_law,
     first_token_law,
 )
-from specdec_kernels.testing.chain_law import sample_first_tokens as first_token_batch
+from specdec_kernels.exactness.chain_law import sample_first_tokens as first_token_batch
+from tests.harness import fuzz
 from tests.test_native import CHAIN_CASES, TREE_CASES, _chain_case, _tree_case
 
 pytestmark = [
@@ -208,7 +210,7 @@ def test_first_token_law(name):
     """The law check itself, at the suite's sample size and alpha, on the cases whose (truncated) target is
     a point mass (342 requests each; the others need ~50k, minutes in the emulation)."""
     case = case_by_name(name)
-    alpha = stats.SUITE_BUDGET.claim(f"chain:cuda_host:{case.name}")
+    alpha = gof.SUITE_BUDGET.claim(f"chain:cuda_host:{case.name}")
     check = check_first_token_law(_emulated("random"), case, alpha)
     assert not check.result.rejects(alpha), f"{check.result} with n={check.num_samples}"
 

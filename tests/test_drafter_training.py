@@ -23,7 +23,7 @@ from specdec_kernels.drafters.training import (
     distill_loss,
     unroll_logits,
 )
-from specdec_kernels.testing.tiny_models import tiny_qwen3
+from specdec_kernels.models.tiny_qwen3 import tiny_qwen3
 
 V = 96
 
@@ -237,7 +237,7 @@ def test_vllm_serves_trained_head_as_eagle3_speculator(tmp_path):
                                               prompt, k, max_new)
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", PYTHONPATH=os.getcwd())
     proc = subprocess.run(
-        [sys.executable, "-m", "specdec_kernels.testing.vllm_check", "--target", str(tmp_path / "target"),
+        [sys.executable, "-m", "tests.harness.vllm_eagle3_serve", "--target", str(tmp_path / "target"),
          "--draft", str(tmp_path / "draft"), "--prompt-ids", ",".join(map(str, prompt[0].tolist())),
          "--max-tokens", str(max_new), "--k", str(k)],
         capture_output=True, text=True, timeout=600, env=env, cwd=str(tmp_path))

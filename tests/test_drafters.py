@@ -12,8 +12,8 @@ from specdec_kernels.drafters.eagle3 import Eagle3Config, Eagle3Drafter, Eagle3H
 from specdec_kernels.drafters.features import capture_target_features
 from specdec_kernels.drafters.head_ops import head_sample
 from specdec_kernels.drafters.mtp import MtpDrafter, MtpHead
+from specdec_kernels.models.tiny_qwen3 import tiny_qwen3
 from specdec_kernels.reference import philox
-from specdec_kernels.testing.tiny_models import tiny_qwen3
 
 V = 96
 

@@ -8,8 +8,8 @@ import torch
 
 import specdec_kernels as sk
 from specdec_kernels import native
+from specdec_kernels.exactness import goodness_of_fit as gof
 from specdec_kernels.reference import gumbel, philox
-from specdec_kernels.testing import stats
 from tests.conftest import DEVICE, TRITON_RUNNABLE
 
 NEG_INF = float("-inf")
@@ -30,13 +30,13 @@ def test_sample_follows_softmax():
     """The samples of one row over many seeds follow softmax(z) exactly (goodness of fit at the suite's alpha)."""
     z = _law_row()
     law = torch.softmax(z.double(), dim=0)
-    alpha = stats.SUITE_BUDGET.claim("gumbel:two-level-law")
-    n = stats.sample_size(law, alpha, 0.02, 0.999)
+    alpha = gof.SUITE_BUDGET.claim("gumbel:two-level-law")
+    n = gof.sample_size(law, alpha, 0.02, 0.999)
     seed = torch.arange(n, dtype=torch.int64) * 7919 + 11
     position = torch.randint(0, 1 << 20, (n,), generator=torch.Generator().manual_seed(1))
     tokens = gumbel.sample(z.expand(n, -1).contiguous(), seed, position, philox.STREAM_RECOVERY)
     assert bool(((tokens >= 0) & (tokens < 37) & torch.isfinite(z[tokens])).all())
-    result = stats.gof_test(torch.bincount(tokens, minlength=37), law)
+    result = gof.gof_test(torch.bincount(tokens, minlength=37), law)
     assert not result.rejects(alpha), result
 
 

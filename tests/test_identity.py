@@ -1,4 +1,4 @@
-"""The backend-identity check (specdec_kernels.testing.identity) passes where backends agree and counts a
+"""The backend-identity check (tests.harness.identity) passes where backends agree and counts a
 planted bug."""
 
 from __future__ import annotations
@@ -6,18 +6,18 @@ from __future__ import annotations
 import pytest
 
 from specdec_kernels import native
-from specdec_kernels.testing import identity
-from specdec_kernels.testing import optimal_law as ol
+from specdec_kernels.exactness import block_traversal_law as btl
+from tests.harness import identity
 
 
 def _job(case_name: str, method: str, api: str) -> identity.Job:
-    index = [c.name for c in ol.STEP_CASES].index(case_name)
+    index = [c.name for c in btl.STEP_CASES].index(case_name)
     return identity.Job(index, method, api)
 
 
 def test_jobs_cover_every_step_case_and_method():
     todo = identity.jobs()
-    assert {j.case for j in todo} == set(range(len(ol.STEP_CASES)))
+    assert {j.case for j in todo} == set(range(len(btl.STEP_CASES)))
     assert {(j.method, j.api) for j in todo} == set(identity.CHAIN_APIS)
     assert {j.method for j in identity.jobs(("traversal",))} == {"traversal"}
 

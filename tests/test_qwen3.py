@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from specdec_kernels.models import KVCache, ModelConfig, Qwen3, load_pretrained, save_pretrained
-from specdec_kernels.testing.tiny_models import tiny_qwen3, to_transformers
+from specdec_kernels.models.tiny_qwen3 import tiny_qwen3, to_transformers
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

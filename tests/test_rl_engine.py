@@ -13,8 +13,8 @@ from rl_loop.drafting import build_drafter
 from rl_loop.engine import RolloutEngine
 from rl_loop.rollouts import GenerationConfig, TreeShape
 from specdec_kernels.drafters import DraftModelDrafter, DraftProposal
+from specdec_kernels.exactness.goodness_of_fit import two_sample_chi2
 from specdec_kernels.models import ModelConfig, Qwen3
-from specdec_kernels.testing.stats import two_sample_chi2
 
 pytestmark = [pytest.mark.rl, pytest.mark.usefixtures("one_thread")]
 

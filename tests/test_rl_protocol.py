@@ -18,12 +18,11 @@ from rl_loop.decode import PolicyStep, resolve_decode_path
 from rl_loop.engine import RolloutEngine
 from rl_loop.equivalence import EquivalenceConfig, check_equivalence
 from rl_loop.heldout import heldout_report, make_test_split
+from rl_loop.protocol_figures import protocol_figures
 from rl_loop.provenance import provenance
 from rl_loop.repeat import aggregate, markdown, pooled_ci
-from rl_loop.report import protocol_figures
 from rl_loop.rollouts import GenerationConfig, RolloutStats
-from rl_loop.state import Comparison, RunState, WarmStartTimes
-from rl_loop.stats import (
+from rl_loop.run_statistics import (
     bootstrap_ci,
     clustered_mean,
     paired_change,
@@ -32,11 +31,12 @@ from rl_loop.stats import (
     two_sample_chi2_power,
     two_sample_size,
 )
+from rl_loop.state import Comparison, RunState, WarmStartTimes
 from rl_loop.task import CharTokenizer, TaskConfig, make_splits
 from specdec_kernels import native
 from specdec_kernels.drafters import DraftModelDrafter
+from specdec_kernels.exactness.goodness_of_fit import chi2_power
 from specdec_kernels.models import KVCache, ModelConfig, Qwen3
-from specdec_kernels.testing.stats import chi2_power
 
 pytestmark = pytest.mark.rl
 torch.set_num_threads(1)

@@ -10,17 +10,16 @@ import numpy as np
 import pytest
 import torch
 
-import rl_loop.strategies as strategies
-from rl_loop import bench, tree_bench
+from rl_loop import bench, round_strategies, tree_bench
 from rl_loop.config import REQUIRED_SUMMARY_KEYS, tiny_config
 from rl_loop.drafting import build_drafter, distill_step
 from rl_loop.engine import RolloutEngine
 from rl_loop.rollouts import GenerationConfig, TreeShape
 from rl_loop.train import run
 from specdec_kernels.drafters.training import DrafterTrainer, TrainConfig
+from specdec_kernels.exactness.goodness_of_fit import two_sample_chi2
 from specdec_kernels.models import KVCache, ModelConfig
-from specdec_kernels.testing.stats import two_sample_chi2
-from specdec_kernels.testing.tiny_models import spread_qwen3
+from specdec_kernels.models.tiny_qwen3 import spread_qwen3
 
 pytestmark = [pytest.mark.rl, pytest.mark.usefixtures("one_thread")]
 
@@ -91,7 +90,7 @@ def test_wide_tree_and_planted_bugs_are_caught(policy_and_drafter, monkeypatch):
     assert wide.response_ids == ar.response_ids
     assert wide.stats.mean_accepted_length > 1.5
     with monkeypatch.context() as m:
-        m.setattr(strategies, "tree_attention_mask", _causal_mask)
+        m.setattr(round_strategies, "tree_attention_mask", _causal_mask)
         assert engine.generate(prompts, seeds, cfg).response_ids != ar.response_ids
     with monkeypatch.context() as m:
         m.setattr(KVCache, "gather_positions", lambda self, rows, src, dst: None)
@@ -116,7 +115,7 @@ def test_trees_verify_on_the_native_backend(policy_and_drafter, monkeypatch):
         seen.append(kwargs["backend"])
         return verify(*args, **kwargs)
 
-    monkeypatch.setattr(strategies.sk, "verify_tree", spy)
+    monkeypatch.setattr(round_strategies.sk, "verify_tree", spy)
     RolloutEngine(policy, drafter, EOS).generate(_prompts(2), [0, 1], GenerationConfig(spec="tree", max_new_tokens=4))
     assert seen and set(seen) == {sk.available_backends("cpu")[0]}
 

@@ -14,8 +14,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-import rl_loop.checks as checks
 import rl_loop.sync_pipeline as sync_pipeline
+from rl_loop import run_checks
 from rl_loop.__main__ import main
 from rl_loop.config import tiny_config
 from rl_loop.session import setup
@@ -85,7 +85,7 @@ def test_unavailable_backends_fail_in_one_line(capsys, no_work, tmp_path, monkey
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     err = _one_line_error(capsys, ["--tiny", "--verify-backend", "triton", "--out", str(tmp_path)])
     assert "TRITON_INTERPRET=1" in err
-    monkeypatch.setattr(checks, "find_spec", lambda name: None if name == "vllm" else object())
+    monkeypatch.setattr(run_checks, "find_spec", lambda name: None if name == "vllm" else object())
     assert "needs vLLM" in _one_line_error(capsys, ["--tiny", "--backend", "vllm", "--out", str(tmp_path)])
 
 

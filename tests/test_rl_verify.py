@@ -16,22 +16,21 @@ import pytest
 import torch
 from scipy import stats as scipy_stats
 
-import rl_loop.strategies as strategies
 import rl_loop.sync_pipeline as sync_pipeline
 import specdec_kernels as sk
-from rl_loop import verify_bench
+from rl_loop import round_strategies, verify_bench
 from rl_loop.__main__ import parse_args
 from rl_loop.config import RunConfig, tiny_config
 from rl_loop.engine import RolloutEngine
 from rl_loop.rollouts import GenerationConfig, TreeShape
-from rl_loop.strategies import ChainSpeculation, TreeSpeculation, Verified, strategy_for
+from rl_loop.round_strategies import ChainSpeculation, TreeSpeculation, Verified, strategy_for
 from rl_loop.train import run
 from rl_loop.usage import UsageError
 from specdec_kernels.drafters import DraftModelDrafter
+from specdec_kernels.exactness.exact_verify import chain_conditional_accepted
 from specdec_kernels.models import ModelConfig
+from specdec_kernels.models.tiny_qwen3 import spread_qwen3
 from specdec_kernels.reference.sampling import target_probs
-from specdec_kernels.testing.exact_verify import chain_conditional_accepted
-from specdec_kernels.testing.tiny_models import spread_qwen3
 
 pytestmark = [pytest.mark.rl, pytest.mark.usefixtures("one_thread")]
 
@@ -65,13 +64,13 @@ def test_the_option_reaches_the_kernels_method(engine, monkeypatch):
     assert parse_args(["--spec", "tree", "--verify", "traversal"]).generation().verify == "traversal"
     seen: list[tuple[str, str]] = []
     for op in ("verify_chain", "verify_tree"):
-        real = getattr(strategies.sk, op)
+        real = getattr(round_strategies.sk, op)
 
         def spy(*args, _real=real, _op=op, **kw):
             seen.append((_op, kw.get("method", "token")))
             return _real(*args, **kw)
 
-        monkeypatch.setattr(strategies.sk, op, spy)
+        monkeypatch.setattr(round_strategies.sk, op, spy)
     prompts, seeds = _requests(4, 0)
     cases = [("chain", "token", "verify_chain"), ("chain", "block", "verify_chain"),
              ("tree", "token", "verify_tree"), ("tree", "traversal", "verify_tree")]
@@ -108,7 +107,7 @@ class _ShortBlock(ChainSpeculation):
         tokens = tokens.clone()
         tokens[cu[1:].long() - 1] = -1
         r, n, v = logits.shape
-        res = strategies.sk.verify_chain(logits.reshape(r * n, v), tokens, cu, draft_probs=probs,
+        res = round_strategies.sk.verify_chain(logits.reshape(r * n, v), tokens, cu, draft_probs=probs,
                                          temperature=temperature, seed=seed, position=position, backend=backend,
                                          method="block", max_draft_len=self.depth, validate=False)
         return Verified(res.output_token_ids, res.num_accepted, None)

@@ -22,7 +22,7 @@ from rl_loop.sim.generation import (
     steps_needed,
 )
 from rl_loop.sim.hardware import GB200, H100, H200, Hardware, get_hardware
-from rl_loop.sim.model import QWEN3_8B, QWEN3_235B_A22B, ModelSpec, eagle3_head
+from rl_loop.sim.model_spec import QWEN3_8B, QWEN3_235B_A22B, ModelSpec, eagle3_head
 from rl_loop.sim.presets import (
     PAPER_8B_ASYNC_EXPOSED_SHARE,
     PAPER_8B_THINK,

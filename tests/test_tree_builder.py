@@ -17,13 +17,13 @@ from specdec_kernels.drafters.tree_builder import (
     full_tree_paths,
     tree_attention_mask,
 )
-from specdec_kernels.testing import toy_trees
+from specdec_kernels.exactness import markov_trees
 
 VOCAB = 9
-TARGET, DRAFT = toy_trees.markov_tables(VOCAB, seed=4)
+TARGET, DRAFT = markov_trees.markov_tables(VOCAB, seed=4)
 
 
-class FingerprintDrafter(toy_trees.MarkovDrafter):
+class FingerprintDrafter(markov_trees.MarkovDrafter):
     """Markov drafter whose state fingerprints the node (token, sequence length); checks that every call
     receives its parent's fingerprint."""
 
@@ -177,7 +177,7 @@ def test_compact_kv_cache_moves_the_accepted_path():
 def test_dynamic_tree_verify_and_compact_end_to_end():
     num_reqs = 64
     context = torch.randint(0, VOCAB, (num_reqs, 3), generator=torch.Generator().manual_seed(2))
-    tree = build_dynamic_tree(toy_trees.MarkovDrafter(DRAFT), context, depth=3, top_k=3, beam=2, budget=8)
+    tree = build_dynamic_tree(markov_trees.MarkovDrafter(DRAFT), context, depth=3, top_k=3, beam=2, budget=8)
     res = sk.verify_tree(TARGET[tree.node_token_ids], tree.node_token_ids, tree.parent, tree.cu_num_nodes,
                          temperature=torch.ones(num_reqs), seed=torch.arange(num_reqs), backend="reference")
     n = 9

@@ -2,7 +2,7 @@
 
 Each case generates sequences by repeated draft-tree building + ``verify_tree`` and compares their law
 with the exactly enumerated autoregressive law (chi-square, Bonferroni-corrected family-wise false-positive
-rate of the suite's ``stats.SUITE_BUDGET``, where each case claims a slot). The same check is shown to
+rate of the suite's ``gof.SUITE_BUDGET``, where each case claims a slot). The same check is shown to
 reject planted bugs.
 """
 
@@ -21,8 +21,9 @@ from specdec_kernels.drafters.tree_builder import (
     build_static_tree,
     full_tree_paths,
 )
+from specdec_kernels.exactness import goodness_of_fit as gof
+from specdec_kernels.exactness import markov_trees
 from specdec_kernels.reference import philox
-from specdec_kernels.testing import stats, toy_trees
 from tests.tree_law_helpers import (
     ALPHA,
     DRAFT,
@@ -61,14 +62,14 @@ for a_i, alg in enumerate(ALGORITHMS):
 def test_sequence_law(alg, tree, setting):
     temperature, top_k, top_p = SETTINGS[setting]
     seed = CASES.index((alg, tree, setting))
-    alpha = stats.SUITE_BUDGET.claim(f"tree-law-{alg}-{tree}-{setting}")
+    alpha = gof.SUITE_BUDGET.claim(f"tree-law-{alg}-{tree}-{setting}")
     p = sequence_law_p_value(TREES[tree], ALGORITHMS[alg], temperature, top_k, top_p, seed=seed)
     assert p >= alpha, f"sequence law rejected: p = {p:.3g} < {alpha:.3g}"
 
 
 @pytest.mark.parametrize("alg", list(ALGORITHMS))
 def test_greedy_emits_the_argmax_sequence(alg):
-    seqs, _ = toy_trees.generate_with_trees(
+    seqs, _ = markov_trees.generate_with_trees(
         TARGET, DRAFT, TREES["w2d3"], ALGORITHMS[alg], 0.0, 0, 1.0, first_token=2, length=6,
         num_seqs=64, seed=3,
     )
@@ -158,16 +159,16 @@ def test_deterministic_tree_accepts_the_exact_bound(kind, temperature, top_k, to
     """Target-only verification accepts, in expectation, sum over nodes of p(path to the node)."""
     num_reqs = 20_000
     context = torch.randint(0, TARGET.shape[0], (num_reqs, 1), generator=torch.Generator().manual_seed(1))
-    drafter = toy_trees.MarkovDrafter(DRAFT)
+    drafter = markov_trees.MarkovDrafter(DRAFT)
     if kind == "static":
         tree = build_static_tree(drafter, context, TreeTopology.from_paths(TREES["w2d3"]))
     else:
         tree = build_dynamic_tree(drafter, context, depth=3, top_k=2, beam=2, budget=6)
     accepted = _mean_accepted(tree, temperature, top_k, top_p)
-    exact = toy_trees.expected_accepted_length(tree, toy_trees.transition_matrix(TARGET, temperature, top_k, top_p))
+    exact = markov_trees.expected_accepted_length(tree, markov_trees.transition_matrix(TARGET, temperature, top_k, top_p))
     se = float(accepted.std()) / math.sqrt(num_reqs)
     z = (float(accepted.mean()) - float(exact.mean())) / se
-    alpha = stats.SUITE_BUDGET.claim(f"tree-acceptance-bound-{kind}-T{temperature}-p{top_p}")
+    alpha = gof.SUITE_BUDGET.claim(f"tree-acceptance-bound-{kind}-T{temperature}-p{top_p}")
     z_crit = float(scipy_stats.norm.isf(alpha / 2))
     assert abs(z) < z_crit, f"mean accepted {float(accepted.mean()):.4f} vs exact {float(exact.mean()):.4f} (z = {z:.2f})"
 
@@ -175,7 +176,7 @@ def test_deterministic_tree_accepts_the_exact_bound(kind, temperature, top_k, to
 def test_rrs_accepts_at_least_as_much_as_multistep():
     num_reqs = 40_000
     context = torch.randint(0, TARGET.shape[0], (num_reqs, 1), generator=torch.Generator().manual_seed(2))
-    drafter = toy_trees.MarkovDrafter(DRAFT)
+    drafter = markov_trees.MarkovDrafter(DRAFT)
     topology = TreeTopology.from_paths(full_tree_paths([3, 2]))
     means = {}
     for i, mode in enumerate(("iid", "without_replacement")):
@@ -184,5 +185,5 @@ def test_rrs_accepts_at_least_as_much_as_multistep():
     iid, rrs = means["iid"], means["without_replacement"]
     se = math.sqrt(float(iid.var()) / num_reqs + float(rrs.var()) / num_reqs)
     print(f"mean accepted: multi-step (iid) {float(iid.mean()):.4f}, RRS (without replacement) {float(rrs.mean()):.4f}")
-    alpha = stats.SUITE_BUDGET.claim("tree-rrs-vs-multistep")
+    alpha = gof.SUITE_BUDGET.claim("tree-rrs-vs-multistep")
     assert float(rrs.mean()) >= float(iid.mean()) - float(scipy_stats.norm.isf(alpha)) * se

@@ -7,7 +7,7 @@ import torch
 
 import specdec_kernels as sk
 from specdec_kernels.drafters.tree_builder import TreeTopology, build_static_tree, full_tree_paths
-from specdec_kernels.testing import toy_trees
+from specdec_kernels.exactness import markov_trees
 from tests.conftest import DEVICE, requires_triton
 
 pytestmark = [
@@ -21,9 +21,9 @@ pytestmark = [
 def _case(num_reqs, vocab, paths, sibling_sampling, top_k, top_p, dtype=torch.float32, seed=0):
     """A batch of Markov-drafted trees whose target logits favour the drafts, so paths go deep."""
     g = torch.Generator().manual_seed(seed)
-    target, draft = toy_trees.markov_tables(vocab, seed, scale=2.0, draft_noise=0.5)
+    target, draft = markov_trees.markov_tables(vocab, seed, scale=2.0, draft_noise=0.5)
     context = torch.randint(0, vocab, (num_reqs, 1), generator=g)
-    tree = build_static_tree(toy_trees.MarkovDrafter(draft), context, TreeTopology.from_paths(paths),
+    tree = build_static_tree(markov_trees.MarkovDrafter(draft), context, TreeTopology.from_paths(paths),
                              sibling_sampling, g)
     logits = target[tree.node_token_ids].to(dtype)
     temp = torch.rand(num_reqs, generator=g) + 0.4

@@ -1,5 +1,5 @@
 """Every Triton kernel launch of the verifiers and drafter heads compiles for Hopper (sm_90), checked on the
-CPU (specdec_kernels/testing/triton_compile.py): the interpreter that runs the kernels here accepts code the
+CPU (tests/harness/triton_compile.py): the interpreter that runs the kernels here accepts code the
 GPU compiler refuses (a drafter-head kernel read a plain int global and failed to compile on an H200 while
 every interpreted test passed; this check fails on that kernel as it was)."""
 
@@ -19,7 +19,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_every_kernel_launch_compiles_for_sm90():
-    proc = subprocess.run([sys.executable, "-m", "specdec_kernels.testing.triton_compile", "--arch", "90"],
+    proc = subprocess.run([sys.executable, "-m", "tests.harness.triton_compile", "--arch", "90"],
                           cwd=ROOT, capture_output=True, text=True, timeout=900,
                           env={**os.environ, "PYTHONPATH": ROOT, "TRITON_INTERPRET": "0"})
     assert proc.returncode == 0, (proc.stderr or proc.stdout)[-3000:]

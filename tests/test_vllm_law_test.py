@@ -1,4 +1,4 @@
-"""The end-to-end law test (``specdec_kernels.testing.vllm_e2e.law_test``) keeps its level and has power.
+"""The end-to-end law test (``tests.harness.vllm_e2e.law_test``) keeps its level and has power.
 
 It is what decides the end-to-end exactness claims, so it is checked here on synthetic completions whose
 laws are known: equal laws pass, a law at total variation 0.15 in one position is rejected.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from specdec_kernels.testing.vllm_e2e import law_test
+from tests.harness.vllm_e2e import law_test
 
 
 def _completions(rng: np.random.Generator, num: int, length: int, probs: np.ndarray, skewed_position: int = -1,

@@ -16,8 +16,8 @@ from scipy import stats as scipy_stats
 
 pytest.importorskip("vllm")
 
+from specdec_kernels.exactness.goodness_of_fit import chi2_gof  # noqa: E402
 from specdec_kernels.integrations.vllm import runtime, v2  # noqa: E402
-from specdec_kernels.testing.stats import chi2_gof  # noqa: E402
 
 from .test_vllm_v1 import _emitted_counts, run, vllm_cpu_kernels  # noqa: E402, F401  (autouse fixture)
 from .test_vllm_v2 import MAX_REQS, STEPS, batch  # noqa: E402

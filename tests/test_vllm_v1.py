@@ -20,8 +20,8 @@ import torch
 
 pytest.importorskip("vllm")
 
+from specdec_kernels.exactness.goodness_of_fit import chi2_gof  # noqa: E402
 from specdec_kernels.integrations.vllm import compat, plugin, v1  # noqa: E402
-from specdec_kernels.testing.stats import chi2_gof  # noqa: E402
 
 from .vllm_helpers import onehot_logits, sampling_metadata, spec_metadata  # noqa: E402
 

@@ -16,8 +16,8 @@ import torch
 
 pytest.importorskip("vllm")
 
+from specdec_kernels.exactness.goodness_of_fit import chi2_gof  # noqa: E402
 from specdec_kernels.integrations.vllm import v2  # noqa: E402
-from specdec_kernels.testing.stats import chi2_gof  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 MAX_REQS, STEPS = 8, 3

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from specdec_kernels.testing.audit.vllm_inputs import sampling_metadata, spec_metadata
+from specdec_kernels.audit.vllm_inputs import sampling_metadata, spec_metadata
 
 __all__ = ["onehot_logits", "sampling_metadata", "spec_metadata"]
 

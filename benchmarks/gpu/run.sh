@@ -64,10 +64,10 @@ timeout "${TEST_TIMEOUT:-300}" "$PY" -m pytest -q -m "triton or native or stat" 
 echo "pytest exit code: $?"
 
 step "identity: each GPU backend's tokens vs the reference's, every step-law case, 3 seeds x 65476 requests"
-# specdec_kernels.testing.identity: rare faults (a race, a value the compiled kernel loses) that the test
+# tests.harness.identity: rare faults (a race, a value the compiled kernel loses) that the test
 # sizes above miss. One line per job, flushed: a timeout keeps what was checked.
 for backend in $("$PY" -c "import specdec_kernels as sk; print(' '.join(b for b in sk.available_backends('cuda') if b != 'reference'))"); do
-  timeout "${IDENTITY_TIMEOUT:-150}" "$PY" -m specdec_kernels.testing.identity --backend "$backend" --device "${BENCH_DEVICE:-cuda}" \
+  timeout "${IDENTITY_TIMEOUT:-150}" "$PY" -m tests.harness.identity --backend "$backend" --device "${BENCH_DEVICE:-cuda}" \
     --workers 4 > "$OUT/identity_$backend.log" 2>&1
   echo "identity $backend exit code: $? ($(grep -c '^!!' "$OUT/identity_$backend.log") jobs differ)"; grep '^!!\|^identity' "$OUT/identity_$backend.log" | head -n 12
 done

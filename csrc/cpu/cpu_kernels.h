@@ -26,7 +26,7 @@ void verify_chain(const ChainArgs& a);
 // Tree verification of a whole batch with OpenMP; outputs must be pre-filled with -1.
 void verify_tree(const TreeArgs& a);
 
-// Block verification of chains / traversal verification of trees (csrc/cpu/optimal_cpu.cpp); outputs as
+// Block verification of chains / traversal verification of trees (csrc/cpu/block_traversal_cpu.cpp); outputs as
 // verify_chain / verify_tree.
 void verify_chain_block(const ChainArgs& a);
 void verify_tree_traversal(const TreeArgs& a);

@@ -6,7 +6,7 @@ in code, :func:`rl_loop.sim.presets.evaluate` on a :class:`~rl_loop.sim.presets.
 
 from .generation import Parallelism, Speculation, Workload, simulate_generation
 from .hardware import HARDWARE, Hardware, get_hardware
-from .model import QWEN3_8B, QWEN3_235B_A22B, ModelSpec, eagle3_head
+from .model_spec import QWEN3_8B, QWEN3_235B_A22B, ModelSpec, eagle3_head
 from .presets import PRESETS, Scenario, evaluate, get_preset
 from .step import StepSetup, simulate_step
 

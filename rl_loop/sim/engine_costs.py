@@ -144,7 +144,7 @@ def measure_components(cfg, s: dict, prompts: list[list[int]], batches=(2, 8, 16
     """(a): time each engine component alone over ``batches`` x tokens / k; returns the fits and rows."""
     import specdec_kernels as sk
     from rl_loop.rollouts import resolve_verify_backend
-    from rl_loop.strategies import ChainSpeculation
+    from rl_loop.round_strategies import ChainSpeculation
     from specdec_kernels.models import KVCache
 
     torch.set_num_threads(1)

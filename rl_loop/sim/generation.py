@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from .hardware import Hardware
-from .model import ModelSpec
+from .model_spec import ModelSpec
 
 
 @dataclass(frozen=True)

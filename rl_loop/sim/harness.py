@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .model import ModelSpec
+from .model_spec import ModelSpec
 
 
 @dataclass(frozen=True)

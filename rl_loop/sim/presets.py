@@ -15,7 +15,7 @@ from dataclasses import replace
 
 from .generation import Parallelism, Speculation, Workload
 from .hardware import GB200
-from .model import QWEN3_8B, QWEN3_235B_A22B, eagle3_head
+from .model_spec import QWEN3_8B, QWEN3_235B_A22B, eagle3_head
 from .scenario import Scenario
 from .step import StepSetup, async_speedup_at_exposure, simulate_async_fixed_split, simulate_step
 

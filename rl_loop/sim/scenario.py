@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 
 from .generation import Speculation
 from .hardware import Hardware
-from .model import ModelSpec
+from .model_spec import ModelSpec
 from .step import StepSetup
 
 

@@ -38,7 +38,7 @@ from .generation import (
     simulate_steady_generation,
 )
 from .hardware import Hardware
-from .model import ModelSpec
+from .model_spec import ModelSpec
 
 
 def training_time(hw: Hardware, model: ModelSpec, tokens: float, gpus: int) -> float:

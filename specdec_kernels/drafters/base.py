@@ -51,9 +51,7 @@ from typing import NamedTuple
 import torch
 
 from ..reference import philox
-
-STREAM_DRAFT = 3
-"""Philox stream used for sampling draft tokens (streams 0-2 belong to the verifiers)."""
+from ..reference.philox import STREAM_DRAFT
 
 
 class DraftProposal(NamedTuple):
@@ -196,7 +194,7 @@ class Drafter(abc.ABC):
 
 
 # ---------------------------------------------------------------------------------------------------
-# Shared sampling helpers (the reference semantics of the fused Triton kernels in triton/drafter.py)
+# Draft-stream uniforms (the spec of the drafter head's sampling: reference/drafter.py)
 # ---------------------------------------------------------------------------------------------------
 
 def draft_uniforms(seed: torch.Tensor, position: torch.Tensor, vocab_size: int) -> torch.Tensor:
@@ -214,11 +212,3 @@ def _native_uniforms() -> bool:
     from .. import native
 
     return native.has_op("philox_uniform_rows", "cpu")
-
-
-def scatter_to_target(draft_values: torch.Tensor, d2t: torch.Tensor, vocab_size: int, fill: float) -> torch.Tensor:
-    """[R, Vd] values over the draft vocabulary -> [R, V] over the target vocabulary (``fill`` elsewhere)."""
-    out = draft_values.new_full((draft_values.shape[0], vocab_size), fill)
-    target_ids = torch.arange(d2t.numel(), device=d2t.device) + d2t
-    out[:, target_ids] = draft_values
-    return out

@@ -6,11 +6,12 @@ Every verification backend draws its randomness from this one stateless generato
       = word (i & 3) of rand4x(seed, offset),   offset = (position << 32) | (stream << 30) | (i >> 2)
 
 ``seed`` is a request's 64-bit key, ``position`` the absolute position of the token being decided,
-``stream`` one of :data:`STREAM_COIN`, :data:`STREAM_RECOVERY`, :data:`STREAM_BONUS`, and ``i`` the draw
-index: the vocabulary index ``v`` for a vocabulary entry's noise, :data:`BLOCK_DRAWS` + ``b`` for the noise
-of vocabulary block ``b`` (``reference/gumbel.py``), the sibling slot for coins (0 in chains). One Philox
-call (counter (offset_lo, offset_hi, 0, 0), key (seed_lo, seed_hi)) yields four 32-bit words, each mapped
-to a 31-bit uniform in [0, 1) exactly as Triton maps it, so four consecutive draw indices share one call.
+``stream`` one of :data:`STREAM_COIN`, :data:`STREAM_RECOVERY`, :data:`STREAM_BONUS` (the verifiers) or
+:data:`STREAM_DRAFT` (the drafters), and ``i`` the draw index: the vocabulary index ``v`` for a vocabulary
+entry's noise, :data:`BLOCK_DRAWS` + ``b`` for the noise of vocabulary block ``b``
+(``reference/gumbel.py``), the sibling slot for coins (0 in chains). One Philox call (counter (offset_lo,
+offset_hi, 0, 0), key (seed_lo, seed_hi)) yields four 32-bit words, each mapped to a 31-bit uniform in [0,
+1) exactly as Triton maps it, so four consecutive draw indices share one call.
 
 Block and traversal verification's sequence-level coins (:func:`sequence_coins`) draw on stream 0 with
 bit 31 of the position set (:data:`SEQUENCE_COIN_FLAG`); the drafters' sampling noise is stream 3
@@ -28,6 +29,8 @@ import torch
 STREAM_COIN = 0
 STREAM_RECOVERY = 1
 STREAM_BONUS = 2
+STREAM_DRAFT = 3
+"""Philox stream used for sampling draft tokens (streams 0-2 belong to the verifiers)."""
 
 MAX_POSITION = (1 << 31) - 1
 MAX_VOCAB = 1 << 30

@@ -1,4 +1,4 @@
-"""Fused Triton kernels for drafter heads (spec: ``specdec_kernels/drafters/head_ops.py``).
+"""Fused Triton kernels for drafter heads (spec: ``specdec_kernels/reference/drafter.py``).
 
 - :func:`fused_norm_fc`: per-chunk RMSNorm of the captured features and the ``fc`` projection in one
   kernel (the normalised features never touch memory).
@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..drafters.base import STREAM_DRAFT
+from ..reference.philox import STREAM_DRAFT
 from . import gumbel
 
 # A compiled kernel reads module globals only as constexpr (the interpreter reads any).

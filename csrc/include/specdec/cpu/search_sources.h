@@ -123,7 +123,7 @@ struct ResidualBounds {
 // mass is at most d + log 16 - log(total) + slack with d = z_max - M, its largest z's computed difference
 // (the same rounding as its exact term, and z_v <= z_max rounds to z_v - M <= d). Groups cost one max per
 // loaded vector of logits; q and the exact masses are read only for candidate blocks. A negative q breaks
-// the bound: validation rejects it, and with validation off it is garbage in (testing/fuzz.py).
+// the bound: validation rejects it, and with validation off it is garbage in (tests/harness/fuzz.py).
 template <DType D, DType Q>
 struct LazyResidualBounds {
   static constexpr bool kExact = false;

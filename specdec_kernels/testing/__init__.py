@@ -1,1 +1,0 @@
-"""specdec_kernels.testing."""
