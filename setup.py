@@ -96,6 +96,6 @@ class CMakeBuild(build_ext):
 
 ext_modules = [] if os.environ.get("SPECDEC_SKIP_NATIVE") == "1" else [CMakeExtension("specdec_kernels._C", "_C")]
 if ext_modules and sys.platform.startswith("linux"):  # the CUDA host emulation (tests only), see CMakeLists.txt
-    ext_modules.append(CMakeExtension("specdec_kernels.exactness._cuda_host", "specdec_cuda_host"))
+    ext_modules.append(CMakeExtension("specdec_kernels.exactness._cuda_emulation", "specdec_cuda_emulation"))
 
 setup(ext_modules=ext_modules, cmdclass={"build_ext": CMakeBuild})

@@ -19,10 +19,10 @@ from specdec_kernels.audit import AuditOptions, resolve_target
 from specdec_kernels.audit.__main__ import main
 from specdec_kernels.audit.families import run_family
 from specdec_kernels.audit.targets import TargetError, cuda_emulated_target
-from specdec_kernels.exactness import cuda_host
+from specdec_kernels.exactness import cuda_emulation
 from specdec_kernels.exactness.chain_law import case_by_name, sample_first_tokens
 
-needs_emulation = pytest.mark.skipif(not cuda_host.available(),
+needs_emulation = pytest.mark.skipif(not cuda_emulation.available(),
                                      reason="CUDA host emulation not built (setup.py build_ext)")
 
 
@@ -38,7 +38,7 @@ def test_target_runs_the_emulated_kernels_and_emits_the_references_tokens():
     assert target.verify is not None and target.supports == frozenset({"per_request_seed", "validation", "method"})
     case = case_by_name("first-stoch-T1-topk3")
     got = sample_first_tokens(target.verify, case, 48)
-    launches = cuda_host.last_launches()
+    launches = cuda_emulation.last_launches()
     assert launches and all(launch.threads > 0 for launch in launches)
     ref = sample_first_tokens(lambda *a: sk.verify_chain(*a, backend="reference"), case, 48)
     assert torch.equal(got, ref)
@@ -70,7 +70,7 @@ def test_method_and_arch_reach_the_emulation():
     assert "method='block'" in target.description
     assert target.verify.keywords["method"] == "block"
     b200 = cuda_emulated_target(arch="b200")
-    assert b200.verify.keywords["arch"] == cuda_host.ARCHS["b200"] and "b200" in b200.versions["emulated_device"]
+    assert b200.verify.keywords["arch"] == cuda_emulation.ARCHS["b200"] and "b200" in b200.versions["emulated_device"]
     with pytest.raises(ValueError, match="arch"):
         cuda_emulated_target(arch="a100")
     with pytest.raises(TargetError, match="our own backends"):
@@ -78,7 +78,7 @@ def test_method_and_arch_reach_the_emulation():
 
 
 def test_refuses_clearly_without_the_emulation(monkeypatch, tmp_path, capsys):
-    monkeypatch.setattr(cuda_host, "available", lambda: False)
+    monkeypatch.setattr(cuda_emulation, "available", lambda: False)
     target = resolve_target("cuda-emulated")
     assert target.verify is None and "not built" in target.refusal
     assert main(["cuda-emulated", "--out", str(tmp_path)]) == 2

@@ -25,12 +25,16 @@ MAX_README_LINES = 250
 CHAIN_CSV = "results/benchmarks/chain_cpu_b64_k3_v151936.csv"
 # Folders the artefacts lived in before the one results root (issue 50): a recorded command that wrote to
 # one of them is quoted in the manual with today's folder.
-MOVED_FOLDERS = {"benchmarks/results/": "results/benchmarks/", "rl_loop/sim/results/": "results/sim/"}
+# Renames since some artefacts were written (their recorded command and commit reproduce them as they are):
+# the results folders, and the block / traversal benchmark and its outputs, once named "optimal".
+RENAMED = {"benchmarks/results/": "results/benchmarks/", "rl_loop/sim/results/": "results/sim/",
+           "benchmarks.bench_optimal": "benchmarks.bench_block_traversal",
+           "/optimal_acceptance": "/block_traversal_acceptance", "/optimal_cost_cpu": "/block_traversal_cost_cpu"}
 
 
 def as_run_today(command: str) -> str:
-    """A recorded command with its output folder renamed to where the artefact now lives."""
-    for old, new in MOVED_FOLDERS.items():
+    """A recorded command with today's names: its module and output where the artefact now lives."""
+    for old, new in RENAMED.items():
         command = command.replace(old, new)
     return command
 

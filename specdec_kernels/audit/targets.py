@@ -57,26 +57,26 @@ EMULATED_SCHEDULE_SEED = 17
 def cuda_emulated_target(method: str = "token", arch: str = "h200", schedule: str = EMULATED_SCHEDULE,
                          schedule_seed: int = EMULATED_SCHEDULE_SEED) -> AuditTarget:
     """Our CUDA kernels (``csrc/cuda/``, ``csrc/include/specdec/cuda/*.cuh``) through the CUDA host emulation
-    (:mod:`specdec_kernels.exactness.cuda_host`) on CPU tensors: the launch configurations of ``arch``, real
+    (:mod:`specdec_kernels.exactness.cuda_emulation`) on CPU tensors: the launch configurations of ``arch``, real
     barriers and warp exchanges under ``schedule``. Mutants run as for our other backends (on the CPU)."""
-    from ..exactness import cuda_host
+    from ..exactness import cuda_emulation
 
     description = (f"Our CUDA kernels (csrc/cuda, csrc/include/specdec/cuda/*.cuh, method={method!r}) compiled for the host "
-                   f"and run through the CUDA host emulation (specdec_kernels.exactness.cuda_host.verify_chain): "
+                   f"and run through the CUDA host emulation (specdec_kernels.exactness.cuda_emulation.verify_chain): "
                    f"{arch} launch configurations, every block as cooperative fibers with real __syncthreads and "
                    f"warp exchanges, schedule {schedule!r} (seed {schedule_seed}), poisoned shared memory and "
                    "workspace, fenced outputs; the public API's argument checks.")
-    if not cuda_host.available():
+    if not cuda_emulation.available():
         return AuditTarget("cuda-emulated", description, None,
                            refusal="the CUDA host emulation is not built (run setup.py build_ext --inplace)")
-    if arch not in cuda_host.ARCHS:
-        raise ValueError(f"arch must be one of {sorted(cuda_host.ARCHS)}, got {arch!r}")
-    verify = functools.partial(cuda_host.verify_chain, method=method, arch=cuda_host.ARCHS[arch], schedule=schedule,
+    if arch not in cuda_emulation.ARCHS:
+        raise ValueError(f"arch must be one of {sorted(cuda_emulation.ARCHS)}, got {arch!r}")
+    verify = functools.partial(cuda_emulation.verify_chain, method=method, arch=cuda_emulation.ARCHS[arch], schedule=schedule,
                                schedule_seed=schedule_seed)
     return AuditTarget("cuda-emulated", description, verify,
                        supports=frozenset({"per_request_seed", "validation", "method"}), mutant=mutant_verifier,
                        mutant_base=reference_verifier, value_arguments=ALL_ARGUMENTS,
-                       versions={"emulated_device": f"{arch} (sm_{cuda_host.ARCHS[arch]})", "schedule": schedule})
+                       versions={"emulated_device": f"{arch} (sm_{cuda_emulation.ARCHS[arch]})", "schedule": schedule})
 
 
 # The peers' adapters, imported when their target is built (each imports vLLM / FlashInfer / SGLang lazily).

@@ -1,7 +1,7 @@
 """Launch configurations of the CUDA kernels checked against the H200 and B200 limits.
 
 Two sources: the launches themselves (grid, block, dynamic shared memory), planned by the CUDA host
-emulation for shapes that reach every entry of the typed launch-config table (``cuda_host.plan_chain`` /
+emulation for shapes that reach every entry of the typed launch-config table (``cuda_emulation.plan_chain`` /
 ``plan_tree``, which also reject a grid or block outside the device limits), and the per-kernel
 resources nvcc reports (``--resource-usage``: registers per thread, static shared memory, spills). A
 kernel launched with T threads fits when T x registers (allocated per warp in units of 256) fits the
@@ -98,19 +98,19 @@ def planned_launches(device: DeviceLimits) -> list:
     """Every launch verify_chain / verify_tree (token level, block, traversal) makes on ``device`` for shapes
     that reach each entry of the launch-config table (each dtype, vocabularies at and around every threshold, up to 2^30 = the API's
     largest; batches past the grid's y limit), with and without stochastic drafts / truncation."""
-    from specdec_kernels.exactness import cuda_host
+    from specdec_kernels.exactness import cuda_emulation
 
     launches = []
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         for vocab in (1, 8191, 8192, 65535, 65536, 151936, 262144, 1 << 30):
             for num_rows, num_reqs in ((1, 1), (200_000, 70_000)):
                 for stochastic in (False, True):
-                    launches += cuda_host.plan_chain(vocab, dtype, num_rows, num_reqs, stochastic=stochastic,
+                    launches += cuda_emulation.plan_chain(vocab, dtype, num_rows, num_reqs, stochastic=stochastic,
                                                      truncated=stochastic, arch=device.arch)
-                launches += cuda_host.plan_chain(vocab, dtype, num_rows, num_reqs, stochastic=True, truncated=True,
+                launches += cuda_emulation.plan_chain(vocab, dtype, num_rows, num_reqs, stochastic=True, truncated=True,
                                                  arch=device.arch, method="block")
             for method in ("token", "traversal"):
-                launches += cuda_host.plan_tree(vocab, dtype, 70_000, arch=device.arch, method=method)
+                launches += cuda_emulation.plan_tree(vocab, dtype, 70_000, arch=device.arch, method=method)
     return launches
 
 

@@ -11,9 +11,9 @@
 #include "specdec/core/philox.h"
 
 // Launches are written SPECDEC_LAUNCH(kernel, grid, block, smem, stream)(args...) rather than
-// kernel<<<grid, block, smem, stream>>>(args...), so that the CUDA host emulation (csrc/cuda_host, tests
+// kernel<<<grid, block, smem, stream>>>(args...), so that the CUDA host emulation (csrc/cuda_emulation, tests
 // only) builds these very launchers with a host compiler.
-#if defined(SPECDEC_CUDA_HOST)
+#if defined(SPECDEC_CUDA_EMULATION)
 #define SPECDEC_LAUNCH(kernel, grid, block, smem, stream) \
   ::specdec_emu::launch(#kernel, kernel, grid, block, smem, stream)
 #else
@@ -26,7 +26,7 @@ namespace dev {
 // The block's dynamic shared memory (the launch's smem bytes), 16-byte aligned.
 template <class T>
 __device__ __forceinline__ T* dynamic_shared() {
-#if defined(SPECDEC_CUDA_HOST)
+#if defined(SPECDEC_CUDA_EMULATION)
   return static_cast<T*>(::specdec_emu::dynamic_shared());
 #else
   extern __shared__ __align__(16) unsigned char specdec_dynamic_smem[];

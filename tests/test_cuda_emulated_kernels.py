@@ -1,4 +1,4 @@
-"""The CUDA kernels, run on the CPU through the host emulation (specdec_kernels.exactness.cuda_host), emit the
+"""The CUDA kernels, run on the CPU through the host emulation (specdec_kernels.exactness.cuda_emulation), emit the
 reference's tokens for the same seeds.
 
 The randomised cases of tests/test_native.py (ragged batches, fp32/bf16/fp16 logits, greedy/random mixes,
@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import specdec_kernels as sk
-from specdec_kernels.exactness import cuda_host
+from specdec_kernels.exactness import cuda_emulation
 from specdec_kernels.exactness import goodness_of_fit as gof
 from specdec_kernels.exactness.chain_law import (
     FIRST_TOKEN_CASES,
@@ -33,10 +33,10 @@ from tests.test_native import CHAIN_CASES, TREE_CASES, _chain_case, _tree_case
 
 pytestmark = [
     pytest.mark.native,
-    pytest.mark.skipif(not cuda_host.available(), reason="CUDA host emulation not built (setup.py build_ext)"),
+    pytest.mark.skipif(not cuda_emulation.available(), reason="CUDA host emulation not built (setup.py build_ext)"),
 ]
 
-SCHEDULES = cuda_host.SCHEDULES
+SCHEDULES = cuda_emulation.SCHEDULES
 
 
 def _case_id(case: dict) -> str:
@@ -47,7 +47,7 @@ def _assert_same(ref, got, what) -> None:
     for name, r, g in zip(ref._fields, ref, got, strict=True):
         if not torch.equal(r, g):
             bad = (r != g).reshape(r.shape[0], -1).any(-1).nonzero().flatten()[:4].tolist()
-            raise AssertionError(f"{name} differs for requests {bad}: reference {r[bad]} vs cuda_host {g[bad]}; {what}")
+            raise AssertionError(f"{name} differs for requests {bad}: reference {r[bad]} vs cuda_emulation {g[bad]}; {what}")
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -64,7 +64,7 @@ def test_chain_matches_reference(case, B):
     gen = torch.Generator().manual_seed(1000 * V + 10 * B + i)
     inputs = _chain_case(B, 5, V, dtype, gen, **case)
     ref = sk.verify_chain(**inputs, backend="reference")
-    got = cuda_host.verify_chain(**inputs, schedule=schedule, schedule_seed=i, arch=cuda_host.ARCHS["h200"])
+    got = cuda_emulation.verify_chain(**inputs, schedule=schedule, schedule_seed=i, arch=cuda_emulation.ARCHS["h200"])
     _assert_same(ref, got, (case, schedule))
 
 
@@ -78,23 +78,23 @@ def test_tree_matches_reference(case, B):
     gen = torch.Generator().manual_seed(1000 * V + 10 * B + i)
     inputs = _tree_case(B, V, dtype, gen, **case)
     ref = sk.verify_tree(**inputs, backend="reference")
-    got = cuda_host.verify_tree(**inputs, schedule=schedule, schedule_seed=i, arch=cuda_host.ARCHS["b200"])
+    got = cuda_emulation.verify_tree(**inputs, schedule=schedule, schedule_seed=i, arch=cuda_emulation.ARCHS["b200"])
     _assert_same(ref, got, (case, schedule))
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES)
-@pytest.mark.parametrize("arch", sorted(cuda_host.ARCHS.values()))
+@pytest.mark.parametrize("arch", sorted(cuda_emulation.ARCHS.values()))
 def test_every_schedule_and_device_emits_the_same_tokens(schedule, arch):
     """The kernels that synchronise the most (threshold search, stochastic rows, residuals, stochastic
     trees of both sibling modes) under each interleaving and each device's launch configurations."""
     gen = torch.Generator().manual_seed(17)
     chain = _chain_case(6, 4, 3001, torch.bfloat16, gen, probs=True, top_k=True, top_p=True, greedy_frac=0.2)
     _assert_same(sk.verify_chain(**chain, backend="reference"),
-                 cuda_host.verify_chain(**chain, schedule=schedule, schedule_seed=5, arch=arch), schedule)
+                 cuda_emulation.verify_chain(**chain, schedule=schedule, schedule_seed=5, arch=arch), schedule)
     for sibling in ("iid", "without_replacement"):
         tree = _tree_case(5, 300, torch.float32, gen, probs=True, sibling=sibling, top_p=True, greedy_frac=0.2)
         _assert_same(sk.verify_tree(**tree, backend="reference"),
-                     cuda_host.verify_tree(**tree, schedule=schedule, schedule_seed=5, arch=arch), (schedule, sibling))
+                     cuda_emulation.verify_tree(**tree, schedule=schedule, schedule_seed=5, arch=arch), (schedule, sibling))
 
 
 @pytest.mark.parametrize(("B", "probs", "dtype"), [(1, True, torch.float32), (4, False, torch.bfloat16)])
@@ -102,28 +102,28 @@ def test_chain_full_vocab(B, probs, dtype):
     """V = 151936 takes the 512-thread entries of the table; several blocks split each row."""
     gen = torch.Generator().manual_seed(7 + B + probs)
     inputs = _chain_case(B, 2, 151936, dtype, gen, probs=probs, top_k=B > 1, greedy_frac=0.25)
-    got = cuda_host.verify_chain(**inputs, schedule="random", schedule_seed=B)
+    got = cuda_emulation.verify_chain(**inputs, schedule="random", schedule_seed=B)
     _assert_same(sk.verify_chain(**inputs, backend="reference"), got, B)
-    assert {x.threads for x in cuda_host.last_launches() if "row_pass" in x.kernel} == {512}
+    assert {x.threads for x in cuda_emulation.last_launches() if "row_pass" in x.kernel} == {512}
 
 
 def test_tree_full_vocab():
     gen = torch.Generator().manual_seed(11)
     inputs = _tree_case(2, 151936, torch.float32, gen, probs=True, sibling="without_replacement", max_nodes=4)
-    _assert_same(sk.verify_tree(**inputs, backend="reference"), cuda_host.verify_tree(**inputs, schedule="reverse"),
+    _assert_same(sk.verify_tree(**inputs, backend="reference"), cuda_emulation.verify_tree(**inputs, schedule="reverse"),
                  "full V")
 
 
 def test_edge_shapes_and_max_depth():
     gen = torch.Generator().manual_seed(3)
     inputs = _chain_case(4, 0, 50, torch.float32, gen)  # k = 0 everywhere: bonus rows only
-    _assert_same(sk.verify_chain(**inputs, backend="reference"), cuda_host.verify_chain(**inputs), "k=0")
-    empty = cuda_host.verify_chain(torch.zeros(0, 10), torch.zeros(0, dtype=torch.int64),
+    _assert_same(sk.verify_chain(**inputs, backend="reference"), cuda_emulation.verify_chain(**inputs), "k=0")
+    empty = cuda_emulation.verify_chain(torch.zeros(0, 10), torch.zeros(0, dtype=torch.int64),
                                    torch.zeros(1, dtype=torch.int64))
     assert empty.output_token_ids.shape == (0, 1) and empty.num_accepted.shape == (0,)
     tree = _tree_case(5, 30, torch.float32, gen, greedy_frac=1.0, max_nodes=8)
     kw = dict(max_depth=1, validate=False)
-    _assert_same(sk.verify_tree(**tree, backend="reference", **kw), cuda_host.verify_tree(**tree, **kw), "max_depth")
+    _assert_same(sk.verify_tree(**tree, backend="reference", **kw), cuda_emulation.verify_tree(**tree, **kw), "max_depth")
 
 
 def test_garbage_without_validation_stays_in_bounds():
@@ -133,14 +133,14 @@ def test_garbage_without_validation_stays_in_bounds():
     logits = torch.randn(6, V, generator=torch.Generator().manual_seed(1))
     drafts = torch.tensor([-7, V, 5, 10**9])
     cu = torch.tensor([0, 2, 4])
-    res = cuda_host.verify_chain(logits, drafts, cu, temperature=torch.tensor([0.0, 1.0]), seed=torch.tensor([1, 2]),
+    res = cuda_emulation.verify_chain(logits, drafts, cu, temperature=torch.tensor([0.0, 1.0]), seed=torch.tensor([1, 2]),
                                  validate=False, max_draft_len=2)
     assert int(res.num_accepted[0]) == 0
     emitted = res.output_token_ids[res.output_token_ids >= 0]
     assert bool(((emitted >= 0) & (emitted < V)).all())
     long = logits[:5].clone()
     long[:, 3] = 50.0  # greedy argmax 3 everywhere: every draft below is accepted
-    res = cuda_host.verify_chain(long, torch.full((4,), 3), torch.tensor([0, 4]), validate=False, max_draft_len=1)
+    res = cuda_emulation.verify_chain(long, torch.full((4,), 3), torch.tensor([0, 4]), validate=False, max_draft_len=1)
     assert res.output_token_ids.shape == (1, 2) and int(res.num_accepted[0]) <= 1
 
 
@@ -152,10 +152,10 @@ def test_fuzz_unvalidated_stays_in_bounds(call):
     garbage parents, ids, widths and sampling parameters): the emulated kernels read no guard row, write no
     canary, emit only tokens in [0, V), and agree with the reference wherever the clamping rules define one
     answer (tests/test_unvalidated.py runs the same campaign on the user backends)."""
-    emulated = cuda_host.verify_chain if call.op == "chain" else cuda_host.verify_tree
+    emulated = cuda_emulation.verify_chain if call.op == "chain" else cuda_emulation.verify_tree
     reference = sk.verify_chain if call.op == "chain" else sk.verify_tree
     results = {}
-    for name, fn in (("cuda_host", emulated), ("reference", lambda **kw: reference(**kw, backend="reference"))):
+    for name, fn in (("cuda_emulation", emulated), ("reference", lambda **kw: reference(**kw, backend="reference"))):
         try:
             results[name] = fn(**call.kwargs)
         except Exception as exc:  # judged by fuzz.problems: no error is allowed here
@@ -176,9 +176,9 @@ def test_checks_are_the_apis():
         with pytest.raises((ValueError, TypeError)) as api_error:
             sk.verify_chain(logits, **kw, backend="reference")
         with pytest.raises(type(api_error.value), match=re.escape(str(api_error.value))):
-            cuda_host.verify_chain(logits, **kw)
+            cuda_emulation.verify_chain(logits, **kw)
     with pytest.raises(ValueError, match="schedule"):
-        cuda_host.verify_chain(logits, torch.tensor([0, 1]), torch.tensor([0, 2]), schedule="sideways")
+        cuda_emulation.verify_chain(logits, torch.tensor([0, 1]), torch.tensor([0, 2]), schedule="sideways")
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -187,7 +187,7 @@ def test_checks_are_the_apis():
 
 def _emulated(schedule: str):
     def verify(*args):
-        return cuda_host.verify_chain(*args, schedule=schedule, schedule_seed=3)
+        return cuda_emulation.verify_chain(*args, schedule=schedule, schedule_seed=3)
 
     return verify
 
@@ -210,7 +210,7 @@ def test_first_token_law(name):
     """The law check itself, at the suite's sample size and alpha, on the cases whose (truncated) target is
     a point mass (342 requests each; the others need ~50k, minutes in the emulation)."""
     case = case_by_name(name)
-    alpha = gof.SUITE_BUDGET.claim(f"chain:cuda_host:{case.name}")
+    alpha = gof.SUITE_BUDGET.claim(f"chain:cuda_emulation:{case.name}")
     check = check_first_token_law(_emulated("random"), case, alpha)
     assert not check.result.rejects(alpha), f"{check.result} with n={check.num_samples}"
 
@@ -224,9 +224,9 @@ def test_rows_beyond_the_grid_y_limit():
     temperature = torch.where(torch.arange(B) % 2 == 0, 0.0, 1.0)
     kw = dict(temperature=temperature, seed=torch.arange(B), position=torch.arange(B))
     args = (logits, torch.zeros(0, dtype=torch.int64), torch.zeros(B + 1, dtype=torch.int64))
-    got = cuda_host.verify_chain(*args, **kw)
+    got = cuda_emulation.verify_chain(*args, **kw)
     _assert_same(sk.verify_chain(*args, **kw, backend="reference"), got, "70000 rows")
-    row_pass = next(x for x in cuda_host.last_launches() if "row_pass" in x.kernel)
+    row_pass = next(x for x in cuda_emulation.last_launches() if "row_pass" in x.kernel)
     assert row_pass.grid[1] == 65535
 
 
@@ -250,13 +250,13 @@ def _barrier_cases():
 def test_every_syncthreads_is_needed():
     """Plant a missing __syncthreads at each barrier the kernels reach: some schedule must catch it. The
     planted bug proves the schedules can fail a test; a barrier nothing catches would be dead weight."""
-    runs = {"chain": (sk.verify_chain, cuda_host.verify_chain), "tree": (sk.verify_tree, cuda_host.verify_tree)}
+    runs = {"chain": (sk.verify_chain, cuda_emulation.verify_chain), "tree": (sk.verify_tree, cuda_emulation.verify_tree)}
     sites: dict[str, list[tuple[str, dict]]] = {}
     for kind, inputs in _barrier_cases():
         ref_fn, emu_fn = runs[kind]
         ref = ref_fn(**inputs, backend="reference")
         _assert_same(ref, emu_fn(**inputs), kind)
-        for site in cuda_host.last_barrier_sites():
+        for site in cuda_emulation.last_barrier_sites():
             sites.setdefault(site, []).append((kind, inputs, ref))
     assert any(s.startswith("cuda_common.cuh") for s in sites) and any(s.startswith("tree.cuh") for s in sites)
     uncaught = []
@@ -266,7 +266,7 @@ def test_every_syncthreads_is_needed():
             for schedule in SCHEDULES:
                 try:
                     got = runs[kind][1](**inputs, schedule=schedule, schedule_seed=1, drop_barrier=site)
-                except cuda_host.EmulationError:
+                except cuda_emulation.EmulationError:
                     caught = True
                 else:
                     caught = caught or not all(torch.equal(a, b) for a, b in zip(ref, got, strict=True))

@@ -19,9 +19,9 @@ table and JSON; plus the measured mean accepted length of token level and block 
 
 Examples::
 
-    python -m benchmarks.bench_optimal cost --quick
-    python -m benchmarks.bench_optimal cost --batch 1,16,64 --k 3,5 --vocab 151936 --threads 2
-    python -m benchmarks.bench_optimal acceptance --out results/benchmarks/optimal_acceptance
+    python -m benchmarks.bench_block_traversal cost --quick
+    python -m benchmarks.bench_block_traversal cost --batch 1,16,64 --k 3,5 --vocab 151936 --threads 2
+    python -m benchmarks.bench_block_traversal acceptance --out results/benchmarks/block_traversal_acceptance
 """
 
 from __future__ import annotations
@@ -106,9 +106,9 @@ def interleaved(fns: dict[str, object], device: torch.device, rounds: int, repea
 def run_cost(args: argparse.Namespace) -> Path:
     device = torch.device("cpu")
     if not native.has_op("verify_chain_block", "cpu"):
-        raise SystemExit("bench_optimal cost: the native extension (specdec_kernels._C) is not built")
+        raise SystemExit("bench_block_traversal cost: the native extension (specdec_kernels._C) is not built")
     torch.set_num_threads(args.threads)
-    out = args.out or default_csv_path("optimal_cost", device)
+    out = args.out or default_csv_path("block_traversal_cost", device)
     prov = {**provenance(device), "command": args.command_line}
     with CsvWriter(out, COST_COLUMNS) as writer:
         for vocab in args.vocab:
@@ -262,9 +262,9 @@ def run_acceptance(args: argparse.Namespace) -> Path:
     torch.set_num_threads(args.threads)
     toy_rows = acceptance_rows(args.toy_vocab, args.toys, args.seed)
     logit_rows = random_logit_rows(args.requests, args.vocab[0], args.k)
-    out = args.out or Path("results/benchmarks/optimal_acceptance")
+    out = args.out or Path("results/benchmarks/block_traversal_acceptance")
     out.parent.mkdir(parents=True, exist_ok=True)
-    command = "python -m benchmarks.bench_optimal acceptance " + " ".join(sys.argv[2:])
+    command = "python -m benchmarks.bench_block_traversal acceptance " + " ".join(sys.argv[2:])
     meta = {**provenance(torch.device("cpu")), "command": command}
     out.with_suffix(".json").write_text(json.dumps({"provenance": meta, "toys": toy_rows, "random_logits": logit_rows},
                                                    indent=1) + "\n")
@@ -301,7 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> Path:
     args = build_parser().parse_args(argv)
-    args.command_line = "python -m benchmarks.bench_optimal " + " ".join(sys.argv[1:] if argv is None else argv)
+    args.command_line = "python -m benchmarks.bench_block_traversal " + " ".join(sys.argv[1:] if argv is None else argv)
     if args.command == "cost":
         if args.quick:
             args.batch, args.k, args.vocab, args.rounds, args.repeats = [1, 16], [3], [32000], 3, 3

@@ -6,7 +6,7 @@
 ``csrc/cuda/ops_cuda.cpp`` does — allocate outputs and workspace, fill the argument structs, call the
 launchers — on CPU tensors. The launchers and kernels are the very sources of ``csrc/cuda/`` and
 ``csrc/include/specdec/cuda/*.cuh``, compiled by the host compiler on the fiber emulation of
-``csrc/cuda_host/`` (built with the native extension as ``specdec_kernels/exactness/_cuda_host.so``):
+``csrc/cuda_emulation/`` (built with the native extension as ``specdec_kernels/exactness/_cuda_emulation.so``):
 every block runs as ``blockDim`` cooperative fibers with real ``__syncthreads`` barriers, warp
 shuffles and votes exchanged among the lanes of a warp, per-block ``__shared__`` storage and atomics,
 under the launch configurations of the typed table for the chosen device.
@@ -60,7 +60,7 @@ __all__ = [
 ARCHS = {"h200": 90, "b200": 100}
 """Emulated devices: compute capability x 10 passed to the launchers (the typed table's key)."""
 SCHEDULES = ("forward", "reverse", "eager", "random")
-"""Thread interleavings (csrc/cuda_host/emu.h): rounds in ascending / descending order, released threads
+"""Thread interleavings (csrc/cuda_emulation/emu.h): rounds in ascending / descending order, released threads
 first (a warp runs ahead of the others up to the next block barrier), random steps."""
 
 _LIB_DIR = Path(__file__).parent
@@ -104,10 +104,10 @@ class ConfigEntry:
 def _load() -> ctypes.CDLL | None:
     global _lib, _lib_error
     if _lib is None and _lib_error is None:
-        paths = [_LIB_DIR / f"_cuda_host{suffix}" for suffix in importlib.machinery.EXTENSION_SUFFIXES]
+        paths = [_LIB_DIR / f"_cuda_emulation{suffix}" for suffix in importlib.machinery.EXTENSION_SUFFIXES]
         path = next((p for p in paths if p.exists()), None)
         if path is None:
-            _lib_error = "_cuda_host not built; rebuild the native extension (setup.py build_ext --inplace)"
+            _lib_error = "_cuda_emulation not built; rebuild the native extension (setup.py build_ext --inplace)"
             return None
         try:
             lib = ctypes.CDLL(str(path))
@@ -406,7 +406,7 @@ def plan_tree(vocab_size: int, dtype: torch.dtype, num_reqs: int, *, arch: int =
 def run_selftest(kernel: str, out: torch.Tensor, *, grid: tuple[int, int] = (1, 1), block: int = 32,
                  dynamic_smem: int = 0, arg: int = 0, schedule: str = "forward", schedule_seed: int = 0,
                  max_rounds: int = 0) -> torch.Tensor:
-    """Run one of the emulation's own test kernels (``csrc/cuda_host/selftest.cpp``) on ``out`` (int32)."""
+    """Run one of the emulation's own test kernels (``csrc/cuda_emulation/selftest.cpp``) on ``out`` (int32)."""
     if out.dtype != torch.int32 or not out.is_contiguous():
         raise TypeError("out must be a contiguous int32 tensor")
     lib = _library()

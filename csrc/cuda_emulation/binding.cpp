@@ -1,4 +1,4 @@
-// C interface of the CUDA host emulation, for specdec_kernels/exactness/cuda_host.py (ctypes). It does what
+// C interface of the CUDA host emulation, for specdec_kernels/exactness/cuda_emulation.py (ctypes). It does what
 // the torch binding csrc/cuda/ops_cuda.cpp does after its checks, on host memory the caller allocated:
 // fill the argument structs, call the real launchers (csrc/cuda/*.cu compiled for the host), report
 // the first emulation error.

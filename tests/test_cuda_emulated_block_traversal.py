@@ -1,5 +1,5 @@
 """The CUDA block and traversal kernels (block.cuh, traversal.cuh, block_traversal_cuda.cu), run on the CPU through
-the host emulation (specdec_kernels.exactness.cuda_host), emit the reference's tokens for the same seeds.
+the host emulation (specdec_kernels.exactness.cuda_emulation), emit the reference's tokens for the same seeds.
 
 The backend-equality cases of tests/test_block_traversal.py (ragged batches, fp32/bf16/fp16, top-k / top-p,
 NaN/inf rows and placeholders, both sibling modes, greedy / random mixes, V = 151936), each under one of the
@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import specdec_kernels as sk
-from specdec_kernels.exactness import cuda_host
+from specdec_kernels.exactness import cuda_emulation
 from tests.harness import fuzz
 from tests.test_block_traversal import CHAIN_CASES, TREE_CASES, _label
 from tests.test_native import ROOT, _chain_case, _tree_case
@@ -28,22 +28,22 @@ from tests.test_tree import _chain_case as _chain_and_tree
 
 pytestmark = [
     pytest.mark.native,
-    pytest.mark.skipif(not cuda_host.available(), reason="CUDA host emulation not built (setup.py build_ext)"),
+    pytest.mark.skipif(not cuda_emulation.available(), reason="CUDA host emulation not built (setup.py build_ext)"),
 ]
 
-SCHEDULES = cuda_host.SCHEDULES
-ARCHS = sorted(cuda_host.ARCHS.values())
+SCHEDULES = cuda_emulation.SCHEDULES
+ARCHS = sorted(cuda_emulation.ARCHS.values())
 
 
 def _assert_same(ref, got, what) -> None:
     for name, r, g in zip(ref._fields, ref, got, strict=True):
         if not torch.equal(r, g):
             bad = (r != g).reshape(r.shape[0], -1).any(-1).nonzero().flatten()[:4].tolist()
-            raise AssertionError(f"{name} differs for requests {bad}: reference {r[bad]} vs cuda_host {g[bad]}; {what}")
+            raise AssertionError(f"{name} differs for requests {bad}: reference {r[bad]} vs cuda_emulation {g[bad]}; {what}")
 
 
 def _kernels() -> set[str]:
-    return {launch.kernel.split("<")[0].rsplit("::", 1)[-1] for launch in cuda_host.last_launches()}
+    return {launch.kernel.split("<")[0].rsplit("::", 1)[-1] for launch in cuda_emulation.last_launches()}
 
 
 @pytest.mark.parametrize("case", CHAIN_CASES, ids=_label)
@@ -55,7 +55,7 @@ def test_block_matches_reference(case):
     for B in (1, 9):
         c = _chain_case(B, 5, V, dtype, gen, probs=True, **case)
         kw = dict(schedule=SCHEDULES[(i + B) % len(SCHEDULES)], schedule_seed=B, arch=ARCHS[(i + B) % 2])
-        got = cuda_host.verify_chain(**c, method="block", **kw)
+        got = cuda_emulation.verify_chain(**c, method="block", **kw)
         assert _kernels() == {"chain_block_kernel"}
         _assert_same(sk.verify_chain(**c, backend="reference", method="block"), got, f"B={B} {case} {kw}")
 
@@ -69,7 +69,7 @@ def test_traversal_matches_reference(case):
     for B in (1, 9):
         t = _tree_case(B, V, dtype, gen, probs=True, max_nodes=12, **case)
         kw = dict(schedule=SCHEDULES[(i + B + 1) % len(SCHEDULES)], schedule_seed=B, arch=ARCHS[(i + B) % 2])
-        got = cuda_host.verify_tree(**t, method="traversal", **kw)
+        got = cuda_emulation.verify_tree(**t, method="traversal", **kw)
         assert _kernels() == {"tree_traversal_kernel"}
         _assert_same(sk.verify_tree(**t, backend="reference", method="traversal"), got, f"B={B} {case} {kw}")
 
@@ -80,13 +80,13 @@ def test_deterministic_drafts_run_token_level_and_traversal_on_a_chain_is_block(
     gen = torch.Generator().manual_seed(1)
     c = _chain_case(6, 4, 37, torch.float32, gen, probs=False, greedy_frac=0.3, top_k=True)
     t = _tree_case(6, 37, torch.float32, gen, probs=False, greedy_frac=0.3, top_p=True)
-    _assert_same(sk.verify_chain(**c, backend="reference"), cuda_host.verify_chain(**c, method="block"), "chain")
+    _assert_same(sk.verify_chain(**c, backend="reference"), cuda_emulation.verify_chain(**c, method="block"), "chain")
     assert "chain_block_kernel" not in _kernels()
-    _assert_same(sk.verify_tree(**t, backend="reference"), cuda_host.verify_tree(**t, method="traversal"), "tree")
+    _assert_same(sk.verify_tree(**t, backend="reference"), cuda_emulation.verify_tree(**t, method="traversal"), "tree")
     assert "tree_traversal_kernel" not in _kernels()
     chain, tree, sampling = _chain_and_tree(24, 4, 300, 2, True)
-    rb = cuda_host.verify_chain(*chain, **sampling, method="block", schedule="random", schedule_seed=4)
-    rt = cuda_host.verify_tree(*tree, **sampling, method="traversal", schedule="eager")
+    rb = cuda_emulation.verify_chain(*chain, **sampling, method="block", schedule="random", schedule_seed=4)
+    rt = cuda_emulation.verify_tree(*tree, **sampling, method="traversal", schedule="eager")
     assert torch.equal(rb.output_token_ids, rt.output_token_ids) and torch.equal(rb.num_accepted, rt.num_accepted)
     assert float(rb.num_accepted.float().mean()) > 0.3  # the comparison covers accepted prefixes
 
@@ -97,9 +97,9 @@ def test_full_vocabulary():
     t = _tree_case(1, 151936, torch.float32, gen, probs=True, sibling="without_replacement", greedy_frac=0.0,
                    max_nodes=5)
     _assert_same(sk.verify_chain(**c, backend="reference", method="block"),
-                 cuda_host.verify_chain(**c, method="block", arch=cuda_host.ARCHS["b200"]), "block V=151936")
+                 cuda_emulation.verify_chain(**c, method="block", arch=cuda_emulation.ARCHS["b200"]), "block V=151936")
     _assert_same(sk.verify_tree(**t, backend="reference", method="traversal"),
-                 cuda_host.verify_tree(**t, method="traversal"), "traversal V=151936")
+                 cuda_emulation.verify_tree(**t, method="traversal"), "traversal V=151936")
 
 
 def test_traversal_max_depth_and_broken_parents():
@@ -107,11 +107,11 @@ def test_traversal_max_depth_and_broken_parents():
     t = _tree_case(10, 60, torch.float32, gen, probs=True, greedy_frac=0.0, max_nodes=12)
     for depth in (1, 2):
         kw = dict(method="traversal", max_depth=depth, validate=False)
-        _assert_same(sk.verify_tree(**t, backend="reference", **kw), cuda_host.verify_tree(**t, **kw),
+        _assert_same(sk.verify_tree(**t, backend="reference", **kw), cuda_emulation.verify_tree(**t, **kw),
                      f"max_depth={depth}")
     t["parent"] = torch.where(torch.rand(t["parent"].shape, generator=gen) < 0.2, 9, t["parent"])
     kw = dict(method="traversal", validate=False, max_depth=5)
-    _assert_same(sk.verify_tree(**t, backend="reference", **kw), cuda_host.verify_tree(**t, **kw), "broken parents")
+    _assert_same(sk.verify_tree(**t, backend="reference", **kw), cuda_emulation.verify_tree(**t, **kw), "broken parents")
 
 
 @given(call=st.one_of(fuzz.chain_call(), fuzz.tree_call()), data=st.data())
@@ -127,10 +127,10 @@ def test_fuzz_unvalidated_stays_in_bounds(call, data):
         g = torch.Generator().manual_seed(data.draw(st.integers(0, 2**31 - 1)))
         probs = torch.rand(rows, call.vocab, generator=g)
         kwargs["draft_probs"] = probs / probs.sum(-1, keepdim=True)
-    emulated = cuda_host.verify_chain if call.op == "chain" else cuda_host.verify_tree
+    emulated = cuda_emulation.verify_chain if call.op == "chain" else cuda_emulation.verify_tree
     reference = sk.verify_chain if call.op == "chain" else sk.verify_tree
     results = {}
-    for name, fn in (("cuda_host", emulated), ("reference", lambda **kw: reference(**kw, backend="reference"))):
+    for name, fn in (("cuda_emulation", emulated), ("reference", lambda **kw: reference(**kw, backend="reference"))):
         try:
             results[name] = fn(**kwargs)
         except Exception as exc:  # judged by fuzz.problems: no error is allowed here
@@ -165,8 +165,8 @@ def _barrier_cases():
     return cases
 
 
-RUNS = {"chain": (sk.verify_chain, cuda_host.verify_chain, "block"),
-        "tree": (sk.verify_tree, cuda_host.verify_tree, "traversal")}
+RUNS = {"chain": (sk.verify_chain, cuda_emulation.verify_chain, "block"),
+        "tree": (sk.verify_tree, cuda_emulation.verify_tree, "traversal")}
 
 
 def barrier_uses() -> dict[str, list]:
@@ -177,7 +177,7 @@ def barrier_uses() -> dict[str, list]:
         ref_fn, emu_fn, method = RUNS[kind]
         ref = ref_fn(**inputs, backend="reference", method=method)
         _assert_same(ref, emu_fn(**inputs, method=method), kind)
-        for site in cuda_host.last_barrier_sites():
+        for site in cuda_emulation.last_barrier_sites():
             sites.setdefault(site, []).append((kind, inputs, ref))
     return sites
 
@@ -189,7 +189,7 @@ def caught(site: str, uses: list) -> bool:
         for schedule in SCHEDULES:
             try:
                 got = emu_fn(**inputs, method=method, schedule=schedule, schedule_seed=1, drop_barrier=site)
-            except cuda_host.EmulationError:
+            except cuda_emulation.EmulationError:
                 return True
             if not all(torch.equal(a, b) for a, b in zip(ref, got, strict=True)):
                 return True
@@ -198,7 +198,7 @@ def caught(site: str, uses: list) -> bool:
 
 _CHILD = """
 import sys
-from tests.test_cuda_host_block_traversal import barrier_uses, caught
+from tests.test_cuda_emulated_block_traversal import barrier_uses, caught
 done = set(sys.argv[1:])
 for site, uses in barrier_uses().items():
     if site not in done:
@@ -209,7 +209,7 @@ for site, uses in barrier_uses().items():
 
 OWN = ("block.cuh", "traversal.cuh")
 """The kernels' own barriers; the shared reductions of cuda_common.cuh are shown necessary by
-tests/test_cuda_host.py on the token-level kernels."""
+tests/test_cuda_emulated_kernels.py on the token-level kernels."""
 NOT_EXPOSED: set[str] = set()
 """Own barriers these inputs do not expose (found by this test); any other uncaught one fails it."""
 

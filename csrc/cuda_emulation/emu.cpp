@@ -171,7 +171,7 @@ void poison_shared(uint8_t pattern, bool random) {
     dl_iterate_phdr(find_tls, &e);
     e.tls_thread = pthread_self();
     if (e.tls_block == nullptr) {
-      set_error("cuda_host: cannot locate the emulation library's thread-local block (__shared__ storage)");
+      set_error("cuda_emulation: cannot locate the emulation library's thread-local block (__shared__ storage)");
       return;
     }
   }
@@ -194,7 +194,7 @@ void ensure_stacks(int n) {
     void* m = mmap(nullptr, kStackBytes + kGuardBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
                    -1, 0);
     if (m == MAP_FAILED) {
-      set_error("cuda_host: cannot map fiber stacks");
+      set_error("cuda_emulation: cannot map fiber stacks");
       return;
     }
     mprotect(m, kGuardBytes, PROT_NONE);  // overflow faults instead of corrupting the next stack

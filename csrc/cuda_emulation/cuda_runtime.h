@@ -1,7 +1,7 @@
 // Host stand-in for <cuda_runtime.h> (test-only): lets the host compiler build the project's CUDA sources
 // unchanged (csrc/include/specdec/cuda/*.cuh and the launchers in csrc/cuda/) on top of the fiber emulation
 // in emu.h. The emulation build puts this directory first on the include path and defines
-// SPECDEC_CUDA_HOST (launch syntax, see SPECDEC_LAUNCH in cuda_common.cuh) and __CUDA_ARCH__ (device
+// SPECDEC_CUDA_EMULATION (launch syntax, see SPECDEC_LAUNCH in cuda_common.cuh) and __CUDA_ARCH__ (device
 // code paths).
 //
 // What it provides: the qualifiers, threadIdx / blockIdx / blockDim / gridDim / warpSize, per-block
