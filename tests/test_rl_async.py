@@ -21,7 +21,8 @@ from rl_loop.task import CharTokenizer
 from rl_loop.train import run
 from specdec_kernels.models import ModelConfig, Qwen3
 
-pytestmark = pytest.mark.rl
+# Each async run starts a local Ray: one at a time under pytest-xdist (--dist loadgroup).
+pytestmark = [pytest.mark.rl, pytest.mark.xdist_group("ray")]
 torch.set_num_threads(1)
 CFG = ModelConfig(num_hidden_layers=3, intermediate_size=96)
 

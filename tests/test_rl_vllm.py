@@ -41,7 +41,8 @@ from rl_loop.vllm_backend import (
 from specdec_kernels.integrations.vllm import plugin, runtime
 from specdec_kernels.models import ModelConfig, Qwen3
 
-pytestmark = [pytest.mark.vllm, pytest.mark.rl]
+# vLLM engines (GBs each): one test at a time under pytest-xdist (--dist loadgroup).
+pytestmark = [pytest.mark.vllm, pytest.mark.rl, pytest.mark.xdist_group("vllm_engine")]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
