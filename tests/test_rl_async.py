@@ -41,8 +41,8 @@ def test_tiny_async_run_writes_summary_with_lag_at_most_one(tmp_path):
     # a tiny run is too small to reject the planted lossy control, and then the check must not pass
     assert summary["equivalence_pass"] is (eq["control_rejected"] is True)
     assert summary["policy_lags"] == [0, 1] and summary["max_policy_lag"] == 1
-    assert summary["async_step_s"] > 0 and summary["sync_step_s"] > 0 and summary["async_step_speedup"] > 0
-    assert 1.0 <= summary["mean_accepted_length"] <= 4.0
+    assert summary["async_step_speedup"] == pytest.approx(summary["sync_step_s"] / summary["async_step_s"])
+    assert summary["mean_accepted_length"] == pytest.approx(1 + sum(summary["acceptance_by_position"]))
     on_disk = json.load(open(tmp_path / "async" / "summary.json"))
     assert on_disk["pipeline"] == "async" and on_disk["max_policy_lag"] == 1
     rows = _rows(tmp_path / "async" / "metrics.jsonl")

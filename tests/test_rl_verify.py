@@ -158,8 +158,9 @@ def block_run(tmp_path_factory) -> str:
 def _check_run(out: str, spec: str, verify: str) -> dict:
     written = json.load(open(os.path.join(out, "summary.json")))
     assert written["verify"] == verify and written["spec"] == spec and written["config"]["verify"] == verify
-    assert 1.0 <= written["mean_accepted_length"] <= 1 + written["k"]
-    assert len(written["acceptance_by_position"]) == written["k"]
+    by_pos = written["acceptance_by_position"]
+    assert len(by_pos) == written["k"] and by_pos == sorted(by_pos, reverse=True)
+    assert written["mean_accepted_length"] == pytest.approx(1 + sum(by_pos))
     return written
 
 
