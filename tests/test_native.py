@@ -176,6 +176,7 @@ def test_chain_matches_reference(case, B, backend):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize(("B", "probs", "dtype"), [(1, True, torch.float32), (4, False, torch.bfloat16)])
+@pytest.mark.slow
 def test_chain_full_vocab(B, probs, dtype, backend):
     """V = 151936 (Qwen-size); B = 1 splits each row across the threads, B = 4 runs requests in parallel."""
     gen = torch.Generator().manual_seed(7 + B + probs)
@@ -236,6 +237,7 @@ def test_tree_matches_reference(case, B, backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.slow
 def test_tree_full_vocab(backend):
     gen = torch.Generator().manual_seed(11)
     inputs = _tree_case(2, 151936, torch.float32, gen, probs=True, sibling="without_replacement", max_nodes=4)
@@ -332,6 +334,7 @@ def test_the_extension_uses_the_process_libstdcxx():
                        "have linked the shared libstdc++ (or build with a compiler that links it dynamically)")
 
 
+@pytest.mark.slow
 def test_the_libstdcxx_check_finds_a_static_copy(tmp_path):
     """Skips only when the compiler has no libstdc++.a to link statically; a build that fails is a failure."""
     cxx = host_cxx()
@@ -363,6 +366,7 @@ def _run(code: str, **env) -> subprocess.CompletedProcess:
                           env={**os.environ, "PYTHONPATH": ROOT, **env}, timeout=120)
 
 
+@pytest.mark.slow
 def test_every_instruction_set_build_emits_the_same_tokens():
     code = """
         import torch, specdec_kernels as sk
@@ -384,6 +388,7 @@ def test_every_instruction_set_build_emits_the_same_tokens():
     assert len(set(outs.values())) == 1, outs
 
 
+@pytest.mark.slow
 def test_an_instruction_set_name_the_cpu_cannot_use_warns_once_and_falls_back():
     """SPECDEC_CPU_ISA never makes the CPU run an instruction it lacks: an unknown name gives one warning that
     names the variable and the valid names, and the widest build the CPU supports. (A known name the CPU lacks
@@ -407,6 +412,7 @@ def test_an_instruction_set_name_the_cpu_cannot_use_warns_once_and_falls_back():
 
 
 @pytest.mark.parametrize("threads", ["1", "2"])
+@pytest.mark.slow
 def test_two_level_gumbel_paths_match_reference_on_every_build(threads):
     """Untruncated random rows at V = 151936 take the one-pass two-level Gumbel-max block search from the
     logits (seeded by the draft's block, or unseeded on bonus rows and placeholders), stochastic rows the
@@ -495,6 +501,7 @@ def _coin_edge_case(family: str, B: int, gen: torch.Generator) -> dict:
                 draft_probs=q.float(), temperature=torch.full((B,), T), seed=seed, position=position), r, p_x
 
 
+@pytest.mark.slow
 def test_stochastic_acceptance_at_the_coin_edge_matches_reference():
     """Stochastic drafts are accepted without the exact normalizer pass when a cheap bracket of the
     normalizer (a two-fma exp, about 2e-3 wide) makes coin * q(x) < p(x) certain; otherwise the exact pass
@@ -587,6 +594,7 @@ def _near_tie_case(level: int, dtype: torch.dtype, gen: torch.Generator, B: int 
 
 
 @pytest.mark.parametrize("threads", ["1", "2"])
+@pytest.mark.slow
 def test_stochastic_rejection_without_the_exact_normalizer_matches_reference(threads):
     """A rejected stochastic draft and its recovery token are decided from the normalizer's cheap bracket
     when they are certain for every normalizer in it (chain.h certain_recovery: the residual's entries are
@@ -686,6 +694,7 @@ def _greedy_16bit_case(family: str, dtype: torch.dtype, V: int, gen: torch.Gener
 
 
 @pytest.mark.parametrize("threads", ["1", "2"])
+@pytest.mark.slow
 def test_16bit_integer_maxima_match_reference_on_every_build(threads):
     """bf16 / fp16 rows are reduced on the integer max / min of their bits: greedy rows skip a chunk on them
     (greedy_argmax_t), random rows take each Gumbel-max group's maximum from them (max_16bit). At
@@ -739,6 +748,7 @@ _ISA_FLAGS = {"generic": [], "avx2": ["-mavx2", "-mfma"],
 
 
 @pytest.mark.parametrize("isa", list(_ISA_FLAGS))
+@pytest.mark.slow
 def test_lane_wise_block_log_masses_match_the_scalar_ones_bit_for_bit(isa, tmp_path):
     """The searches compute candidate blocks' log-masses W lanes at a time (z_log_mass, residual_log_mass)
     and 16 candidates at a time (candidate_z_masses); a block's score decides a sample only at near-ties,
@@ -751,6 +761,7 @@ def test_lane_wise_block_log_masses_match_the_scalar_ones_bit_for_bit(isa, tmp_p
 
 
 @pytest.mark.parametrize("isa", list(_ISA_FLAGS))
+@pytest.mark.slow
 def test_normalizer_bracket_holds_the_true_sum(isa, tmp_path):
     """The stochastic-draft decisions trust the cheap normalizer bracket (normalizer_bound_t with
     bracket_error's width): the row's true sum of exp(z - shift) must lie inside it whenever it is usable, on
@@ -766,6 +777,7 @@ def test_normalizer_bracket_holds_the_true_sum(isa, tmp_path):
 
 
 @pytest.mark.parametrize("isa", list(_ISA_FLAGS))
+@pytest.mark.slow
 def test_part_maxima_match_each_parts_group_max_bit_for_bit(isa, tmp_path):
     """The residual searches bound each quarter of a 512-entry group by its largest z (z_part_maxima); with
     AVX-512BW, 16-bit logits take the four quarters' integer maxima and minima in one pass and one
@@ -785,6 +797,7 @@ def test_part_maxima_match_each_parts_group_max_bit_for_bit(isa, tmp_path):
 
 
 @pytest.mark.parametrize("isa", list(_ISA_FLAGS))
+@pytest.mark.slow
 def test_word_threshold_table_is_the_exact_formulas_or_one_word_looser(isa, tmp_path):
     """The searches skip a block whose Philox word lies below a threshold read from a table (gumbel_search.h
     kWordThresholds); the compiler evaluates that table, since a load-time constructor in a per-instruction-set
@@ -799,6 +812,7 @@ def test_word_threshold_table_is_the_exact_formulas_or_one_word_looser(isa, tmp_
 
 
 @pytest.mark.parametrize("isa", list(_ISA_FLAGS))
+@pytest.mark.slow
 def test_exponentials_of_each_build_are_the_baselines_bit_for_bit(isa, tmp_path):
     """Two lane-wise exponentials take instructions of their own per build for the baseline code's values
     (fewer vector operations in passes bound by their count): exp2_rough, the 2^y of the normalizer bracket
@@ -862,6 +876,7 @@ def test_stream_sum_reads_every_entry_and_names_a_bad_argument():
 
 
 @pytest.mark.parametrize("threads", ["1", "2"])
+@pytest.mark.slow
 def test_stream_minmax16_reads_every_word_on_every_build(threads):
     """The CPU benchmarks' integer read probe: the largest and smallest 16-bit word of a tensor's bytes, on
     every instruction-set build, with the extremes planted at the first and last word, at vector and 1 KB

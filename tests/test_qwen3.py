@@ -36,6 +36,7 @@ def _mode(model: Qwen3, fused: bool) -> None:
 
 
 @pytest.mark.parametrize("qk_norm", [True, False])
+@pytest.mark.slow
 def test_transformers_loads_the_checkpoint_and_agrees(tmp_path, qk_norm):
     torch.manual_seed(1)
     ours = _perturbed(Qwen3(ModelConfig(num_hidden_layers=2, intermediate_size=96, qk_norm=qk_norm)))

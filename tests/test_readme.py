@@ -46,6 +46,7 @@ def test_readme_python_block_prints_what_the_readme_shows(index):
     assert run_example(code, f"README.md python block {index}") == expected
 
 
+@pytest.mark.slow
 def test_api_example_same_tokens_on_every_cpu_backend():
     """The README says every backend emits the example's tokens: check each backend this install has."""
     import specdec_kernels as sk

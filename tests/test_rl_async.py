@@ -31,6 +31,7 @@ def _rows(path) -> list[dict]:
     return [r for r in map(json.loads, open(path)) if "event" not in r]
 
 
+@pytest.mark.slow
 def test_tiny_async_run_writes_summary_with_lag_at_most_one(tmp_path):
     summary = run(tiny_config(out=str(tmp_path / "async"), steps=2, pipeline="async"))
     for key in REQUIRED_SUMMARY_KEYS:
@@ -70,6 +71,7 @@ def test_unsupported_async_combinations_raise(tmp_path, overrides, flag):
     assert not (tmp_path / "metrics.jsonl").exists()  # rejected before any work
 
 
+@pytest.mark.slow
 def test_generator_actor_weight_push_matches_a_fresh_engine():
     torch.manual_seed(0)
     policy = Qwen3(CFG).eval()

@@ -44,6 +44,7 @@ def test_cli_defaults_match_the_issue():
         RunConfig(drafter="ngram")
 
 
+@pytest.mark.slow
 def test_tiny_run_writes_summary_and_resume_continues_exactly(tmp_path):
     straight = run(tiny_config(out=str(tmp_path / "a"), steps=2))
     for key in REQUIRED_SUMMARY_KEYS:

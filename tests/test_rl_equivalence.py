@@ -22,6 +22,7 @@ torch.set_num_threads(1)
 
 
 @pytest.mark.parametrize("spec, verify", [("chain", "token"), ("chain", "block"), ("tree", "traversal")])
+@pytest.mark.slow
 def test_check_equivalence_passes_with_power_and_a_rejecting_control(spec, verify):
     torch.manual_seed(0)
     tok = CharTokenizer()
@@ -53,6 +54,7 @@ def test_check_equivalence_passes_with_power_and_a_rejecting_control(spec, verif
     assert set(res["pvalues"]) >= {"token_at_0", "length", "reward", "sequence_logprob"}
 
 
+@pytest.mark.slow
 def test_module_entry_point_writes_a_report(tmp_path):
     rc = main(["--tiny", "--out", str(tmp_path), "--prompts", "2", "--samples", "6"])
     report = json.load(open(os.path.join(tmp_path, "equivalence.json")))

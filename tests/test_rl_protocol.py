@@ -180,6 +180,7 @@ def test_protocol_figures_end_to_end_and_break_even():
     assert protocol_figures(slower, 30.0, 0.0)["break_even_steps"] is None  # never pays back
 
 
+@pytest.mark.slow
 def test_tiny_run_alternates_arm_order_and_writes_the_protocol_fields(tmp_path):
     from rl_loop.train import run
 
@@ -253,6 +254,7 @@ def _engine(noise: float) -> tuple[RolloutEngine, list, CharTokenizer]:
 
 
 @pytest.mark.stat
+@pytest.mark.slow
 def test_equivalence_requires_the_planted_lossy_control_to_be_rejected(monkeypatch):
     engine, val, tok = _engine(0.3)
     cfg = EquivalenceConfig(num_prompts=4, samples_per_prompt=100, positions=4,

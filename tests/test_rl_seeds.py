@@ -26,6 +26,7 @@ def test_paired_p_detects_a_shift_and_accepts_equal_curves():
     assert paired_p(a, noisy) > 0.5
 
 
+@pytest.mark.slow
 def test_tiny_seed_comparison_writes_curves_and_pvalues(tmp_path):
     out = tmp_path / "seeds"
     assert main(["--tiny", "--seeds", "0", "--steps", "2", "--out", str(out)]) == 0

@@ -160,6 +160,7 @@ def test_tree_shape_validation():
         TreeShape(depth=0)
 
 
+@pytest.mark.slow
 def test_cli_tree_run_writes_summary(tmp_path):
     out = str(tmp_path / "tree")
     summary = run(tiny_config(spec="tree", out=out, steps=1))

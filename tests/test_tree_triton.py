@@ -13,6 +13,7 @@ from tests.conftest import DEVICE, requires_triton
 pytestmark = [
     pytest.mark.triton,
     requires_triton,
+    pytest.mark.slow,  # kernels under the Triton interpreter on CPU machines: seconds per call
     # log(0) = -inf is intended (zero-probability tokens); numpy warns about it under the interpreter.
     pytest.mark.filterwarnings("ignore:divide by zero encountered in log:RuntimeWarning"),
 ]
