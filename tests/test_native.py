@@ -262,6 +262,7 @@ def test_auto_picks_cpu_for_cpu_tensors():
     assert sk.available_backends("cpu")[0] == "cpu"
 
 
+@pytest.mark.slow
 def test_torch_ops_eager_and_compiled():
     gen = torch.Generator().manual_seed(2)
     inputs = _chain_case(5, 3, 300, torch.float32, gen, greedy_frac=0.4)
@@ -439,6 +440,7 @@ def test_two_level_gumbel_paths_match_reference_on_every_build(threads):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.slow
 def test_residual_search_with_a_close_draft_matches_reference(dtype):
     """A draft model close to the target (q = softmax(z + small noise), drafts sampled from q) leaves a small
     residual spread over the whole row: the residual's block search bounds blocks by their logits alone, so
@@ -938,6 +940,7 @@ def test_stream_work_does_its_rounds_on_every_entry_and_names_a_bad_argument():
         native.stream_work(torch.ones(8, dtype=torch.float64), 1)
 
 
+@pytest.mark.slow
 def test_missing_extension_gives_one_clear_message():
     proc = _run("""
         import sys
