@@ -60,6 +60,7 @@ def _run(cmd: list[str], env: dict, cwd: str) -> subprocess.CompletedProcess:
     return proc
 
 
+@pytest.mark.slow
 def test_config_checks_and_drafter_mapping(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="spec tree"):
         check_config(replace(tiny_config(), backend="vllm", spec="tree"))
