@@ -97,6 +97,7 @@ def test_every_schedule_and_device_emits_the_same_tokens(schedule, arch):
 
 
 @pytest.mark.parametrize(("B", "probs", "dtype"), [(1, True, torch.float32), (4, False, torch.bfloat16)])
+@pytest.mark.slow
 def test_chain_full_vocab(B, probs, dtype):
     """V = 151936 takes the 512-thread entries of the table; several blocks split each row."""
     gen = torch.Generator().manual_seed(7 + B + probs)
@@ -106,6 +107,7 @@ def test_chain_full_vocab(B, probs, dtype):
     assert {x.threads for x in cuda_host.last_launches() if "row_pass" in x.kernel} == {512}
 
 
+@pytest.mark.slow
 def test_tree_full_vocab():
     gen = torch.Generator().manual_seed(11)
     inputs = _tree_case(2, 151936, torch.float32, gen, probs=True, sibling="without_replacement", max_nodes=4)

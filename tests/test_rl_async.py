@@ -92,6 +92,7 @@ def test_generator_actor_weight_push_matches_a_fresh_engine():
     assert before != expected  # the push changed the output, so the check has teeth
 
 
+@pytest.mark.slow
 def test_old_log_probs_come_from_the_behaviour_policy():
     torch.manual_seed(1)
     policy, behaviour = Qwen3(CFG).eval(), Qwen3(CFG).eval()

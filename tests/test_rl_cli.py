@@ -22,6 +22,7 @@ torch.set_num_threads(1)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.mark.slow
 def test_help_lists_the_documented_flags():
     env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
     out = subprocess.run([sys.executable, "-m", "rl_loop", "--help"], capture_output=True, text=True, env=env,
@@ -75,6 +76,7 @@ def test_tiny_run_writes_summary_and_resume_continues_exactly(tmp_path):
     assert resumed["val_greedy_accuracy_start"] == straight["val_greedy_accuracy_start"]
 
 
+@pytest.mark.slow
 def test_sampled_validation_reuses_its_keys_and_counts_every_sample(tmp_path):
     cfg = tiny_config(out=str(tmp_path), spec="none", eval_samples=3)
     s = setup(cfg, lambda row: None)

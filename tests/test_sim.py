@@ -216,6 +216,7 @@ def test_paper_figures_within_tolerance(results, name, key, paper, tol):
     assert abs(ours / paper - 1) <= tol, f"{name} {key}: ours {ours:.3f} vs paper {paper}"
 
 
+@pytest.mark.slow
 def test_235b_acceptance_calibration_holds(results):
     # Not a validation: the 235B acceptance (0.85) is the value at which the 512-GPU, k = 3 rollout
     # speedup is the paper's 2.72x; this guards the calibration against changes in the cost model.
@@ -224,6 +225,7 @@ def test_235b_acceptance_calibration_holds(results):
 
 
 @pytest.mark.parametrize("name", ["paper-8b-think", "paper-8b-zero"])
+@pytest.mark.slow
 def test_k3_beats_k5_and_k7(results, name):
     by_k = results[name]["generation_speedup_by_k"]
     assert results[name]["best_k"] == 3
@@ -231,6 +233,7 @@ def test_k3_beats_k5_and_k7(results, name):
 
 
 @pytest.mark.parametrize("name", ["paper-8b-think", "paper-8b-zero"])
+@pytest.mark.slow
 def test_8b_async_at_the_papers_operating_point(results, name):
     r, op = results[name], results[name]["async_operating_point"]
     # The autoregressive pipeline sits where the paper measured it: 10.4 s of a 75.0 s step exposed.
@@ -326,6 +329,7 @@ def test_policy_lag_two_never_drains_but_bounds_the_batch():
         assert drained.time == simulate_generation(setup.hardware, setup.model, par, setup.workload, spec).time
 
 
+@pytest.mark.slow
 def test_235b_best_settings(results):
     r = results["paper-235b"]
     # At the paper's most favourable point, the best k's rollout speedup is above 3.5x.
