@@ -40,6 +40,16 @@ STAT_BACKENDS = [b for b in available_backends(DEVICE) if b in STAT_READY_BACKEN
 INTERPRETED_TRITON = HAS_TRITON and not torch.cuda.is_available()
 
 
+def slow_when_interpreted(cases: list) -> list:
+    """The ``cases`` of a parametrization whose first value is the backend, the Triton backend's marked slow
+    when Triton is interpreted (seconds per kernel call on a CPU): the fast tier, -m "not slow", runs the rest."""
+    def mark(case):
+        values = case if isinstance(case, tuple) else (case,)
+        return pytest.param(*values, marks=pytest.mark.slow) if values[0] == "triton" and INTERPRETED_TRITON else case
+
+    return [mark(c) for c in cases]
+
+
 @pytest.fixture
 def one_thread():
     """One torch thread for the test (tiny shapes: more threads only add synchronisation), then restore."""

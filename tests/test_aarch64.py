@@ -32,6 +32,9 @@ CXX_FLAGS = ["-O2", "-std=c++17", "-ffp-contract=off", "-fno-math-errno", "-fope
 RUN_ENV = {k: v for k, v in os.environ.items() if not k.startswith(("OMP_", "GOMP_"))} | {
     "OMP_WAIT_POLICY": "passive", "OMP_DYNAMIC": "false"}
 
+# Cross builds and qemu runs: minutes.
+pytestmark = pytest.mark.slow
+
 
 def _cross_tools_or_skip() -> None:
     missing = [tool for tool in (CROSS_CXX, QEMU) if shutil.which(tool) is None]

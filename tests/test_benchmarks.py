@@ -17,6 +17,7 @@ HAS_VLLM = importlib.util.find_spec("vllm") is not None
 
 
 @pytest.mark.filterwarnings("ignore::FutureWarning")
+@pytest.mark.slow
 def test_bench_chain_writes_csv_with_provenance(tmp_path):
     providers = ["reference", "triton"] + (["vllm_v1"] if HAS_VLLM else [])
     out = tmp_path / "chain.csv"
@@ -151,6 +152,7 @@ def test_bench_native_cpu_runs_bf16_alone(tmp_path):
 
 
 @pytest.mark.skipif(not native.has_device("cpu"), reason="specdec_kernels._C not built")
+@pytest.mark.slow
 def test_bench_native_cpu_writes_interleaved_rounds_with_command(tmp_path):
     from benchmarks import bench_native_cpu
 
@@ -244,6 +246,7 @@ def test_bench_native_cpu_fractions_use_the_case_own_read_probes(tmp_path):
 
 
 @pytest.mark.skipif(not native.has_device("cpu") or not HAS_VLLM, reason="needs specdec_kernels._C and vllm")
+@pytest.mark.slow
 def test_bench_native_cpu_times_vllm_step_and_kernel(tmp_path):
     """Both vLLM providers run every mode, the step (RejectionSampler.forward) emits our greedy tokens from
     the same [T + B, V] logits, and the table gives both ratios."""
@@ -304,6 +307,7 @@ def test_eviction_is_twice_the_last_level_cache(tmp_path):
 
 
 @pytest.mark.skipif(not native.has_device("cpu"), reason="specdec_kernels._C not built")
+@pytest.mark.slow
 def test_ab_builds_times_two_checkouts_alternately(tmp_path, capsys):
     """The before / after harness on one checkout given twice: a row per case with both builds' rounds,
     the ratio of medians and the command, appended to the history table under the run's pair label; a

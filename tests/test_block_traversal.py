@@ -15,7 +15,7 @@ import torch
 
 import specdec_kernels as sk
 from specdec_kernels import native
-from tests.conftest import TRITON_RUNNABLE
+from tests.conftest import TRITON_RUNNABLE, slow_when_interpreted
 from tests.test_native import _chain_case, _run, _tree_case, cpu_builds
 from tests.test_tree import _chain_case as _chain_and_tree
 
@@ -53,7 +53,7 @@ def test_method_is_validated():
         sk.verify_tree(**t, method=1)
 
 
-@pytest.mark.parametrize("backend", ["reference"] + BACKENDS)
+@pytest.mark.parametrize("backend", slow_when_interpreted(["reference"] + BACKENDS))
 def test_deterministic_drafts_and_greedy_requests_run_token_level(backend):
     """No draft probabilities (one-hot q): no valid verifier beats token level, so "block" / "traversal" emit
     its tokens; greedy requests in a stochastic batch follow the argmax exactly as token level does."""
@@ -67,8 +67,8 @@ def test_deterministic_drafts_and_greedy_requests_run_token_level(backend):
                      sk.verify_tree(**t, backend=backend, method="traversal"), f"tree probs={probs}")
 
 
-@pytest.mark.parametrize("backend,vocab", [("reference", 13), ("reference", 300)]
-                         + [(b, v) for b in BACKENDS for v in ((13,) if b == "triton" else (13, 300))])
+@pytest.mark.parametrize("backend,vocab", slow_when_interpreted(
+    [("reference", 13), ("reference", 300)] + [(b, v) for b in BACKENDS for v in ((13,) if b == "triton" else (13, 300))]))
 def test_traversal_on_a_chain_is_block_verification(backend, vocab):
     chain, tree, sampling = _chain_and_tree(12 if backend == "triton" else 96, 4, vocab, 2, True)
     rb = sk.verify_chain(*chain, **sampling, backend=backend, method="block")
@@ -205,6 +205,7 @@ def test_traversal_cpu_max_depth_and_broken_parents():
 
 
 @requires_native
+@pytest.mark.slow
 def test_every_build_emits_the_same_tokens():
     code = """
         import torch, specdec_kernels as sk
@@ -228,6 +229,7 @@ def test_every_build_emits_the_same_tokens():
 
 
 @requires_native
+@pytest.mark.slow
 def test_full_vocabulary():
     gen = torch.Generator().manual_seed(15)
     c = _chain_case(2, 3, 151936, torch.bfloat16, gen, probs=True, greedy_frac=0.0)
@@ -240,6 +242,7 @@ def test_full_vocabulary():
 
 
 @requires_native
+@pytest.mark.slow
 def test_torch_ops_trace_under_compile():
     gen = torch.Generator().manual_seed(2)
     c = _chain_case(5, 3, 300, torch.float32, gen, probs=True, greedy_frac=0.0)
@@ -255,6 +258,7 @@ requires_triton = pytest.mark.skipif(not TRITON_RUNNABLE, reason="needs triton a
 
 @requires_triton
 @pytest.mark.parametrize("case", [CHAIN_CASES[0], CHAIN_CASES[2], CHAIN_CASES[4]], ids=_label)
+@pytest.mark.slow
 def test_block_triton_matches_reference(case):
     case = dict(case)
     V, dtype = case.pop("V"), case.pop("dtype")
@@ -266,6 +270,7 @@ def test_block_triton_matches_reference(case):
 
 @requires_triton
 @pytest.mark.parametrize("case", [TREE_CASES[0], TREE_CASES[1], TREE_CASES[3]], ids=_label)
+@pytest.mark.slow
 def test_traversal_triton_matches_reference(case):
     case = dict(case)
     V, dtype = case.pop("V"), case.pop("dtype")
@@ -276,6 +281,7 @@ def test_traversal_triton_matches_reference(case):
 
 
 @requires_triton
+@pytest.mark.slow
 def test_triton_full_vocabulary():
     gen = torch.Generator().manual_seed(21)
     c = _chain_case(1, 2, 151936, torch.bfloat16, gen, probs=True, greedy_frac=0.0)

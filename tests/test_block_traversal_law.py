@@ -21,7 +21,8 @@ from tests.conftest import DEVICE
 from tests.test_chain_law import describe
 from tests.tree_law_helpers import sequence_law_p_value, single_thread  # noqa: F401  (autouse fixture)
 
-pytestmark = pytest.mark.stat
+# Laws sampled to power 0.999 at total variation 0.02: the full suite runs them, the fast tier does not.
+pytestmark = [pytest.mark.stat, pytest.mark.slow]
 
 
 @pytest.mark.parametrize("case", btl.BLOCK_SEQUENCE_CASES, ids=lambda c: c.name)

@@ -69,6 +69,7 @@ def _describe(lib: Path) -> str:
     return run.stdout.strip() if run.returncode == 0 else f"exit code {run.returncode}"
 
 
+@pytest.mark.slow
 def test_shared_libstdcxx_module_mends_a_static_toolchain(tmp_path):
     if shutil.which("cmake") is None:
         pytest.skip("no cmake")

@@ -74,6 +74,7 @@ def greedy_reference(inputs: ChainInputs) -> tuple[list[list[int]], list[int]]:
 
 @given(data=st.data())
 @HYPOTHESIS
+@pytest.mark.slow
 def test_properties(backend, data):
     inputs = data.draw(chain_inputs())
     res = run(backend, inputs)
@@ -96,6 +97,7 @@ def test_properties(backend, data):
 
 @given(data=st.data())
 @HYPOTHESIS
+@pytest.mark.slow
 def test_batch_invariance(backend, data):
     """Each request's output alone equals its row in the batch (and in the batch reversed)."""
     inputs = data.draw(chain_inputs(max_batch=5))

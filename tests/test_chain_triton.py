@@ -11,6 +11,7 @@ from tests.conftest import DEVICE, requires_triton
 pytestmark = [
     pytest.mark.triton,
     requires_triton,
+    pytest.mark.slow,  # kernels under the Triton interpreter on CPU machines: seconds per call
     # The interpreter evaluates log(0) for zero uniforms / empty residual entries (-inf is intended) and
     # 0/0 on empty rows, whose probabilities are then replaced by the one-hot on token 0.
     pytest.mark.filterwarnings("ignore:divide by zero encountered in log:RuntimeWarning"),

@@ -37,6 +37,7 @@ pytestmark = [
     pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86-64 CPU models"),
     pytest.mark.skipif(QEMU is None, reason="qemu-x86_64 is not installed (Debian package qemu-user)"),
     pytest.mark.skipif(not native.has_device("cpu"), reason="the native extension was not built"),
+    pytest.mark.slow,  # the package under qemu CPU models: minutes
 ]
 
 _EMULATED = """

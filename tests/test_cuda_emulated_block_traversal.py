@@ -91,6 +91,7 @@ def test_deterministic_drafts_run_token_level_and_traversal_on_a_chain_is_block(
     assert float(rb.num_accepted.float().mean()) > 0.3  # the comparison covers accepted prefixes
 
 
+@pytest.mark.slow
 def test_full_vocabulary():
     gen = torch.Generator().manual_seed(15)
     c = _chain_case(2, 3, 151936, torch.bfloat16, gen, probs=True, greedy_frac=0.0)
@@ -117,6 +118,7 @@ def test_traversal_max_depth_and_broken_parents():
 @given(call=st.one_of(fuzz.chain_call(), fuzz.tree_call()), data=st.data())
 @settings(max_examples=50, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@pytest.mark.slow
 def test_fuzz_unvalidated_stays_in_bounds(call, data):
     """validate=False on the fuzz campaign's inconsistent calls, with draft probabilities added where the
     call has none (the kernels run only on stochastic drafts): no guard row read, no canary written, tokens
@@ -214,6 +216,7 @@ NOT_EXPOSED: set[str] = set()
 """Own barriers these inputs do not expose (found by this test); any other uncaught one fails it."""
 
 
+@pytest.mark.slow
 def test_every_syncthreads_is_needed():
     """Plant a missing __syncthreads at each barrier the block / traversal kernels reach: some schedule must
     catch each of their own (but the ones listed in NOT_EXPOSED). Without a barrier, threads may read state

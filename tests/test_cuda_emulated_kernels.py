@@ -56,6 +56,7 @@ def _assert_same(ref, got, what) -> None:
 
 @pytest.mark.parametrize("case", CHAIN_CASES, ids=_case_id)
 @pytest.mark.parametrize("B", [1, 3, 17])
+@pytest.mark.slow
 def test_chain_matches_reference(case, B):
     i = CHAIN_CASES.index(case)
     schedule = SCHEDULES[(i + B) % len(SCHEDULES)]
@@ -98,6 +99,7 @@ def test_every_schedule_and_device_emits_the_same_tokens(schedule, arch):
 
 
 @pytest.mark.parametrize(("B", "probs", "dtype"), [(1, True, torch.float32), (4, False, torch.bfloat16)])
+@pytest.mark.slow
 def test_chain_full_vocab(B, probs, dtype):
     """V = 151936 takes the 512-thread entries of the table; several blocks split each row."""
     gen = torch.Generator().manual_seed(7 + B + probs)
@@ -107,6 +109,7 @@ def test_chain_full_vocab(B, probs, dtype):
     assert {x.threads for x in cuda_emulation.last_launches() if "row_pass" in x.kernel} == {512}
 
 
+@pytest.mark.slow
 def test_tree_full_vocab():
     gen = torch.Generator().manual_seed(11)
     inputs = _tree_case(2, 151936, torch.float32, gen, probs=True, sibling="without_replacement", max_nodes=4)
@@ -193,6 +196,7 @@ def _emulated(schedule: str):
 
 
 @pytest.mark.parametrize("case", FIRST_TOKEN_CASES, ids=lambda c: c.name)
+@pytest.mark.slow
 def test_first_token_case_tokens(case):
     """Every first-token case's batch (64 requests): the emulated kernels emit the reference's tokens, so
     they inherit the reference's law on it."""
@@ -206,6 +210,7 @@ POINT_MASS_CASES = [c.name for c in FIRST_TOKEN_CASES if first_token_law(c).max(
 
 @pytest.mark.stat
 @pytest.mark.parametrize("name", POINT_MASS_CASES)
+@pytest.mark.slow
 def test_first_token_law(name):
     """The law check itself, at the suite's sample size and alpha, on the cases whose (truncated) target is
     a point mass (342 requests each; the others need ~50k, minutes in the emulation)."""
@@ -215,6 +220,7 @@ def test_first_token_law(name):
     assert not check.result.rejects(alpha), f"{check.result} with n={check.num_samples}"
 
 
+@pytest.mark.slow
 def test_rows_beyond_the_grid_y_limit():
     """70000 rows (a first-token batch is ~100k): the row kernels' grid stops at 65535 rows in y and each
     block loops over the rows beyond (rows past the limit used to be a launch error on the GPU)."""
@@ -247,6 +253,7 @@ def _barrier_cases():
     return [("chain", chain), ("tree", tree), ("tree", path)]
 
 
+@pytest.mark.slow
 def test_every_syncthreads_is_needed():
     """Plant a missing __syncthreads at each barrier the kernels reach: some schedule must catch it. The
     planted bug proves the schedules can fail a test; a barrier nothing catches would be dead weight."""

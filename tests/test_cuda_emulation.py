@@ -181,6 +181,7 @@ def test_resource_report_parsing_and_register_limits():
     assert missing and "no sm_90a resource report" in missing[0]
 
 
+@pytest.mark.slow
 def test_the_emulated_cuda_runtime_header_coexists_with_the_standard_library(tmp_path):
     """csrc/cuda_emulation/cuda_runtime.h defines CUDA's keywords as macros; none may be a name the standard library
     spells in its own attributes (a `__noinline__` macro broke <string> under GCC 13, and <memory> under 12)."""

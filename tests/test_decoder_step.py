@@ -58,6 +58,7 @@ def _copy(cache: KVCache) -> KVCache:
 
 @pytest.mark.parametrize("heads,kv_heads", [(2, 1), (4, 2)])
 @pytest.mark.parametrize("n", [1, 4])
+@pytest.mark.slow
 def test_reference_on_packed_weights_equals_the_qwen3_layer(heads, kv_heads, n):
     model = _model(heads, kv_heads, seed=heads * 10 + n)
     cache, rows, start, depth, x = _case(model, n, seed=n)

@@ -82,6 +82,7 @@ def broken_links(path: Path) -> list[str]:
 
 # (a) -------------------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_docs_site_builds_strictly(tmp_path):
     if importlib.util.find_spec("mkdocs") is None or importlib.util.find_spec("material") is None:
         pytest.skip("mkdocs-material is not installed (pip install mkdocs-material, or the docs extra)")

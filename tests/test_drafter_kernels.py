@@ -14,7 +14,8 @@ import torch
 from specdec_kernels.drafters import head_ops
 from tests.conftest import DEVICE, requires_triton
 
-pytestmark = [pytest.mark.triton, requires_triton, pytest.mark.usefixtures("one_thread")]
+# slow: kernels under the Triton interpreter on CPU machines, seconds per call
+pytestmark = [pytest.mark.triton, requires_triton, pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
 
 def _err(a: torch.Tensor, b: torch.Tensor) -> float:

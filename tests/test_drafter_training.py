@@ -59,6 +59,7 @@ def test_build_draft_vocab_by_frequency():
         build_draft_vocab(ids, 0, 12)
 
 
+@pytest.mark.slow
 def test_training_reduces_heldout_loss_eagle3_and_mtp():
     target = make_target()
     data = corpus()

@@ -59,6 +59,7 @@ def test_default_feature_layers():
         default_feature_layers(2)
 
 
+@pytest.mark.slow
 def test_eagle3_chain_shapes_and_vocab(target):
     head = make_eagle()
     d = Eagle3Drafter(head)
@@ -144,6 +145,7 @@ def test_tree_structure_and_greedy_path_is_chain(target):
         node = first
 
 
+@pytest.mark.slow
 def test_draft_model_matches_transformers_on_chain_and_tree():
     """Cached speculative rows of a draft model must reproduce the transformers model's logits."""
     lm = tiny_qwen3(vocab_size=V, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=16,

@@ -31,6 +31,7 @@ def test_asymptotic_pvalues_uniform_under_h0(method):
     assert sps.kstest(pvalues, "uniform").pvalue > SIM_ALPHA
 
 
+@pytest.mark.slow
 def test_pooled_chi2_is_valid_with_small_expected_counts():
     """Many cells with expected counts < 5: pooling keeps the size at or below alpha (within noise)."""
     rng = np.random.default_rng(12)
@@ -54,6 +55,7 @@ def test_exact_test_matches_brute_force_and_binomtest():
         assert got == pytest.approx(sps.binomtest(k, 40, 0.3).pvalue, rel=1e-6)
 
 
+@pytest.mark.slow
 def test_exact_test_is_valid():
     rng = np.random.default_rng(13)
     p = np.array([0.6, 0.25, 0.1, 0.05])
@@ -90,6 +92,7 @@ def test_pool_small_cells_reaches_min_expected_and_preserves_totals():
             assert pe.min() >= 5 - 1e-9
 
 
+@pytest.mark.slow
 def test_two_sample_chi2_calibration_and_power():
     rng = np.random.default_rng(15)
     p = np.array([0.4, 0.3, 0.2, 0.05, 0.03, 0.02])

@@ -26,6 +26,7 @@ def _law_row() -> torch.Tensor:
 
 
 @pytest.mark.stat
+@pytest.mark.slow
 def test_sample_follows_softmax():
     """The samples of one row over many seeds follow softmax(z) exactly (goodness of fit at the suite's alpha)."""
     z = _law_row()
@@ -104,6 +105,7 @@ def test_native_matches_reference_on_stress_rows(vocab, split):
 
 @pytest.mark.triton
 @pytest.mark.skipif(not TRITON_RUNNABLE, reason="needs triton and a GPU, or TRITON_INTERPRET=1 on CPU")
+@pytest.mark.slow
 def test_triton_matches_reference_on_stress_rows():
     gen = torch.Generator().manual_seed(3)
     rows = _stress_rows(70, gen)

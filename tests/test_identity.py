@@ -23,6 +23,7 @@ def test_jobs_cover_every_step_case_and_method():
 
 
 @pytest.mark.skipif(not native.has_device("cpu"), reason="specdec_kernels._C not built (pip install -e .)")
+@pytest.mark.slow
 def test_the_cpu_backend_is_identical_on_every_job(capsys):
     assert identity.main(["--backend", "cpu", "--device", "cpu", "--n", "256", "--seeds", "11,12"]) == 0
     out = capsys.readouterr().out
@@ -33,6 +34,7 @@ def test_the_cpu_backend_is_identical_on_every_job(capsys):
     ("traversal_reversed_siblings", "w3d2-iid-t1", "traversal", "tree"),
     ("block_first_failure", "chain4-iid-t0.8-k3-p0.9", "block", "chain"),
 ])
+@pytest.mark.slow
 def test_a_planted_bug_is_counted(bug, case, method, api):
     job = _job(case, method, api)
     assert identity.differences(job, "reference", "cpu", 2048, 11) == 0

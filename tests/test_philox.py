@@ -60,6 +60,7 @@ def _seeds_and_offsets(n: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @requires_triton
+@pytest.mark.slow
 def test_four_words_bit_identical_to_triton_randint4x():
     seed, offset = _seeds_and_offsets(4096)
     expected = _triton_randint4x(seed, offset)
@@ -83,6 +84,7 @@ def test_draw_layout():
     assert torch.equal(philox.coins(seed, pos, 5), philox.uniform(seed, pos, philox.STREAM_COIN, 5))
 
 
+@pytest.mark.slow
 def test_draws_are_distinct():
     """Entries, blocks, streams and positions never share a Philox counter and word."""
     index = torch.cat([torch.arange(151936), philox.BLOCK_DRAWS + torch.arange(9496)])
@@ -105,6 +107,7 @@ def test_bit_identical_to_triton_rand():
     assert torch.equal(got.view(torch.int32), expected.view(torch.int32))
 
 
+@pytest.mark.slow
 def test_uniform_range_and_moments():
     seed = torch.full((200_000,), 7, dtype=torch.int64)
     u = philox.rand(seed, torch.arange(200_000))

@@ -36,6 +36,7 @@ def _mode(model: Qwen3, fused: bool) -> None:
 
 
 @pytest.mark.parametrize("qk_norm", [True, False])
+@pytest.mark.slow
 def test_transformers_loads_the_checkpoint_and_agrees(tmp_path, qk_norm):
     torch.manual_seed(1)
     ours = _perturbed(Qwen3(ModelConfig(num_hidden_layers=2, intermediate_size=96, qk_norm=qk_norm)))
@@ -58,6 +59,7 @@ def test_transformers_loads_the_checkpoint_and_agrees(tmp_path, qk_norm):
     assert all(torch.equal(p, copied.state_dict()[n]) for n, p in ours.state_dict().items())
 
 
+@pytest.mark.slow
 def test_tiny_builder_gives_the_same_weights_both_ways():
     ours = tiny_qwen3(vocab_size=40, hidden_size=32, num_layers=3, num_heads=2, num_kv_heads=1, head_dim=16, seed=4)
     hf = tiny_qwen3(vocab_size=40, hidden_size=32, num_layers=3, num_heads=2, num_kv_heads=1, head_dim=16, seed=4,

@@ -46,6 +46,7 @@ def test_readme_python_block_prints_what_the_readme_shows(index):
     assert run_example(code, f"README.md python block {index}") == expected
 
 
+@pytest.mark.slow
 def test_api_example_same_tokens_on_every_cpu_backend():
     """The README says every backend emits the example's tokens: check each backend this install has."""
     import specdec_kernels as sk
@@ -55,3 +56,11 @@ def test_api_example_same_tokens_on_every_cpu_backend():
         got = run_example(code, f"README API example, backend={backend}",
                           replace=("seed=torch.tensor([1, 2]),", f"seed=torch.tensor([1, 2]), backend={backend!r},"))
         assert got == expected, backend
+
+
+def test_readme_states_the_test_command_that_ci_runs():
+    """The README's test command is the one .ci/run runs, flags included (workers, --durations)."""
+    ci = (ROOT / ".ci" / "run").read_text()
+    found = re.search(r'^TRITON_INTERPRET=1 "\$PY" -m pytest (.+)$', ci, flags=re.M)
+    assert found, ".ci/run runs no TRITON_INTERPRET=1 pytest command"
+    assert f"`TRITON_INTERPRET=1 python -m pytest {found.group(1)}`" in README.read_text()

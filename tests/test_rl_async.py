@@ -21,7 +21,8 @@ from rl_loop.task import CharTokenizer
 from rl_loop.train import run
 from specdec_kernels.models import ModelConfig, Qwen3
 
-pytestmark = pytest.mark.rl
+# Each async run starts a local Ray: one at a time under pytest-xdist (--dist loadgroup).
+pytestmark = [pytest.mark.rl, pytest.mark.xdist_group("ray")]
 torch.set_num_threads(1)
 CFG = ModelConfig(num_hidden_layers=3, intermediate_size=96)
 
@@ -30,6 +31,7 @@ def _rows(path) -> list[dict]:
     return [r for r in map(json.loads, open(path)) if "event" not in r]
 
 
+@pytest.mark.slow
 def test_tiny_async_run_writes_summary_with_lag_at_most_one(tmp_path):
     summary = run(tiny_config(out=str(tmp_path / "async"), steps=2, pipeline="async"))
     for key in REQUIRED_SUMMARY_KEYS:
@@ -41,8 +43,8 @@ def test_tiny_async_run_writes_summary_with_lag_at_most_one(tmp_path):
     assert summary["equivalence"] == eq["equivalence"] == ("pass" if eq["control_rejected"] else "underpowered")
     assert summary["equivalence_pass"] is (True if eq["control_rejected"] else None)
     assert summary["policy_lags"] == [0, 1] and summary["max_policy_lag"] == 1
-    assert summary["async_step_s"] > 0 and summary["sync_step_s"] > 0 and summary["async_step_speedup"] > 0
-    assert 1.0 <= summary["mean_accepted_length"] <= 4.0
+    assert summary["async_step_speedup"] == pytest.approx(summary["sync_step_s"] / summary["async_step_s"])
+    assert summary["mean_accepted_length"] == pytest.approx(1 + sum(summary["acceptance_by_position"]))
     on_disk = json.load(open(tmp_path / "async" / "summary.json"))
     assert on_disk["pipeline"] == "async" and on_disk["max_policy_lag"] == 1
     rows = _rows(tmp_path / "async" / "metrics.jsonl")
@@ -70,6 +72,7 @@ def test_unsupported_async_combinations_raise(tmp_path, overrides, flag):
     assert not (tmp_path / "metrics.jsonl").exists()  # rejected before any work
 
 
+@pytest.mark.slow
 def test_generator_actor_weight_push_matches_a_fresh_engine():
     torch.manual_seed(0)
     policy = Qwen3(CFG).eval()
@@ -90,6 +93,7 @@ def test_generator_actor_weight_push_matches_a_fresh_engine():
     assert before != expected  # the push changed the output, so the check has teeth
 
 
+@pytest.mark.slow
 def test_old_log_probs_come_from_the_behaviour_policy():
     torch.manual_seed(1)
     policy, behaviour = Qwen3(CFG).eval(), Qwen3(CFG).eval()

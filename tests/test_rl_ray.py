@@ -33,7 +33,9 @@ from rl_loop.train import run
 from specdec_kernels.models import ModelConfig, Qwen3
 
 ray = pytest.importorskip("ray")
-pytestmark = pytest.mark.rl
+# The module starts a local Ray (slow: worker processes, tiny runs): one at a time under pytest-xdist
+# (--dist loadgroup).
+pytestmark = [pytest.mark.rl, pytest.mark.slow, pytest.mark.xdist_group("ray")]
 CFG = ModelConfig(num_hidden_layers=3, intermediate_size=96)
 GROUP = 3
 EOS = CharTokenizer().eos_id

@@ -73,6 +73,7 @@ def test_bad_arguments_raise():
         CharTokenizer().encode("12a")
 
 
+@pytest.mark.slow
 def test_tokenizer_round_trip_matches_the_tokenizers_model(tmp_path):
     tok = CharTokenizer()
     text = "347*6?7*6+0=42,4*6+4=28;2082"

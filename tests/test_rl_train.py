@@ -18,6 +18,7 @@ torch.set_num_threads(1)
 CFG = ModelConfig(num_hidden_layers=2, intermediate_size=64)
 
 
+@pytest.mark.slow
 def test_output_gain_learns_at_its_own_warmed_up_rate():
     torch.manual_seed(0)
     policy = Qwen3(CFG).eval()

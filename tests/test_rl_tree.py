@@ -60,6 +60,7 @@ def policy_and_drafter():
 
 
 @pytest.mark.parametrize("k", [1, 3])
+@pytest.mark.slow
 def test_greedy_tree_speculation_is_token_identical_to_autoregressive(policy_and_drafter, k):
     policy, drafter = policy_and_drafter
     engine = RolloutEngine(policy, drafter, EOS)
@@ -130,6 +131,7 @@ def _position_histograms(rollouts, positions: int) -> np.ndarray:
 
 
 @pytest.mark.stat
+@pytest.mark.slow
 def test_sampled_tree_speculation_has_the_autoregressive_law(policy_and_drafter):
     """Per-position token histograms of tree-speculative (siblings drawn without replacement on the draft
     stream, recursive rejection sampling) vs autoregressive rollouts at T = 1.
@@ -159,6 +161,7 @@ def test_tree_shape_validation():
         TreeShape(depth=0)
 
 
+@pytest.mark.slow
 def test_cli_tree_run_writes_summary(tmp_path):
     out = str(tmp_path / "tree")
     summary = run(tiny_config(spec="tree", out=out, steps=1))
@@ -166,18 +169,20 @@ def test_cli_tree_run_writes_summary(tmp_path):
         written = json.load(f)
     for key in REQUIRED_SUMMARY_KEYS:
         assert key in written
-    assert written["spec"] == "tree" and summary["mean_accepted_length"] >= 1.0
-    assert len(written["acceptance_by_position"]) == written["k"]
+    assert written["spec"] == "tree" and len(written["acceptance_by_position"]) == written["k"]
+    # a tree's accepted path: draft j at depth j, accepted only below an accepted node
+    assert summary["mean_accepted_length"] == pytest.approx(1 + sum(written["acceptance_by_position"]))
     assert written["equivalence"] in ("pass", "underpowered")
     # the snapshot tools read the run's checkpoint: the k sweep and AR vs chain vs trees, side by side
     assert bench.main(["--run", out, "--ks", "1,2", "--repeats", "1", "--requests", "8"]) == 0
     with open(os.path.join(out, "k_sweep.json")) as f:
         sweep = json.load(f)
-    assert [r["k"] for r in sweep] == [1, 2] and all(r["rollout_speedup"] > 0 for r in sweep)
-    assert all(1.0 <= r["mean_accepted_length"] <= 1 + r["k"] for r in sweep)
+    assert [r["k"] for r in sweep] == [1, 2] and all(r["speedups"] == [r["rollout_speedup"]] for r in sweep)
+    assert all(r["mean_accepted_length"] == pytest.approx(1 + sum(r["acceptance_by_position"])) for r in sweep)
     tree_bench.main(["--run", out, "--top-k", "2", "--repeats", "1", "--requests", "4"])
     with open(os.path.join(out, "tree_vs_chain.json")) as f:
         modes = {r["mode"]: r for r in json.load(f)}
     assert set(modes) == {"autoregressive", "chain", "tree_top2"}
     assert modes["autoregressive"]["rollout_speedup"] == 1.0 and modes["tree_top2"]["nodes"] == 6
-    assert all(1.0 <= r["mean_accepted_length"] <= 1 + written["k"] for r in modes.values())
+    assert modes["autoregressive"]["mean_accepted_length"] == 1.0  # one token per round, no drafts
+    assert all(1.0 <= r["mean_accepted_length"] <= 1 + written["k"] for r in modes.values())  # k drafts + bonus

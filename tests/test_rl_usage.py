@@ -95,6 +95,7 @@ def test_context_overflow_is_refused_up_front(no_work, tmp_path):
         run(cfg)
 
 
+@pytest.mark.slow
 def test_cli_is_one_line_in_a_fresh_process(tmp_path):
     env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
     out = subprocess.run([sys.executable, "-m", "rl_loop", "--k", "100000", "--out", str(tmp_path)],
@@ -161,6 +162,7 @@ def straight(tmp_path_factory) -> str:
     return out
 
 
+@pytest.mark.slow
 def test_resume_after_sigkill_is_bit_exact_and_logs_each_step_once(straight, tmp_path):
     killed = str(tmp_path / "killed")
     env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -192,6 +194,7 @@ def test_resume_after_sigkill_is_bit_exact_and_logs_each_step_once(straight, tmp
         assert dump == open(os.path.join(straight, "rollouts.jsonl")).read(), out
 
 
+@pytest.mark.slow
 def test_resume_refuses_a_different_run_naming_the_fields(straight, no_work):
     cfg = tiny_config(out=straight, steps=5, resume=True)
     with pytest.raises(UsageError) as e:
@@ -202,6 +205,7 @@ def test_resume_refuses_a_different_run_naming_the_fields(straight, no_work):
         run(replace(cfg, model=replace(cfg.model, num_hidden_layers=4)))
 
 
+@pytest.mark.slow
 def test_resume_of_a_finished_run_says_so(straight, no_work):
     with pytest.raises(UsageError, match=r"finished run of 3 steps; pass --steps > 3"):
         run(tiny_config(out=straight, steps=3, resume=True))
@@ -209,6 +213,7 @@ def test_resume_of_a_finished_run_says_so(straight, no_work):
         run(tiny_config(out=straight, steps=2, resume=True))
 
 
+@pytest.mark.slow
 def test_damaged_or_earlier_checkpoints_give_one_line(straight, tmp_path, capsys, no_work):
     out = tmp_path / "run"
     out.mkdir()
@@ -226,6 +231,7 @@ def test_damaged_or_earlier_checkpoints_give_one_line(straight, tmp_path, capsys
     assert "format 99" in _one_line_error(capsys, ["--tiny", "--resume", "--steps", "5", "--out", str(out)])
 
 
+@pytest.mark.slow
 def test_benchmarks_load_a_finished_run_and_change_nothing(straight):
     """``rl_loop.bench`` / ``tree_bench`` load a run's weights through ``setup`` with ``resume=True`` (and
     tree_bench another spec): neither the continuation checks nor the log cut apply there."""

@@ -41,7 +41,8 @@ from rl_loop.vllm_backend import (
 from specdec_kernels.integrations.vllm import plugin, runtime
 from specdec_kernels.models import ModelConfig, Qwen3
 
-pytestmark = [pytest.mark.vllm, pytest.mark.rl]
+# vLLM engines (GBs each): one test at a time under pytest-xdist (--dist loadgroup).
+pytestmark = [pytest.mark.vllm, pytest.mark.rl, pytest.mark.xdist_group("vllm_engine")]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -59,6 +60,7 @@ def _run(cmd: list[str], env: dict, cwd: str) -> subprocess.CompletedProcess:
     return proc
 
 
+@pytest.mark.slow
 def test_config_checks_and_drafter_mapping(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="spec tree"):
         check_config(replace(tiny_config(), backend="vllm", spec="tree"))

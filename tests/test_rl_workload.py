@@ -75,6 +75,7 @@ def test_cli_rejects_an_unknown_workload_in_one_line(capsys):
     assert "--workload" in err and "\n" not in err
 
 
+@pytest.mark.slow
 def test_shape_table_measures_and_predicts_each_combination(tmp_path, capsys):
     out = tmp_path / "shapes"
     assert shape_table.main(["--tiny", "--policies", "default", "--workloads", "search", "--ks", "1,2",

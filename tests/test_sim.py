@@ -171,6 +171,7 @@ def _gen_speedup(scn, acceptance, k):
 
 
 @pytest.mark.parametrize("scn", [PAPER_8B_ZERO, PAPER_235B], ids=lambda s: s.name)
+@pytest.mark.slow
 def test_more_acceptance_means_more_speedup(scn):
     speedups = [_gen_speedup(scn, (a,), 3) for a in (0.2, 0.4, 0.6, 0.8, 0.95)]
     assert all(b > a for a, b in zip(speedups, speedups[1:], strict=False)), speedups
@@ -209,11 +210,13 @@ def results():
     ("paper-235b", "end_to_end_speedup", 2.5, 0.02),         # 0 %
     ("paper-235b-512", "end_to_end_speedup", 1.70, 0.05),    # +3 %
 ])
+@pytest.mark.slow
 def test_paper_figures_within_tolerance(results, name, key, paper, tol):
     ours = results[name][key]
     assert abs(ours / paper - 1) <= tol, f"{name} {key}: ours {ours:.3f} vs paper {paper}"
 
 
+@pytest.mark.slow
 def test_235b_acceptance_calibration_holds(results):
     # Not a validation: the 235B acceptance (0.85) is the value at which the 512-GPU, k = 3 rollout
     # speedup is the paper's 2.72x; this guards the calibration against changes in the cost model.
@@ -222,6 +225,7 @@ def test_235b_acceptance_calibration_holds(results):
 
 
 @pytest.mark.parametrize("name", ["paper-8b-think", "paper-8b-zero"])
+@pytest.mark.slow
 def test_k3_beats_k5_and_k7(results, name):
     by_k = results[name]["generation_speedup_by_k"]
     assert results[name]["best_k"] == 3
@@ -229,6 +233,7 @@ def test_k3_beats_k5_and_k7(results, name):
 
 
 @pytest.mark.parametrize("name", ["paper-8b-think", "paper-8b-zero"])
+@pytest.mark.slow
 def test_8b_async_at_the_papers_operating_point(results, name):
     r, op = results[name], results[name]["async_operating_point"]
     # The autoregressive pipeline sits where the paper measured it: 10.4 s of a 75.0 s step exposed.
@@ -241,6 +246,7 @@ def test_8b_async_at_the_papers_operating_point(results, name):
     assert r["async_speedup"] < r["end_to_end_speedup"] < r["generation_speedup"] * 1.05
 
 
+@pytest.mark.slow
 def test_operating_point_brackets_between_whole_splits():
     from rl_loop.sim.step import _async_step, async_speedup_at_exposure, exposed_generation
 
@@ -258,6 +264,7 @@ def test_operating_point_brackets_between_whole_splits():
         replace(setup, policy_lag=0)
 
 
+@pytest.mark.slow
 def test_balanced_split_moves_devices_to_training_under_speculation():
     from rl_loop.sim.step import async_split
 
@@ -309,6 +316,7 @@ def test_steady_generation_by_hand():
     assert one.breakdown["overhead"] == pytest.approx(10e-3) and two.breakdown["overhead"] == pytest.approx(5e-3)
 
 
+@pytest.mark.slow
 def test_policy_lag_two_never_drains_but_bounds_the_batch():
     from rl_loop.sim.step import async_generation
 
@@ -321,6 +329,7 @@ def test_policy_lag_two_never_drains_but_bounds_the_batch():
         assert drained.time == simulate_generation(setup.hardware, setup.model, par, setup.workload, spec).time
 
 
+@pytest.mark.slow
 def test_235b_best_settings(results):
     r = results["paper-235b"]
     # At the paper's most favourable point, the best k's rollout speedup is above 3.5x.
@@ -329,6 +338,7 @@ def test_235b_best_settings(results):
     assert r["generation_fraction_ar"] > results["paper-8b-think"]["generation_fraction_ar"]
 
 
+@pytest.mark.slow
 def test_operating_point_sweep_finds_2048_gpus_lag_2_fastest():
     from rl_loop.sim.sweep import sweep_operating_points
 
@@ -342,6 +352,7 @@ def test_operating_point_sweep_finds_2048_gpus_lag_2_fastest():
     assert by[2048, 2]["end_to_end_speedup"] < by[2048, 1]["end_to_end_speedup"]
 
 
+@pytest.mark.slow
 def test_async_overlap_never_slower_than_sync():
     for scn in (PAPER_8B_THINK, PAPER_8B_ZERO):
         for spec in (None, scn.spec):
@@ -383,6 +394,7 @@ def tiny():
     return cfg, *build_models(cfg)
 
 
+@pytest.mark.slow
 def test_harness_speculative_greedy_equals_autoregressive(tiny):
     from rl_loop.sim.harness import run_rollouts
 
@@ -430,6 +442,7 @@ def test_cpu_here_scenario_from_micro_measurements(tiny):
 # CLI
 # ---------------------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_cli_json_keys(capsys):
     from rl_loop.sim.__main__ import main
 
@@ -452,6 +465,7 @@ def test_cli_rejects_bad_arguments(capsys):
         get_preset("nope")
 
 
+@pytest.mark.slow
 def test_sweep_writes_tables(tmp_path):
     import csv
 

@@ -32,7 +32,8 @@ from tests.tree_law_helpers import (
     single_thread,  # noqa: F401  (autouse fixture)
 )
 
-pytestmark = pytest.mark.stat
+# Laws sampled to power 0.999 at total variation 0.02: the full suite runs them, the fast tier does not.
+pytestmark = [pytest.mark.stat, pytest.mark.slow]
 
 # Trees covering widths 1-4 and depths 1-4.
 TREES = {

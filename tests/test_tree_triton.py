@@ -13,6 +13,7 @@ from tests.conftest import DEVICE, requires_triton
 pytestmark = [
     pytest.mark.triton,
     requires_triton,
+    pytest.mark.slow,  # kernels under the Triton interpreter on CPU machines: seconds per call
     # log(0) = -inf is intended (zero-probability tokens); numpy warns about it under the interpreter.
     pytest.mark.filterwarnings("ignore:divide by zero encountered in log:RuntimeWarning"),
 ]
@@ -132,19 +133,33 @@ assert "ptx" in compiled.asm
 """
 
 
+def _ptxas_absent() -> str | None:
+    """Why Triton has no ptxas for sm_90 (looked up as its compiler does: $TRITON_PTXAS_BLACKWELL_PATH, then
+    the copy bundled with triton), or None when it has one."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    try:
+        get_ptxas(90)
+    except RuntimeError as err:  # triton.knobs: "Cannot find ptxas-blackwell"
+        return str(err)
+    return None
+
+
 def test_kernel_compiles_for_sm90_without_a_gpu():
     """Ahead-of-time compile to Hopper PTX/cubin in a subprocess without the interpreter: the interpreter
-    does not type-check control flow, the compiler does (scalar ifs, while loops, loop-carried values)."""
+    does not type-check control flow, the compiler does (scalar ifs, while loops, loop-carried values).
+    Skips only when ptxas is absent; a ptxas that runs and fails is a failure."""
     import os
     import subprocess
     import sys
 
+    absent = _ptxas_absent()
+    if absent is not None:
+        pytest.skip(f"no ptxas for sm_90 ({absent}): the PTX cannot be assembled")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_DEFAULT_FP_FUSION"] = "1"
     proc = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT], env=env, capture_output=True, text=True,
                           timeout=300, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    if proc.returncode != 0 and "ptxas" in proc.stderr.lower() and "CompilationError" not in proc.stderr:
-        pytest.skip("ptxas unavailable: the frontend compiled but no cubin could be built")
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 

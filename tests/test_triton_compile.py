@@ -18,6 +18,7 @@ pytestmark = pytest.mark.triton
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.mark.slow
 def test_every_kernel_launch_compiles_for_sm90():
     proc = subprocess.run([sys.executable, "-m", "tests.harness.triton_compile", "--arch", "90"],
                           cwd=ROOT, capture_output=True, text=True, timeout=900,

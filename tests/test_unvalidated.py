@@ -68,6 +68,7 @@ CHAIN_CASES = {
 
 
 @pytest.mark.parametrize("name", list(CHAIN_CASES))
+@pytest.mark.slow
 def test_chain_inconsistent_cu_stays_in_bounds(name):
     ids = torch.tensor([0, 1, 2, 3, 4])
     case = CHAIN_CASES[name]
@@ -122,12 +123,14 @@ def test_tree_request_without_nodes_verifies_nothing():
 
 @given(call=chain_call())
 @FUZZ
+@pytest.mark.slow
 def test_fuzz_chain_unvalidated(call):
     _check(call)
 
 
 @given(call=tree_call())
 @FUZZ
+@pytest.mark.slow
 def test_fuzz_tree_unvalidated(call):
     _check(call)
 
@@ -139,6 +142,7 @@ def _nan_off_draft(q: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     return q
 
 
+@pytest.mark.slow
 def test_nan_draft_probs_count_as_zero_in_the_residual_on_every_backend():
     """max(0, p - q) with a NaN q entry is 0 in the kernels; the reference used to keep the NaN (clamp), so its
     residual sample disagreed with theirs (chain and tree)."""
@@ -172,6 +176,7 @@ def test_nan_draft_probs_count_as_zero_in_the_residual_on_every_backend():
 @given(call=st.one_of(chain_call(), tree_call()), data=st.data())
 @settings(max_examples=30 if INTERPRETED_TRITON and "triton" in BACKENDS else 60, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@pytest.mark.slow
 def test_fuzz_block_and_traversal_unvalidated(call, data):
     """The same campaign through verify_chain(method="block") / verify_tree(method="traversal"), with draft
     probabilities added where the call has none (the optimal methods differ from token level only then)."""

@@ -124,6 +124,7 @@ def test_decreasing_cu_is_blamed_on_cu_not_on_max_draft_len(backend):
             sk.verify_chain(**kw, validate=False)
 
 
+@pytest.mark.slow
 def test_meta_tensors_get_a_clear_message_and_trace_without_validation():
     meta = {k: v.to("meta") if isinstance(v, torch.Tensor) else v for k, v in _chain().items()}
     with pytest.raises(ValueError, match="meta tensors carry no values"):
@@ -326,6 +327,7 @@ def _mutations(x):
 @settings(max_examples=120, deadline=None, derandomize=True)
 @given(op=st.sampled_from(["chain", "tree"]), index=st.integers(0, 11), choice=st.integers(0, 10),
        width=st.sampled_from([0, 1, 2, 5, 2**31, 2**62, -1]))
+@pytest.mark.slow
 def test_fuzz_raw_op_arguments_raise_value_or_type_errors(op, index, choice, width):
     """One raw-op argument replaced by a wrong shape / dtype / layout, and any width: the op answers in range
     or raises ValueError / TypeError (never a crash or another error)."""

@@ -28,7 +28,8 @@ pytest.importorskip("vllm")
 
 from tests.harness.vllm_e2e import compare  # noqa: E402
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+# vLLM engine processes (GBs each): one test at a time under pytest-xdist (--dist loadgroup).
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.xdist_group("vllm_engine")]
 ROOT = Path(__file__).resolve().parents[1]
 ENTRY_POINT = "specdec_kernels.integrations.vllm.plugin:register"
 

@@ -27,6 +27,7 @@ pytestmark = pytest.mark.vllm
 ALPHA = 1e-3
 
 
+@pytest.mark.slow
 def test_method_comes_from_the_environment(monkeypatch):
     monkeypatch.delenv("SPECDEC_VLLM_METHOD", raising=False)
     assert runtime.chain_method() == "token"
@@ -81,6 +82,7 @@ def test_v1_block_without_draft_probs_is_token_level(monkeypatch):
     assert torch.equal(outs[0], outs[1])
 
 
+@pytest.mark.slow
 def test_v2_block_follows_the_processed_target(monkeypatch):
     gen = torch.Generator().manual_seed(1)
     vocab, num, temp = 8, 4000, 0.8

@@ -74,6 +74,7 @@ def counts(column: torch.Tensor, vocab: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize("drafts", [0, 2])
+@pytest.mark.slow
 def test_min_p_holds_on_the_bonus_and_the_draft_rows(drafts):
     """min_p = 0.5: every emitted token (first row: recovery or bonus; last column: bonus) follows vLLM's
     min-p law, and a draft of the token min-p bans (the likeliest banned one) is never accepted."""

@@ -139,6 +139,7 @@ def test_logits_processors_are_still_applied_by_vllm(case):
 
 @pytest.mark.vllm_original
 @pytest.mark.parametrize("mode", ["raw_logprobs", "processed_logprobs"])
+@pytest.mark.slow
 def test_logprobs_equal_vllm_on_greedy_batch(mode):
     torch.manual_seed(1)
     spec = [[3, 1, 4], [1], []]

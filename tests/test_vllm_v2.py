@@ -89,6 +89,7 @@ def test_seed_and_position_select_the_randomness():
 
 
 @pytest.mark.parametrize("with_draft_logits", [True, False])
+@pytest.mark.slow
 def test_first_token_follows_the_processed_target(with_draft_logits):
     """With the target at temperature 0.8 (vLLM hands over processed logits = logits / 0.8) and drafts from
     q = softmax(draft_logits / 0.8), the first emitted token of i.i.d. requests follows the target."""
