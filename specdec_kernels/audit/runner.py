@@ -82,7 +82,7 @@ class AuditReport:
 def _git_commit() -> str | None:
     """The source tree's commit, with "+modified" when tracked files differ from it (None outside git)."""
     try:
-        root = str(Path(__file__).resolve().parents[3])
+        root = str(Path(__file__).resolve().parent)  # git finds the checkout from any folder inside it
         head = subprocess.run(["git", "-C", root, "rev-parse", "--short=12", "HEAD"], capture_output=True,
                               text=True, timeout=10).stdout.strip()
         dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"],
