@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import host_cxx
+
 ROOT = Path(__file__).resolve().parents[1]
 INCLUDE = ROOT / "csrc" / "include"
 HEADERS = sorted(p.relative_to(INCLUDE).as_posix() for p in (INCLUDE / "specdec").rglob("*.h"))
@@ -33,9 +35,7 @@ def _compile_alone(compiler: list[str], header: str, suffix: str, tmp_path: Path
 
 @pytest.mark.parametrize("flags", [[], ["-mavx2", "-mfma"]], ids=["baseline", "avx2"])
 def test_each_host_header_compiles_alone(flags, tmp_path):
-    cxx = shutil.which("g++") or shutil.which("c++")
-    if cxx is None:
-        pytest.skip("no C++ compiler on PATH")
+    cxx = host_cxx()
     failed = {}
     for header in HEADERS:
         out = _compile_alone([cxx, "-std=c++17", "-fsyntax-only", *flags], header, ".cpp", tmp_path)

@@ -143,12 +143,11 @@ SPECDEC_SIMD_INLINE bool chunk_sum_ranged(const void* row, int64_t v, int64_t n,
       }
     }
   }
-  int16_t top = hi_signed[0];
-  uint16_t bottom = hi_unsigned[0];
-  for (int l = 1; l < 2 * simd::W; ++l) {
-    top = hi_signed[l] > top ? hi_signed[l] : top;
-    bottom = hi_unsigned[l] > bottom ? hi_unsigned[l] : bottom;
-  }
+  // The largest lanes (the unsigned one through the signed reduction, its sign bit flipped: the same order).
+  const int16_t top = simd::extreme_lane_i16<true>(hi_signed);
+  const auto bottom = static_cast<uint16_t>(
+      simd::extreme_lane_i16<true>(simd::bits_as<simd::i16v>(hi_unsigned ^ static_cast<uint16_t>(0x8000u))) ^
+      INT16_MIN);
   // The largest entry (at most +0 when every entry is negative), the smallest (at least +0 when none is).
   const float x_max = top >= 0 ? bits_float(static_cast<uint32_t>(static_cast<uint16_t>(top)) << 16) : 0.0f;
   const float x_min = bottom >= 0x8000u ? bits_float(static_cast<uint32_t>(bottom) << 16) : 0.0f;
