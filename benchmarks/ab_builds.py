@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> None:
                    "before_median_ms": f"{b_med:.4g}", "before_min_ms": f"{b_min:.4g}",
                    "before_max_ms": f"{b_max:.4g}", "after_median_ms": f"{a_med:.4g}",
                    "after_min_ms": f"{a_min:.4g}", "after_max_ms": f"{a_max:.4g}",
-                   "after_over_before": f"{a_med / b_med:.3f}", "command": command}
+                   "after_over_before": f"{a_med / b_med:.4g}", "command": command}
             if not key.startswith("read_gbs"):
                 family, dtype = key.split("/")[:2]
                 read = times[f"read_gbs/{family}/{dtype}"]
