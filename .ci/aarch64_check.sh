@@ -4,7 +4,7 @@
 # configures, compiles and links for aarch64 with g++-aarch64-linux-gnu (cmake/aarch64-linux-gnu.cmake) against
 # the aarch64 build of the torch that PYTHON has. Installs nothing: it needs the Debian packages
 # g++-aarch64-linux-gnu and libpython3.X-dev:arm64 (dpkg --add-architecture arm64), X being PYTHON's minor version.
-# The kernels themselves run on aarch64 (under qemu) in tests/test_aarch64.py.
+# The kernels themselves run on aarch64 (under qemu) in tests/native/test_aarch64.py.
 #
 # The aarch64 torch wheel (PyPI, by name and version) is downloaded once into the cache and only its headers,
 # CMake files and the libraries _C links against are kept. That wheel is a CUDA build, whose TorchConfig.cmake

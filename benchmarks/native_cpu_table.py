@@ -8,7 +8,7 @@ Usage: python -m benchmarks.native_cpu_table results/benchmarks/chain_cpu_b64_k3
 rounds, [lowest, highest] round), the move in percentage points, and whether this run's median lies within
 REF's [lowest, highest] round widened by ``--tolerance`` points on either side (default 6: the spread between
 the committed Xeon sweep and its reproduction, ``results/benchmarks/chain_cpu_b64_k3_v151936*.csv``; the
-figures are in benchmarks/README.md, checked by tests/test_docs.py).
+figures are in benchmarks/README.md, checked by tests/docs/test_docs.py).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@
 #   - a _GLOBAL__sub_I_ symbol (the compiler's initialiser function of the translation unit);
 #   - a _ZGV guard variable (a static or inline variable initialised at run time, on first use or at load).
 # Tables are constant expressions instead (gumbel_search.h kWordThresholds). CMakeLists.txt runs this before
-# _C links; tests/test_isa_objects.py runs it on objects with and without a planted initialiser.
+# _C links; tests/native/test_isa_objects.py runs it on objects with and without a planted initialiser.
 if(NOT READELF OR NOT OBJECTS)
   message(FATAL_ERROR "CheckIsaObjects.cmake needs -DREADELF=<readelf> and -DOBJECTS=<objects>")
 endif()

@@ -12,7 +12,7 @@
 # archive; without such a library, configuring stops with a message that names the compiler. The probe's
 # verdict is cached: -DSPECDEC_STATIC_LIBSTDCXX=OFF skips the check and the mend.
 #
-# tests/test_build_toolchain.py::test_shared_libstdcxx_module_mends_a_static_toolchain builds a project with a
+# tests/native/test_build_toolchain.py::test_shared_libstdcxx_module_mends_a_static_toolchain builds a project with a
 # toolchain like that one, with and without this module.
 
 function(specdec_use_shared_libstdcxx)

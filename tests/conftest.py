@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from pathlib import Path
 
 import pytest
 import torch
 
 from specdec_kernels import available_backends
 
+REPO = Path(__file__).resolve().parents[1]  # the repository root, above tests/
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 TRITON_RUNNABLE = HAS_TRITON and (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -29,7 +31,7 @@ requires_triton = pytest.mark.skipif(
 )
 
 # ----------------------------------------------------------------------------------------------------
-# Statistical exactness suite (tests/test_chain_law.py, test_chain_mutants.py, test_chain_properties.py).
+# Statistical exactness suite (tests/exactness/test_chain_law.py, test_chain_mutants.py, test_chain_properties.py).
 # A backend joins the suite by adding its name to STAT_READY_BACKENDS (one-line change); it then runs
 # wherever available_backends(DEVICE) offers it (inputs move to DEVICE). Under the Triton interpreter
 # only the cases marked cheap run.

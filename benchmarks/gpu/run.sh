@@ -59,7 +59,7 @@ step "GPU tests: pytest -m 'triton or native or stat'"
 XDIST=$("$PY" -c "import xdist" 2>/dev/null && echo "-n 8" || echo "")
 # shellcheck disable=SC2086  # XDIST is empty or two arguments
 timeout "${TEST_TIMEOUT:-300}" "$PY" -m pytest -q -m "triton or native or stat" tests -p no:cacheprovider $XDIST \
-  --ignore=tests/test_cuda_emulated_kernels.py --ignore=tests/test_cuda_emulation.py \
+  --ignore=tests/native/test_cuda_emulated_kernels.py --ignore=tests/native/test_cuda_emulation.py \
   --continue-on-collection-errors --junitxml="$OUT/pytest.xml"
 echo "pytest exit code: $?"
 

@@ -1,4 +1,4 @@
-// Small kernels that exercise each primitive of the CUDA host emulation on its own (tests/test_cuda_emulated_kernels.py
+// Small kernels that exercise each primitive of the CUDA host emulation on its own (tests/native/test_cuda_emulated_kernels.py
 // compares their outputs with CUDA's documented semantics and checks the errors the emulation reports).
 // They test the emulation, not the project's kernels.
 #include <cuda_runtime.h>

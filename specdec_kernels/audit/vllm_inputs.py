@@ -4,7 +4,7 @@
 ``sampling_metadata`` mirrors ``vllm/v1/worker/gpu_input_batch.py``'s SamplingMetadata (temperature None
 when all greedy, top-k / top-p None when unused, per-request generators for seeded requests, min-p as
 vLLM's own ``MinPLogitsProcessor`` fed through its ``update_state`` protocol). Shared by the audit's vLLM
-targets and the vLLM tests (``tests/vllm_helpers.py``).
+targets and the vLLM tests (``tests/vllm/vllm_helpers.py``).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ the per-request-state tensors are plain CPU tensors with the same ``.np`` / ``.g
 the sampler has no penalty / bias / bad-words processors and its thinking budget is disabled (our cases use
 none of them).
 
-Translation (the layout of ``tests/test_vllm_v2.py``, read from ``_verify``'s callers): request b is request
+Translation (the layout of ``tests/vllm/test_vllm_v2.py``, read from ``_verify``'s callers): request b is request
 state b; its rows are its drafts' rows then its bonus row; row j's input token is the previous token
 (row 0: an arbitrary last token, 0) and the draft verified at row j is the input of row j + 1
 (``verify_draft_sampled``), -1 for placeholders; ``pos`` = our position + j; draft probabilities q become

@@ -1,7 +1,7 @@
 """The bad-input table: malformed ``verify_chain`` calls that must raise a clear error naming the argument,
 and valid-but-hostile inputs (NaN / inf logits) that must still emit tokens in [0, V).
 
-One table serves the test suite (``tests/test_chain_properties.py``) and the audit tool
+One table serves the test suite (``tests/kernels/test_chain_properties.py``) and the audit tool
 (:mod:`specdec_kernels.audit`), so a row added here is checked in both. Each row starts from
 :func:`valid_call` (3 requests, 2 drafts each, V = 6, stochastic drafts, top-k and top-p set) and edits one
 argument.

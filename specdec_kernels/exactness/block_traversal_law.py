@@ -118,7 +118,7 @@ def _step_cases() -> tuple[StepCase, ...]:
 
 
 STEP_CASES: tuple[StepCase, ...] = _step_cases()
-"""The exact-theory grid (tests/test_block_traversal_theory.py): every (shape, sibling mode), settings rotating."""
+"""The exact-theory grid (tests/exactness/test_block_traversal_theory.py): every (shape, sibling mode), settings rotating."""
 
 
 def _sampling(case: StepCase, n: int) -> dict:

@@ -3,7 +3,7 @@
 One call = one Qwen3 decoder layer over ``n`` new tokens per request against the request's KV cache, then
 the final RMSNorm and the LM head: what a one-layer drafter head (EAGLE-3, MTP, a one-layer draft model)
 runs per draft step. The native CPU kernel must return the same logits, layer outputs and cache writes to
-float32 rounding (``tests/test_decoder_step.py``).
+float32 rounding (``tests/kernels/test_decoder_step.py``).
 
 Weight packing (:func:`pack_weights`): the ten tensors the op takes, in order,
 

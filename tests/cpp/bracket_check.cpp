@@ -4,7 +4,7 @@
 // normal logits with NaN and infinite entries, a long -inf prefix, ~1000 nats at T = 0.02 (the shift
 // raised chunk after chunk), exponents in the band 2^-150 .. 2^-126 (flushed or subnormal terms), every
 // exponent at either polynomial's worst point, and +inf rows (no bracket), in fp32, bf16 and fp16. Built and
-// run by tests/test_native.py once per instruction set; prints "rows N usable U outside O caught C", C being
+// run by tests/native/test_native.py once per instruction set; prints "rows N usable U outside O caught C", C being
 // the rows whose true sum falls outside a bracket a quarter as wide (the check shown able to fail).
 #include <cmath>
 #include <cstdio>

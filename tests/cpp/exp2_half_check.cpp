@@ -7,7 +7,7 @@
 //   bound_shift, must give a sum within kExp2RoughErr + 2^-15 of the sum of exp(z - shift) in double; rows
 //   holding a NaN, +inf or -inf entry, or an entry whose exponent lies just outside [-125, 126], must be
 //   declined (the caller then sums them with exp2_rough), and entries on those edges accepted.
-// Built and run by tests/test_native.py once per instruction set; prints "worst E at F ranged R declined D
+// Built and run by tests/native/test_native.py once per instruction set; prints "worst E at F ranged R declined D
 // wrong W" (R = 0 and D = 0 on AVX-512, where normalizer_bound_t does not take this path).
 #include <cmath>
 #include <cstdio>

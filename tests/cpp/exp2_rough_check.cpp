@@ -7,7 +7,7 @@
 // - exp_nonpositive (the exact normalizer's terms, the same on every instruction set): the baseline rounds
 //   x log2 e by the magic-number sum; AVX2 by vroundps, AVX-512 by vrndscaleps and vscalefps.
 // y and x: the clamps' edges, integers and their one-ulp neighbours and halves, +-0, +-inf, NaN, and random
-// floats. Built and run by tests/test_native.py once per instruction set; prints
+// floats. Built and run by tests/native/test_native.py once per instruction set; prints
 // "exp2_rough compared N different D exp_nonpositive compared N different D" (exp2_rough "compared 0" on
 // AVX-512).
 #include <cmath>

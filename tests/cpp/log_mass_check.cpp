@@ -2,7 +2,7 @@
 // residual_log_mass, and the batched candidate_z_masses, every slot or a scattered subset) against the
 // scalar ZSource / ResidualSource::log_mass that the walks and the reference's order define, on random
 // fp32 and bf16 rows with NaN, +-inf and -inf entries, three logit scales and two temperatures. Built and run by
-// tests/test_native.py once per instruction set; prints "compared N different D".
+// tests/native/test_native.py once per instruction set; prints "compared N different D".
 #include <cmath>
 #include <cstdio>
 #include <cstring>

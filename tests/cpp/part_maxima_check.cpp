@@ -6,7 +6,7 @@
 // temperatures. The same rows, and float32 rows with the same specials, check the unit maxima of rejected
 // rows (unit_maxima_t): every unit's value against z_group_max of its blocks, the returned argmax against
 // greedy_argmax_t, the row cut in two slices anywhere on a unit, and unit_part_maxima against z_part_maxima
-// at every group start a slice can have. Built and run by tests/test_native.py once per instruction set;
+// at every group start a slice can have. Built and run by tests/native/test_native.py once per instruction set;
 // prints "compared N different D units N different D".
 #include <cmath>
 #include <cstdio>

@@ -6,7 +6,7 @@
 // V = 151936 and 4099. The row sums: softmax_stats (the same for every SIMD width), block log-masses and
 // tree.h row_sum (scalar), a hash of the bits of every entry of the scaled row, its softmax numerators and a
 // residual row (lane-wise twins of scalar code), and the double sums of the last two, whose order follows
-// the SIMD width W (lines "by_lanes W=..."). tests/test_aarch64.py builds this for every x86-64 instruction
+// the SIMD width W (lines "by_lanes W=..."). tests/native/test_aarch64.py builds this for every x86-64 instruction
 // set the CPU has and for aarch64 (run under qemu) and requires identical output where the kernels promise
 // it (simd.h): every line on every build, the by_lanes lines between builds of one width.
 //

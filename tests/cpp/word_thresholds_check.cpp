@@ -2,7 +2,7 @@
 // evaluates (a load-time constructor would run one instruction set's code before dispatch): every entry
 // against the same formula with the C library's exp at run time. An entry may sit one word below the
 // run-time value (exp_neg_const's few-ulp error near an integer), never above it: a threshold above the
-// exact one could prune a block that can win. Built and run by tests/test_native.py once per instruction
+// exact one could prune a block that can win. Built and run by tests/native/test_native.py once per instruction
 // set; prints "entries N equal E below B other O".
 #include <cmath>
 #include <cstdio>

@@ -22,7 +22,7 @@ Backend "raw" calls the raw torch op (``torch.ops.specdec.verify_chain`` / ``ver
 dtypes and no Python validation at all: ValueError is its only allowed error too.
 
 ``python -m tests.harness.fuzz --examples 2000`` runs a longer campaign and prints the counts per
-category (the CI part in ``tests/test_unvalidated.py`` is small and seeded).
+category (the CI part in ``tests/kernels/test_unvalidated.py`` is small and seeded).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Token identity of a backend with the reference, request by request, over every step-law case at scale.
 
-The statistical suite (``tests/test_block_traversal_law.py``, ``tests/test_tree_law.py``) asks whether a backend's
-outputs follow the exact law; ``tests/test_native.py`` compares backends with the reference on a few hundred
+The statistical suite (``tests/exactness/test_block_traversal_law.py``, ``tests/exactness/test_tree_law.py``) asks whether a backend's
+outputs follow the exact law; ``tests/native/test_native.py`` compares backends with the reference on a few hundred
 random requests. This check asks the stricter, cheaper question at a scale those cannot afford: for each
 step-law case (:data:`block_traversal_law.STEP_CASES`: chains and trees of widths 1-4 and depths 1-4, every sibling
 mode, temperature / top-k / top-p / greedy), each method and entry point, and each seed, ``n`` drafted
@@ -12,7 +12,7 @@ in 65476, or a compiled kernel that loses a loop-carried value for 117 of them (
     python -m tests.harness.identity --backend triton --device cuda        # 86 jobs x 3 seeds
     python -m tests.harness.identity --backend cpu --n 4096 --seeds 11
 
-Exit status 1 when any request differs or a job raises. ``tests/test_identity.py`` runs it on the CPU backend
+Exit status 1 when any request differs or a job raises. ``tests/kernels/test_identity.py`` runs it on the CPU backend
 and shows that a planted bug (:mod:`block_traversal_mutants`) is counted.
 """
 
