@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import re
 from pathlib import Path
 
@@ -60,9 +61,51 @@ def test_api_example_same_tokens_on_every_cpu_backend():
         assert got == expected, backend
 
 
-def test_readme_states_the_test_command_that_ci_runs():
-    """The README's test command is the one .ci/run runs, flags included (workers, --durations)."""
+def test_readme_states_the_test_commands_that_ci_runs():
+    """The README's two test commands, the fast tier and the whole suite, are the ones .ci/run runs, flags
+    included (workers, markers, --durations)."""
     ci = (ROOT / ".ci" / "run").read_text()
-    found = re.search(r'^TRITON_INTERPRET=1 "\$PY" -m pytest (.+)$', ci, flags=re.M)
-    assert found, ".ci/run runs no TRITON_INTERPRET=1 pytest command"
-    assert f"`TRITON_INTERPRET=1 python -m pytest {found.group(1)}`" in README.read_text()
+    found = re.findall(r'^\s*TRITON_INTERPRET=1 "\$PY" -m pytest (.+?) 2>&1 \| tee ', ci, flags=re.M)
+    assert len(found) == 2, ".ci/run runs no fast tier and whole suite under TRITON_INTERPRET=1"
+    fast, whole = found
+    assert '-m "not slow"' in fast and "--durations" in whole
+    text = README.read_text()
+    assert f"`TRITON_INTERPRET=1 .venv/bin/python -m pytest {fast}`" in text
+    assert f"`TRITON_INTERPRET=1 python -m pytest {whole}`" in text
+
+
+def _stated(line: str) -> dict[str, set[int]]:
+    """The durations and counts a line states: seconds (``1470 s``), minutes (``about 25 minutes``) and
+    test counts (``988 tests``)."""
+    return {unit: {int(n) for n in re.findall(pattern, line)} for unit, pattern in
+            (("s", r"\b(\d+) s\b"), ("minutes", r"about (\d+) minutes"), ("tests", r"\b(\d+) tests\b"))}
+
+
+def test_docs_durations_are_the_recorded_ci_run():
+    """The README's and the design page's .ci/run durations and test counts are the ones
+    results/ci/ci_run.json recorded (written by .ci/run itself): a new record or an edited figure without
+    the other fails here. The record's own phases add up, and its runs passed."""
+    record = ROOT / "results" / "ci" / "ci_run.json"
+    if not record.exists():  # only before the first record is committed: .ci/run writes it after this test
+        pytest.skip("no .ci/run record committed yet")
+    ci = json.loads(record.read_text())
+    assert ci["command"] == "bash .ci/run" and ci["commit"] and ci["dirty"] is False
+    assert ci["install_s"] + ci["fast_tier_s"] + ci["tests_s"] == ci["total_s"]
+    assert ci["fast_tier"]["failed"] == ci["suite"]["failed"] == ci["suite"]["errors"] == 0
+    assert 0 < ci["fast_tier_tests"] < ci["suite_tests"]
+    minutes = round(ci["total_s"] / 60)
+    readme = README.read_text().splitlines()
+    design = (ROOT / "docs" / "design.md").read_text().splitlines()
+    expected = {
+        "| `bash .ci/run` |": (readme, {"s": {ci["total_s"], ci["install_s"], ci["fast_tier_s"], ci["tests_s"]},
+                                        "minutes": {minutes}, "tests": set()}),
+        "While developing, the fast tier": (readme, {"s": {ci["fast_tier_s"]}, "minutes": set(),
+                                                      "tests": {ci["fast_tier_tests"]}}),
+        "the fast tier, for development": (design, {"s": {ci["fast_tier_s"]}, "minutes": set(),
+                                                     "tests": {ci["fast_tier_tests"]}}),
+        "as `bash .ci/run` runs it": (design, {"s": {ci["tests_s"]}, "minutes": set(),
+                                               "tests": {ci["suite_tests"]}}),
+    }
+    for marker, (lines, figures) in expected.items():
+        line = next(line for line in lines if marker in line)
+        assert _stated(line) == figures, marker
