@@ -10,7 +10,7 @@ pytest: ``pytest --pyargs specdec_kernels.audit --verifier package.module:functi
 Modules: ``audit_target`` (what is audited), ``targets`` (the built-in targets, ``module:function`` lookup),
 ``cases`` (law cases), ``families`` (the case families), ``runner`` / ``report`` (run, render), and one
 adapter module per peer (``vllm_targets`` and ``vllm_v2`` with ``vllm_common``, ``flashinfer_target``,
-``sglang_target``), imported by ``targets`` when their target is built. The laws, mutants and statistics
+``sglang_target``, ``transformers_target``), imported by ``targets`` when their target is built. The laws, mutants and statistics
 come from :mod:`specdec_kernels.exactness`. Importing this package imports neither vLLM nor Triton.
 """
 

@@ -2,7 +2,7 @@
 
 TARGET is a built-in name (``reference``, ``cpu``, ``triton``, ``cuda``, ``cuda-emulated`` (our CUDA kernels
 through the CUDA host emulation, on CPU), ``vllm-v1-cpu``, ``vllm-v1-triton``,
-``vllm-v1-cpu-expand-fixed``, ``vllm-v1-cpu-fixed`` (diagnostics), ``vllm-v1-plugin``, ``vllm-v2-triton``, ``flashinfer``, ``sglang``) or ``package.module:function`` naming a
+``vllm-v1-cpu-expand-fixed``, ``vllm-v1-cpu-fixed`` (diagnostics), ``vllm-v1-plugin``, ``vllm-v2-triton``, ``flashinfer``, ``sglang``, ``transformers``) or ``package.module:function`` naming a
 verifier with ``specdec_kernels.verify_chain``'s positional signature (or an ``AuditTarget``).
 
 Exit status: 0 every check passed (and every planted bug was caught), 1 a check failed or a planted bug

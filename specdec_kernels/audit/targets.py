@@ -107,6 +107,12 @@ def _sglang() -> AuditTarget:
     return sglang_target.target()
 
 
+def _transformers() -> AuditTarget:
+    from . import transformers_target
+
+    return transformers_target.target()
+
+
 BUILTIN_TARGETS: dict[str, Callable[[], AuditTarget]] = {
     "reference": functools.partial(ours_target, "reference"),
     "cpu": functools.partial(ours_target, "cpu"),
@@ -121,6 +127,7 @@ BUILTIN_TARGETS: dict[str, Callable[[], AuditTarget]] = {
     "vllm-v2-triton": _vllm_v2_triton,
     "flashinfer": _flashinfer,
     "sglang": _sglang,
+    "transformers": _transformers,
 }
 """Built-in TARGET names (anything with a colon is ``module:function``)."""
 OURS = ("reference", "cpu", "triton", "cuda", "cuda-emulated")
