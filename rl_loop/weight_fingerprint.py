@@ -1,0 +1,223 @@
+"""Weight-sync check: a fingerprint of the weights a generator serves, compared with the trainer's after every sync.
+
+A drafter (or policy) that misses a weight sync fails silently: the rollouts stay lossless (the policy
+verifies every draft), only the acceptance collapses (vllm-ascend #13209, NeMo-RL #3699). Every backend
+(``engine.RolloutEngine``, ``ray_rollout.RolloutPool``, ``vllm_backend.VllmRolloutEngine``) therefore
+fingerprints what it serves, on the serving side, after each sync and compares it here with the trainer's.
+
+The fingerprint of a tensor (:class:`TensorPrint`) is a few reductions, keyed by the trainer's tensor name:
+two int64 sums of the raw bits read as integers (plain, and weighted by the fixed index pattern
+``i % 251 + 1``, so a permutation changes it), four float64 sums (sum, sum weighted by ``i % 7 + 1``, sum of squares, sum of
+absolute values) and four evenly strided samples. Comparison:
+
+- same dtype on both sides (every backend today: float32 trained, float32 served): exact, the byte sums
+  must be equal (integer sums: independent of the summation order and thread count);
+- a dtype conversion on the way (e.g. a bf16 server of a float32 trainer): the float sums within the
+  rounding of the narrower dtype, ``eps = finfo(narrower).eps``: ``|d sum| <= eps * sum|x|``,
+  ``|d weighted| <= 7 eps * sum|x|``, ``|d sum|x|| <= eps * sum|x|``, ``|d sum x^2| <= 2 eps * sum x^2``,
+  every sample within ``eps * |x|`` (each element moves by at most ``eps / 2 * |x|``: a factor 2 of margin).
+
+Only floating-point tensors are fingerprinted (integer buffers such as a drafter's ``d2t`` never train).
+A mismatch raises :class:`WeightSyncError` with one line: role (policy / drafter), tensor name, weights
+version, the copy that differs and where it is served.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+NUM_SAMPLES = 4
+BYTE_PERIOD = 251  # prime: the byte-weight pattern does not line up with element or row boundaries
+FLOAT_PERIOD = 7
+ROLES = ("policy", "drafter")
+
+
+class WeightSyncError(RuntimeError):
+    """The weights a generator serves differ from the trainer's after a weight sync (a missed sync)."""
+
+
+@dataclass(frozen=True)
+class TensorPrint:
+    """The fingerprint of one tensor: shape, dtype and the reductions of the module docstring."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    byte_sums: tuple[int, int]  # (sum, index-weighted sum) of the raw bits as integers, int64
+    sums: tuple[float, float, float, float]  # float64 (sum, index-weighted sum, sum of squares, sum of |x|)
+    samples: tuple[float, ...]  # NUM_SAMPLES values at evenly strided flat indices
+
+
+Prints = dict[str, TensorPrint]
+
+
+_INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int32}  # element bytes -> integer view
+
+
+def _periodic_sum(v: torch.Tensor, period: int, dtype: torch.dtype) -> torch.Tensor:
+    """``sum_i v[i] * (i % period + 1)`` of a 1-D tensor, accumulated in ``dtype`` (column sums of a
+    [n / period, period] view, then one small dot: no index tensor of the tensor's size)."""
+    n = v.numel() // period * period
+    w = torch.arange(1, period + 1, dtype=dtype)
+    head = v[:n].reshape(-1, period).sum(0, dtype=dtype) if n else torch.zeros(period, dtype=dtype)
+    tail = v[n:].to(dtype)
+    return (head * w).sum() + (tail * w[: tail.numel()]).sum()
+
+
+@torch.no_grad()
+def tensor_print(t: torch.Tensor) -> TensorPrint:
+    """:class:`TensorPrint` of ``t`` (any floating dtype, any layout)."""
+    shape = tuple(t.shape)
+    t = t.detach().cpu().contiguous().reshape(-1)
+    bits = t.view(_INT_VIEW[t.element_size()])  # the raw bytes as integers: sums exact in any order
+    x = t.double()
+    n = x.numel()
+    idx = torch.linspace(0, max(n - 1, 0), NUM_SAMPLES).long() if n else torch.zeros(0, dtype=torch.long)
+    return TensorPrint(
+        shape=shape, dtype=str(t.dtype).removeprefix("torch."),
+        byte_sums=(int(bits.sum(dtype=torch.int64)), int(_periodic_sum(bits, BYTE_PERIOD, torch.int64))),
+        sums=(float(x.sum()), float(_periodic_sum(x, FLOAT_PERIOD, torch.float64)), float(torch.dot(x, x)),
+              float(x.abs().sum())),
+        samples=tuple(float(v) for v in x[idx]),
+    )
+
+
+def fingerprint(tensors: Mapping[str, torch.Tensor]) -> Prints:
+    """Fingerprints of the floating-point tensors of ``tensors``, keyed by name."""
+    return {name: tensor_print(t) for name, t in tensors.items() if t.is_floating_point()}
+
+
+def differs(expected: TensorPrint, served: TensorPrint) -> str | None:
+    """How ``served`` differs from ``expected`` (module docstring: exact for one dtype, the narrower dtype's
+    rounding across a conversion), or None when it matches."""
+    if expected.shape != served.shape:
+        return f"shape {list(served.shape)}, expected {list(expected.shape)}"
+    if expected.dtype == served.dtype:
+        if expected.byte_sums != served.byte_sums:
+            return f"sum {served.sums[0]:.9g}, expected {expected.sums[0]:.9g} (bytes differ)"
+        return None
+    eps = max(torch.finfo(getattr(torch, expected.dtype)).eps, torch.finfo(getattr(torch, served.dtype)).eps)
+    abs_sum, sq = expected.sums[3], expected.sums[2]
+    bounds = (eps * abs_sum, FLOAT_PERIOD * eps * abs_sum, 2 * eps * sq, eps * abs_sum)
+    labels = ("sum", "weighted sum", "sum of squares", "sum of |x|")
+    for label, e, s, bound in zip(labels, expected.sums, served.sums, bounds, strict=True):
+        if abs(e - s) > bound:
+            return f"{label} {s:.9g}, expected {e:.9g} (beyond {served.dtype} rounding of {expected.dtype})"
+    for i, (e, s) in enumerate(zip(expected.samples, served.samples, strict=True)):
+        if abs(e - s) > eps * abs(e):
+            return f"sample {i} {s:.9g}, expected {e:.9g} (beyond {served.dtype} rounding of {expected.dtype})"
+    return None
+
+
+def _when(version: int) -> str:
+    """The weights version, and the step whose update it is (the loop syncs version ``step + 1``)."""
+    return f"weights version {version}" + (f" (after step {version - 1})" if version > 0 else " (initial)")
+
+
+def verify(expected: Mapping[str, Prints], served: Mapping[str, Prints], version: int, where: str) -> None:
+    """Compare the served fingerprints with the trainer's, role by role (``policy`` / ``drafter``).
+
+    ``expected[role]``: every tensor the server must hold; ``served[role]``: what one served copy holds
+    (a name it does not hold is not checked in it: a backend passes one copy per call). Raises
+    :class:`WeightSyncError` naming the first tensor that differs.
+    """
+    for role in ROLES:
+        want, got = expected.get(role) or {}, served.get(role) or {}
+        for name, print_ in want.items():
+            if name not in got:
+                continue
+            why = differs(print_, got[name])
+            if why is not None:
+                raise WeightSyncError(f"weight sync check failed at {_when(version)}: {role} tensor {name} "
+                                      f"served by {where} differs from the trainer's: {why}")
+
+
+def require_all(expected: Mapping[str, Prints], served: Mapping[str, Prints], version: int, where: str) -> None:
+    """:func:`verify`, and every expected tensor must be served (a tensor the server lost is a failed sync)."""
+    for role in ROLES:
+        missing = sorted(set(expected.get(role) or {}) - set(served.get(role) or {}))
+        if missing:
+            raise WeightSyncError(f"weight sync check failed at {_when(version)}: {role} tensor {missing[0]} "
+                                  f"is not served by {where}")
+    verify(expected, served, version, where)
+
+
+# -- what the trainer trained ------------------------------------------------------------------------------
+
+def drafter_tensors(drafter, policy_embedding: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The drafter head's tensors as a synced server must hold them: its own, with the weights it shares with
+    the policy (``drafters.training.sync_shared_weights``: the embedding; an MTP head's lm_head too) taken
+    from the policy (``policy_embedding`` [V, H]; the LM head is tied to it)."""
+    head = drafter.head
+    out = dict(head.state_dict())
+    if getattr(head, "uses_features", False):
+        out["embed_tokens.weight"] = policy_embedding
+        if not hasattr(head, "fc"):  # MTP shares the policy's (tied) LM head
+            out["lm_head.weight"] = policy_embedding
+    return out
+
+
+def trainer_prints(policy_state: Mapping[str, torch.Tensor], drafter) -> dict[str, Prints]:
+    """The trainer's fingerprints: ``policy`` from ``policy_state`` (a state dict), ``drafter`` from the
+    drafter's head with the shared weights of ``policy_state`` (empty without a drafter)."""
+    prints = {"policy": fingerprint(policy_state), "drafter": {}}
+    if drafter is not None:
+        prints["drafter"] = fingerprint(drafter_tensors(drafter, policy_state["model.embed_tokens.weight"]))
+    return prints
+
+
+# -- what the in-process engine serves ---------------------------------------------------------------------
+
+def deinterleave_heads(weight: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """Inverse of ``reference.decoder_step.interleave_heads``: the rows of every head back in RoPE's half
+    order (the trainer's layout), so a fused copy is compared under the trainer's tensor names."""
+    half = head_dim // 2
+    perm = torch.stack([torch.arange(half), torch.arange(half) + half], 1).flatten()
+    out = torch.empty_like(weight)
+    if weight.dim() == 1:
+        out[perm] = weight
+        return out
+    out.reshape(-1, head_dim, *weight.shape[1:])[:, perm] = weight.reshape(-1, head_dim, *weight.shape[1:])
+    return out
+
+
+def _unpack_layer(prefix: str, config, qkv: torch.Tensor, gate_up: torch.Tensor, q_norm: torch.Tensor | None,
+                  k_norm: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    d = config.head_dim
+    nq, nk = config.num_attention_heads * d, config.num_key_value_heads * d
+    out = {
+        f"{prefix}self_attn.q_proj.weight": deinterleave_heads(qkv[:nq], d),
+        f"{prefix}self_attn.k_proj.weight": deinterleave_heads(qkv[nq : nq + nk], d),
+        f"{prefix}self_attn.v_proj.weight": qkv[nq + nk :],
+        f"{prefix}mlp.gate_proj.weight": gate_up[: config.intermediate_size],
+        f"{prefix}mlp.up_proj.weight": gate_up[config.intermediate_size :],
+    }
+    if config.qk_norm and q_norm is not None:
+        out[f"{prefix}self_attn.q_norm.weight"] = deinterleave_heads(q_norm, d)
+        out[f"{prefix}self_attn.k_norm.weight"] = deinterleave_heads(k_norm, d)
+    return out
+
+
+def fused_copy(policy) -> dict[str, torch.Tensor]:
+    """The policy's fused inference weights (``Qwen3.sync_inference_weights``), under the trainer's names."""
+    out = {}
+    for i, layer in enumerate(policy.model.layers):
+        if getattr(layer, "fused", None) is not None:
+            qkv, gate_up, qn, kn = layer.fused
+            out.update(_unpack_layer(f"model.layers.{i}.", policy.config, qkv, gate_up, qn, kn))
+    return out
+
+
+def native_copy(policy, packed: list[list[torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """The native decode path's packed weights (``decode.PolicyStep.weights``: per layer the ten weights of
+    ``reference.decoder_step.pack_weights``), under the trainer's names."""
+    out = {}
+    for i, w in enumerate(packed):
+        p = f"model.layers.{i}."
+        out.update(_unpack_layer(p, policy.config, w[1], w[6], w[2], w[3]))
+        out.update({f"{p}input_layernorm.weight": w[0], f"{p}self_attn.o_proj.weight": w[4],
+                    f"{p}post_attention_layernorm.weight": w[5], f"{p}mlp.down_proj.weight": w[7],
+                    "model.norm.weight": w[8], "lm_head.weight": w[9]})
+    return out
