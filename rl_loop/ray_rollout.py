@@ -195,21 +195,20 @@ class RolloutPool:
         trainer's; raises ``WeightSyncError`` naming the worker, the tensor and the version of a missed sync."""
         from ray.exceptions import RayActorError
 
-        for c in self.checks if checks is None else checks:
+        for c in list(self.checks if checks is None else checks):
             if c.done:
                 continue
+            c.done = True  # compared once: a failure is reported once
+            self.checks = [x for x in self.checks if not x.done]
             try:
                 version, served = self.ray.get(c.ref)
             except RayActorError:  # the worker died; its replacement loads the weights again
-                c.done = True
                 continue
             if version != c.version:
                 raise WeightSyncError(f"weight sync check failed: rollout worker {c.worker} holds weights version "
                                       f"{version}, version {c.version} was pushed")
             for label, prints in served.items():
                 verify(c.expected, prints, c.version, f"Ray rollout worker {c.worker} ({label})")
-            c.done = True
-        self.checks = [c for c in self.checks if not c.done]
 
     def submit(self, prompts: list[list[int]], seeds: list[int], gen: GenerationConfig,
                compare: bool = False) -> Pending:
