@@ -1,16 +1,17 @@
 """Weight-sync check: a fingerprint of the weights a generator serves, compared with the trainer's after every sync.
 
-A drafter (or policy) that misses a weight sync fails silently: the rollouts stay lossless (the policy
-verifies every draft), only the acceptance collapses (vllm-ascend #13209, NeMo-RL #3699). Every backend
-(``engine.RolloutEngine``, ``ray_rollout.RolloutPool``, ``vllm_backend.VllmRolloutEngine``) therefore
-fingerprints what it serves, on the serving side, after each sync and compares it here with the trainer's.
+A drafter that misses a weight sync fails silently: the rollouts stay lossless (the policy verifies every
+draft), only the acceptance collapses (vllm-ascend #13209, NeMo-RL #3699); a policy that misses one makes
+the rollouts off-policy, again without an error. Every backend (``engine.RolloutEngine``,
+``ray_rollout.RolloutPool``, ``vllm_backend.VllmRolloutEngine``) therefore fingerprints what it serves, on
+the serving side, after each sync and compares it here with the trainer's.
 
 The fingerprint of a tensor (:class:`TensorPrint`) is a few reductions, keyed by the trainer's tensor name:
-two int64 sums of the raw bits read as integers (plain, and weighted by the fixed index pattern
-``i % 251 + 1``, so a permutation changes it), four float64 sums (sum, sum weighted by ``i % 7 + 1``, sum of squares, sum of
-absolute values) and four evenly strided samples. Comparison:
+two sums of the raw bits read as signed 16-bit integers (plain, and weighted by the fixed index pattern
+``i % 251 + 1``, so a permutation changes it; exact integers), four float64 sums (sum, sum weighted by
+``i % 7 + 1``, sum of squares, sum of absolute values) and four evenly strided samples. Comparison:
 
-- same dtype on both sides (every backend today: float32 trained, float32 served): exact, the byte sums
+- same dtype on both sides (every backend today: float32 trained, float32 served): exact, the word sums
   must be equal (integer sums: independent of the summation order and thread count);
 - a dtype conversion on the way (e.g. a bf16 server of a float32 trainer): the float sums within the
   rounding of the narrower dtype, ``eps = finfo(narrower).eps``: ``|d sum| <= eps * sum|x|``,
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 import torch
 
 NUM_SAMPLES = 4
-BYTE_PERIOD = 251  # prime: the byte-weight pattern does not line up with element or row boundaries
+WORD_PERIOD = 251  # prime: the word-weight pattern does not line up with element or row boundaries
 FLOAT_PERIOD = 7
 ROLES = ("policy", "drafter")
 
@@ -45,7 +46,7 @@ class TensorPrint:
 
     shape: tuple[int, ...]
     dtype: str
-    byte_sums: tuple[int, int]  # (sum, index-weighted sum) of the raw bits as integers, int64
+    word_sums: tuple[int, int]  # (sum, index-weighted sum) of the raw bits as signed 16-bit words
     sums: tuple[float, float, float, float]  # float64 (sum, index-weighted sum, sum of squares, sum of |x|)
     samples: tuple[float, ...]  # NUM_SAMPLES values at evenly strided flat indices
 
@@ -53,17 +54,13 @@ class TensorPrint:
 Prints = dict[str, TensorPrint]
 
 
-_INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int32}  # element bytes -> integer view
-
-
-def _periodic_sum(v: torch.Tensor, period: int, dtype: torch.dtype) -> torch.Tensor:
-    """``sum_i v[i] * (i % period + 1)`` of a 1-D tensor, accumulated in ``dtype`` (column sums of a
-    [n / period, period] view, then one small dot: no index tensor of the tensor's size)."""
+def _periodic_sum(v: torch.Tensor, period: int) -> float:
+    """``sum_i v[i] * (i % period + 1)`` of a 1-D float64 tensor: a [n / period, period] view times the
+    pattern (one matrix-vector product), plus the tail."""
     n = v.numel() // period * period
-    w = torch.arange(1, period + 1, dtype=dtype)
-    head = v[:n].reshape(-1, period).sum(0, dtype=dtype) if n else torch.zeros(period, dtype=dtype)
-    tail = v[n:].to(dtype)
-    return (head * w).sum() + (tail * w[: tail.numel()]).sum()
+    w = torch.arange(1, period + 1, dtype=v.dtype)
+    head = torch.mv(v[:n].view(-1, period), w).sum() if n else v.new_zeros(())
+    return float(head + (v[n:] * w[: v.numel() - n]).sum())
 
 
 @torch.no_grad()
@@ -71,16 +68,17 @@ def tensor_print(t: torch.Tensor) -> TensorPrint:
     """:class:`TensorPrint` of ``t`` (any floating dtype, any layout)."""
     shape = tuple(t.shape)
     t = t.detach().cpu().contiguous().reshape(-1)
-    bits = t.view(_INT_VIEW[t.element_size()])  # the raw bytes as integers: sums exact in any order
+    # The raw bits as 16-bit words (bytes for 1-byte dtypes), in float64: every partial sum is an integer
+    # below 2**53 (up to 2**30 words), so both sums are exact in any summation order.
+    words = (t.view(torch.uint8) if t.element_size() == 1 else t.view(torch.int16)).double()
     x = t.double()
     n = x.numel()
     idx = torch.linspace(0, max(n - 1, 0), NUM_SAMPLES).long() if n else torch.zeros(0, dtype=torch.long)
     return TensorPrint(
         shape=shape, dtype=str(t.dtype).removeprefix("torch."),
-        byte_sums=(int(bits.sum(dtype=torch.int64)), int(_periodic_sum(bits, BYTE_PERIOD, torch.int64))),
-        sums=(float(x.sum()), float(_periodic_sum(x, FLOAT_PERIOD, torch.float64)), float(torch.dot(x, x)),
-              float(x.abs().sum())),
-        samples=tuple(float(v) for v in x[idx]),
+        word_sums=(int(words.sum()), int(_periodic_sum(words, WORD_PERIOD))),
+        sums=(float(x.sum()), _periodic_sum(x, FLOAT_PERIOD), float(torch.dot(x, x)), float(x.abs().sum())),
+        samples=tuple(x[idx].tolist()),
     )
 
 
@@ -95,8 +93,8 @@ def differs(expected: TensorPrint, served: TensorPrint) -> str | None:
     if expected.shape != served.shape:
         return f"shape {list(served.shape)}, expected {list(expected.shape)}"
     if expected.dtype == served.dtype:
-        if expected.byte_sums != served.byte_sums:
-            return f"sum {served.sums[0]:.9g}, expected {expected.sums[0]:.9g} (bytes differ)"
+        if expected.word_sums != served.word_sums:
+            return f"sum {served.sums[0]:.9g}, expected {expected.sums[0]:.9g} (bits differ)"
         return None
     eps = max(torch.finfo(getattr(torch, expected.dtype)).eps, torch.finfo(getattr(torch, served.dtype)).eps)
     abs_sum, sq = expected.sums[3], expected.sums[2]

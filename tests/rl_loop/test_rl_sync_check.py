@@ -67,10 +67,10 @@ def test_fingerprint_is_exact_for_one_dtype():
     assert differs(tensor_print(w), tensor_print(w.t().contiguous().t())) is None  # layout does not matter
     one_ulp = w.clone()
     one_ulp[3, 5] = torch.nextafter(one_ulp[3, 5], torch.tensor(1.0))
-    assert "bytes differ" in differs(tensor_print(w), tensor_print(one_ulp))
+    assert "bits differ" in differs(tensor_print(w), tensor_print(one_ulp))
     swapped = w.clone()
     swapped[[0, 1]] = w[[1, 0]]  # the same values, two rows exchanged: only the index-weighted sums see it
-    assert tensor_print(swapped).byte_sums[0] == tensor_print(w).byte_sums[0]
+    assert tensor_print(swapped).word_sums[0] == tensor_print(w).word_sums[0]
     assert differs(tensor_print(w), tensor_print(swapped)) is not None
     assert "shape" in differs(tensor_print(w), tensor_print(w.reshape(48, 64)))
     # integer buffers (a drafter's d2t) are not fingerprinted; float tensors keep their names
