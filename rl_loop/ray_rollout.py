@@ -61,8 +61,9 @@ class GeneratorActor:
     def served_prints(self) -> tuple[int, dict[str, dict[str, Prints]]]:
         """(version held, fingerprints of every copy of the weights served: the loaded policy parameters and
         the engine's copies, ``RolloutEngine.served_prints``), for the pool's weight-sync check."""
-        return self.version, {"loaded parameters": {"policy": fingerprint(self.policy.state_dict())},
-                              **self.engine.served_prints()}
+        loaded = self.policy.state_dict()  # the engine's copies leave out the loaded tensors, fingerprinted here
+        return self.version, {"loaded parameters": {"policy": fingerprint(loaded)},
+                              **self.engine.served_prints({"policy": loaded, "drafter": {}})}
 
     def generate(self, prompts: list[list[int]], seeds: list[int], gen: GenerationConfig,
                  compare: bool) -> tuple[int, Rollouts, RolloutStats | None]:

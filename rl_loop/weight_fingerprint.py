@@ -25,7 +25,7 @@ version, the copy that differs and where it is served.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -54,37 +54,53 @@ class TensorPrint:
 Prints = dict[str, TensorPrint]
 
 
-def _periodic_sum(v: torch.Tensor, period: int) -> float:
-    """``sum_i v[i] * (i % period + 1)`` of a 1-D float64 tensor: a [n / period, period] view times the
-    pattern (one matrix-vector product), plus the tail."""
-    n = v.numel() // period * period
-    w = torch.arange(1, period + 1, dtype=v.dtype)
-    head = torch.mv(v[:n].view(-1, period), w).sum() if n else v.new_zeros(())
-    return float(head + (v[n:] * w[: v.numel() - n]).sum())
+_CHUNK = FLOAT_PERIOD * WORD_PERIOD * 512  # a multiple of both periods: the patterns restart at every chunk
+_PATTERNS: dict[int, torch.Tensor] = {}
+
+
+def _pattern(period: int, n: int) -> torch.Tensor:
+    """``i % period + 1`` for i < n (n <= ``_CHUNK``), float64, built once per period."""
+    if period not in _PATTERNS:
+        _PATTERNS[period] = (torch.arange(_CHUNK) % period + 1).double()
+    return _PATTERNS[period][:n]
+
+
+def _weighted_sum(v: torch.Tensor, period: int) -> torch.Tensor:
+    """``sum_i v[i] * (i % period + 1)`` of a 1-D float64 tensor: a dot product with the pattern per chunk."""
+    if v.numel() <= _CHUNK:
+        return torch.dot(v, _pattern(period, v.numel()))
+    return sum(torch.dot(c, _pattern(period, c.numel())) for c in v.split(_CHUNK))
 
 
 @torch.no_grad()
 def tensor_print(t: torch.Tensor) -> TensorPrint:
     """:class:`TensorPrint` of ``t`` (any floating dtype, any layout)."""
     shape = tuple(t.shape)
-    t = t.detach().cpu().contiguous().reshape(-1)
+    flat = t.detach().reshape(-1) if t.device.type == "cpu" else t.detach().cpu().reshape(-1)
     # The raw bits as 16-bit words (bytes for 1-byte dtypes), in float64: every partial sum is an integer
-    # below 2**53 (up to 2**30 words), so both sums are exact in any summation order.
-    words = (t.view(torch.uint8) if t.element_size() == 1 else t.view(torch.int16)).double()
-    x = t.double()
+    # below 2**53 (up to 2**30 words per tensor), so both sums are exact in any summation order.
+    words = (flat.view(torch.uint8) if flat.element_size() == 1 else flat.view(torch.int16)).double()
+    x = flat.double()
     n = x.numel()
-    idx = torch.linspace(0, max(n - 1, 0), NUM_SAMPLES).long() if n else torch.zeros(0, dtype=torch.long)
+    values = torch.stack([words.sum(), _weighted_sum(words, WORD_PERIOD), x.sum(), _weighted_sum(x, FLOAT_PERIOD),
+                          torch.dot(x, x), x.abs().sum()]).tolist()
     return TensorPrint(
         shape=shape, dtype=str(t.dtype).removeprefix("torch."),
-        word_sums=(int(words.sum()), int(_periodic_sum(words, WORD_PERIOD))),
-        sums=(float(x.sum()), _periodic_sum(x, FLOAT_PERIOD), float(torch.dot(x, x)), float(x.abs().sum())),
-        samples=tuple(x[idx].tolist()),
+        word_sums=(int(values[0]), int(values[1])), sums=tuple(values[2:]),
+        samples=tuple(x[[i * (n - 1) // (NUM_SAMPLES - 1) for i in range(NUM_SAMPLES)]].tolist()) if n else (),
     )
 
 
-def fingerprint(tensors: Mapping[str, torch.Tensor]) -> Prints:
-    """Fingerprints of the floating-point tensors of ``tensors``, keyed by name."""
-    return {name: tensor_print(t) for name, t in tensors.items() if t.is_floating_point()}
+def fingerprint(tensors: Mapping[str, torch.Tensor], names: Collection[str] | None = None) -> Prints:
+    """Fingerprints of the floating-point tensors of ``tensors`` (only ``names`` when given), keyed by name."""
+    return {name: tensor_print(t) for name, t in tensors.items()
+            if t.is_floating_point() and (names is None or name in names)}
+
+
+def same_storage(a: torch.Tensor, b: torch.Tensor | None) -> bool:
+    """Whether ``a`` is ``b``'s memory (same address, shape, strides, dtype): not a copy, it cannot miss a sync."""
+    return (b is not None and a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()
+            and a.dtype == b.dtype)
 
 
 def differs(expected: TensorPrint, served: TensorPrint) -> str | None:
@@ -157,13 +173,20 @@ def drafter_tensors(drafter, policy_embedding: torch.Tensor) -> dict[str, torch.
     return out
 
 
-def trainer_prints(policy_state: Mapping[str, torch.Tensor], drafter) -> dict[str, Prints]:
-    """The trainer's fingerprints: ``policy`` from ``policy_state`` (a state dict), ``drafter`` from the
-    drafter's head with the shared weights of ``policy_state`` (empty without a drafter)."""
-    prints = {"policy": fingerprint(policy_state), "drafter": {}}
+def trainer_tensors(policy_state: Mapping[str, torch.Tensor], drafter) -> dict[str, dict[str, torch.Tensor]]:
+    """What a synced server must hold, by role: ``policy`` = ``policy_state`` (a state dict), ``drafter`` =
+    the drafter's head with the shared weights of ``policy_state`` (empty without a drafter)."""
+    tensors = {"policy": dict(policy_state), "drafter": {}}
     if drafter is not None:
-        prints["drafter"] = fingerprint(drafter_tensors(drafter, policy_state["model.embed_tokens.weight"]))
-    return prints
+        tensors["drafter"] = drafter_tensors(drafter, policy_state["model.embed_tokens.weight"])
+    return tensors
+
+
+def trainer_prints(policy_state: Mapping[str, torch.Tensor], drafter,
+                   names: Mapping[str, Collection[str]] | None = None) -> dict[str, Prints]:
+    """The trainer's fingerprints of :func:`trainer_tensors` (only ``names[role]`` when given)."""
+    return {role: fingerprint(t, None if names is None else names.get(role, ()))
+            for role, t in trainer_tensors(policy_state, drafter).items()}
 
 
 # -- what the in-process engine serves ---------------------------------------------------------------------
