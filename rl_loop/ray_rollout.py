@@ -301,7 +301,7 @@ def start_pool(s, num_threads: int = 1) -> tuple[object, RolloutPool, bool]:
     try:
         s.policy.eval()
         pool = RolloutPool(ray, s.policy, s.drafter, s.tok.eos_id, s.cfg.rollout_workers, s.cfg.group_size,
-                           num_threads)
+                           num_threads, version=s.state.step)
     except BaseException:
         if owns:
             ray.shutdown()
