@@ -22,6 +22,7 @@ import torch
 
 from rl_loop import engine as engine_module
 from rl_loop import learn as learn_module
+from rl_loop import weight_fingerprint
 from rl_loop.__main__ import main
 from rl_loop.accounting import AcceptanceCollapseWarning, check_acceptance
 from rl_loop.config import tiny_config
@@ -35,6 +36,7 @@ from rl_loop.weight_fingerprint import (
     deinterleave_heads,
     differs,
     fingerprint,
+    require_all,
     tensor_print,
     trainer_prints,
     verify,
@@ -84,6 +86,26 @@ def test_fingerprint_tolerance_only_across_a_dtype_conversion():
     moved = (w * 1.01).bfloat16()
     assert "beyond bfloat16 rounding of float32" in differs(tensor_print(w), tensor_print(moved))
     assert differs(tensor_print(w), tensor_print(w.bfloat16().float())) is not None  # float32 both: exact
+
+
+def test_sums_are_exact_integers_across_chunks():
+    """A tensor longer than one chunk of the cached patterns: the word sums equal int64 arithmetic."""
+    n = weight_fingerprint._CHUNK + 1001
+    t = torch.randn(n, generator=torch.Generator().manual_seed(3))
+    words = t.view(torch.int16).long()
+    pattern = torch.arange(words.numel()) % weight_fingerprint.WORD_PERIOD + 1
+    printed = tensor_print(t)
+    assert printed.word_sums == (int(words.sum()), int((words * pattern).sum()))
+    x, w = t.double(), (torch.arange(n) % weight_fingerprint.FLOAT_PERIOD + 1).double()
+    assert printed.sums[1] == pytest.approx(float((x * w).sum()), rel=1e-9, abs=1e-9)
+
+
+def test_require_all_names_a_tensor_not_served():
+    expected = {"policy": fingerprint({"a.weight": _weights(0)}), "drafter": fingerprint({"fc.weight": _weights(1)})}
+    with pytest.raises(WeightSyncError, match=r"weights version 0 \(initial\): drafter tensor fc\.weight is not "
+                                              r"served by vLLM"):
+        require_all(expected, {"policy": expected["policy"]}, 0, "vLLM")
+    require_all(expected, expected, 0, "vLLM")
 
 
 def test_deinterleave_inverts_interleave():
