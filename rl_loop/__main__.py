@@ -13,6 +13,7 @@ from .rollouts import VERIFY_METHODS
 from .run_checks import check_values
 from .train import run
 from .usage import UsageError
+from .weight_fingerprint import WeightSyncError
 
 PROG = "python -m rl_loop"
 
@@ -104,6 +105,9 @@ def main(argv: list[str] | None = None) -> int:
         summary = run(cfg)  # raises UsageError before any work for a user mistake
     except UsageError as e:
         return _usage_error(e)
+    except WeightSyncError as e:  # a missed weight sync stops the run: one line naming the tensor
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 1
     print(json.dumps({k: summary.get(k) for k in REQUIRED_SUMMARY_KEYS}, indent=1))
     print(f"wrote {cfg.out}/summary.json")
     return 0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 from .config import RunConfig
 from .rollouts import Rollouts, RolloutStats
 from .state import RunState
@@ -18,14 +20,45 @@ def ar_first(cfg: RunConfig, step: int) -> bool:
     return cfg.compare_every > 0 and (step // cfg.compare_every) % 2 == 1
 
 
-def rollout_row(cfg: RunConfig, state: RunState, step: int, rollouts: Rollouts, ar: RolloutStats | None) -> dict:
-    """The generation part of a step's metrics row (``ar``: stats of the side-by-side AR rollouts); books
-    the speculative counters into ``state.spec_stats``."""
+COLLAPSE_FACTOR = 0.1  # a first-draft acceptance below this fraction of the previous step's is a collapse
+
+
+class AcceptanceCollapseWarning(UserWarning):
+    """The drafts' acceptance collapsed from one step to the next (a drafter that missed a weight sync)."""
+
+
+def check_acceptance(state: RunState, step: int, version: int | None, by_position: list[float]) -> bool:
+    """Warn (:class:`AcceptanceCollapseWarning`, naming the step and the weights version) when the first
+    draft's acceptance rate fell below ``COLLAPSE_FACTOR`` of the previous step's; remembers this step's
+    rates in ``state.last_acceptance``. Returns whether it warned. The first position decides: it counts
+    every round, the later ones only the rounds that got that far (noisy on small batches)."""
+    prev, state.last_acceptance = state.last_acceptance, list(by_position)
+    if not prev or not by_position or not prev[0] > 0 or by_position[0] >= COLLAPSE_FACTOR * prev[0]:
+        return False
+    warnings.warn(f"draft acceptance collapsed at step {step} (weights version {version}): per position "
+                  f"{_rates(by_position)}, {_rates(prev)} the step before; a drafter that missed a weight sync "
+                  "looks like this", AcceptanceCollapseWarning, stacklevel=2)
+    return True
+
+
+def _rates(rates: list[float]) -> str:
+    return "[" + ", ".join(f"{a:.3f}" for a in rates) + "]"
+
+
+def rollout_row(cfg: RunConfig, state: RunState, step: int, rollouts: Rollouts, ar: RolloutStats | None,
+                version: int | None = None) -> dict:
+    """The generation part of a step's metrics row (``ar``: stats of the side-by-side AR rollouts; ``version``:
+    the weights version that generated the rollouts); books the speculative counters into
+    ``state.spec_stats`` and warns on an acceptance collapse (:func:`check_acceptance`)."""
     row: dict = {"step": step, "gen_s": rollouts.stats.time_s, "gen_tokens": rollouts.stats.tokens}
+    if version is not None:
+        row["weights_version"] = version
     if cfg.spec != "none":
         state.spec_stats.merge(rollouts.stats)
         row.update(mean_accepted_length=rollouts.stats.mean_accepted_length,
                    acceptance_by_position=rollouts.stats.acceptance_by_position)
+        if rollouts.stats.rounds and check_acceptance(state, step, version, row["acceptance_by_position"]):
+            row["acceptance_collapse"] = True
     if ar is not None:
         row.update(ar_gen_s=ar.time_s, ar_gen_tokens=ar.tokens)
     return row

@@ -110,7 +110,7 @@ def run_async(cfg: RunConfig) -> dict:
             if lag:
                 behaviour.load_state_dict(snapshots[rollout_version])
                 old = behaviour
-            row = rollout_row(cfg, st, step, rollouts, ar)
+            row = rollout_row(cfg, st, step, rollouts, ar, rollout_version)
             learn(s, step, problems, prompts, rollouts, row, behaviour=old)
             account_step(st, row, rollouts, ar)
             version += 1

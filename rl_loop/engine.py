@@ -29,6 +29,17 @@ from specdec_kernels.models import KVCache, ModelConfig, Qwen3
 from .decode import PolicyStep
 from .rollouts import GenerationConfig, Rollouts, RolloutStats, resolve_verify_backend
 from .round_strategies import strategy_for
+from .weight_fingerprint import (
+    ROLES,
+    Prints,
+    fingerprint,
+    fused_copy,
+    native_copy,
+    same_storage,
+    trainer_prints,
+    trainer_tensors,
+    verify,
+)
 
 
 class _Requests:
@@ -64,23 +75,48 @@ class _Requests:
 class RolloutEngine:
     """Generates responses for token prompts with the policy, autoregressively or speculatively."""
 
-    def __init__(self, policy: Qwen3, drafter: CachedDrafter | None, eos_id: int, decode: str = "auto") -> None:
+    def __init__(self, policy: Qwen3, drafter: CachedDrafter | None, eos_id: int, decode: str = "auto",
+                 check_sync: bool = True) -> None:
         self.policy = policy
         self.policy_step = PolicyStep(policy, decode)  # both arms' policy forward (``decode.py``)
         self.drafter = drafter
         self.eos_id = eos_id
         self.version = 0
+        self.check_sync = check_sync
         self.sync()
 
     def sync(self, version: int | None = None) -> None:
         """Weight sync: refresh the policy's fused inference weights and the drafter's shared weights (the
-        drafter re-packs its own at every ``generate``); ``version`` tags the weights now served."""
+        drafter re-packs its own at every ``generate``); ``version`` tags the weights now served. Then,
+        with ``check_sync``, every served copy is compared with the trainer's weights (``weight_fingerprint``:
+        raises ``WeightSyncError`` naming the tensor of a missed sync)."""
         self.policy.sync_inference_weights()
         self.policy_step.sync()
         if self.drafter is not None:
             sync_shared_weights(self.drafter.head, self.policy)
         if version is not None:
             self.version = version
+        if self.check_sync:
+            served = self.served_prints()
+            names = {role: set().union(*(copy.get(role, {}) for copy in served.values())) for role in ROLES}
+            expected = trainer_prints(self.policy.state_dict(), self.drafter, names)
+            for label, prints in served.items():
+                verify(expected, prints, self.version, f"the in-process engine ({label})")
+
+    def served_prints(self, own: dict[str, dict[str, torch.Tensor]] | None = None) -> dict[str, dict[str, Prints]]:
+        """Fingerprints of every copy of the weights this engine serves, by copy, then role, then the trainer's
+        tensor name: the policy's fused inference weights, the native decode path's packed weights (when it
+        runs) and the drafter head. A tensor that is ``own``'s memory (default: the policy's and drafter's
+        tensors as a synced server holds them, ``weight_fingerprint.trainer_tensors``) is not a copy and is
+        left out."""
+        own = trainer_tensors(self.policy.state_dict(), self.drafter) if own is None else own
+        copies = {"fused inference weights": {"policy": fused_copy(self.policy)}}
+        if self.policy_step.weights:
+            copies["native decode weights"] = {"policy": native_copy(self.policy, self.policy_step.weights)}
+        if self.drafter is not None:
+            copies["drafter head"] = {"drafter": self.drafter.head.state_dict()}
+        return {label: {role: fingerprint({n: t for n, t in tensors.items() if not same_storage(t, own[role].get(n))})
+                        for role, tensors in copy.items()} for label, copy in copies.items()}
 
     def summary(self) -> dict:
         """What ``summary.json`` records about the engine (the vLLM backend records its method)."""

@@ -29,6 +29,7 @@ from specdec_kernels.models import Qwen3
 
 from .engine import RolloutEngine
 from .rollouts import GenerationConfig, Rollouts, RolloutStats
+from .weight_fingerprint import Prints, WeightSyncError, fingerprint, trainer_prints, verify
 
 Assignment = Callable[[int, int], list[list[int]]]
 TIME_FIELDS = ("time_s", "draft_s", "target_s", "verify_s", "prefill_s")
@@ -44,7 +45,8 @@ class GeneratorActor:
         torch.set_num_threads(num_threads)
         policy, drafter = models  # one argument: shared submodules stay shared after pickling
         self.policy, self.drafter = policy, drafter
-        self.engine = RolloutEngine(policy, drafter, eos_id)
+        # the pool compares every copy this worker serves with the trainer's weights (``served_prints``)
+        self.engine = RolloutEngine(policy, drafter, eos_id, check_sync=False)
         self.version = 0
 
     def load_weights(self, version: int, policy_state: dict, drafter_state: dict | None) -> int:
@@ -55,6 +57,13 @@ class GeneratorActor:
         self.engine.sync(version)
         self.version = version
         return version
+
+    def served_prints(self) -> tuple[int, dict[str, dict[str, Prints]]]:
+        """(version held, fingerprints of every copy of the weights served: the loaded policy parameters and
+        the engine's copies, ``RolloutEngine.served_prints``), for the pool's weight-sync check."""
+        loaded = self.policy.state_dict()  # the engine's copies leave out the loaded tensors, fingerprinted here
+        return self.version, {"loaded parameters": {"policy": fingerprint(loaded)},
+                              **self.engine.served_prints({"policy": loaded, "drafter": {}})}
 
     def generate(self, prompts: list[list[int]], seeds: list[int], gen: GenerationConfig,
                  compare: bool) -> tuple[int, Rollouts, RolloutStats | None]:
@@ -104,8 +113,21 @@ class _Share:
 
 
 @dataclass
+class _SyncCheck:
+    """One worker's fingerprints after a weight push (``ref``: of ``GeneratorActor.served_prints``), to compare
+    with the trainer's ``expected`` of the pushed ``version``."""
+
+    worker: int
+    version: int
+    expected: dict[str, Prints]
+    ref: object
+    done: bool = False
+
+
+@dataclass
 class Pending:
-    """A submitted call: its shares, the weights it was submitted under and what it asked for."""
+    """A submitted call: its shares, the weights it was submitted under and what it asked for, and the
+    weight-sync checks of the pushes queued before it (done by the time it is collected)."""
 
     shares: list[_Share]
     weights: tuple[int, object, object]
@@ -113,6 +135,7 @@ class Pending:
     seeds: list[int]
     gen: GenerationConfig
     compare: bool
+    checks: list[_SyncCheck]
 
 
 class RolloutPool:
@@ -136,6 +159,7 @@ class RolloutPool:
         self._eos, self._threads = eos_id, num_threads
         self.weights: tuple[int, object, object] | None = None
         self.publishes = 0
+        self.checks: list[_SyncCheck] = []  # weight-sync checks not yet compared
         self.actors = [self._start() for _ in range(num_workers)]
         self.sync(version)
 
@@ -149,15 +173,43 @@ class RolloutPool:
 
     def sync(self, version: int | None = None) -> dict:
         """Publish the trainer's current weights as ``version`` (default: the next one): one ``ray.put`` of
-        the policy and one of the drafter, then every worker loads them (queued behind its pending calls).
-        Returns the policy state published (the async trainer keeps it as a behaviour snapshot)."""
+        the policy and one of the drafter, then every worker loads them (queued behind its pending calls) and
+        fingerprints what it serves; the next :meth:`collect` compares the fingerprints with the trainer's
+        (``weight_fingerprint``). Returns the policy state published (the async trainer keeps it as a
+        behaviour snapshot)."""
         version = self.version + 1 if version is None else version
         p, d = weights(self.policy, self.drafter)
         self.weights = (version, self.ray.put(p), self.ray.put(d))
         self.publishes += 1
-        for a in self.actors:
-            a.load_weights.remote(*self.weights)
+        expected = trainer_prints(p, self.drafter)
+        for w, a in enumerate(self.actors):
+            self._push(a, self.weights)
+            self.checks.append(_SyncCheck(w, version, expected, a.served_prints.remote()))
         return p
+
+    def _push(self, actor, weights: tuple[int, object, object]) -> None:
+        """One worker's weight load (version, policy ref, drafter ref)."""
+        actor.load_weights.remote(*weights)
+
+    def check_syncs(self, checks: list[_SyncCheck] | None = None) -> None:
+        """Compare the fingerprints of ``checks`` (default: every push so far; waits for them) with the
+        trainer's; raises ``WeightSyncError`` naming the worker, the tensor and the version of a missed sync."""
+        from ray.exceptions import RayActorError
+
+        for c in list(self.checks if checks is None else checks):
+            if c.done:
+                continue
+            c.done = True  # compared once: a failure is reported once
+            self.checks = [x for x in self.checks if not x.done]
+            try:
+                version, served = self.ray.get(c.ref)
+            except RayActorError:  # the worker died; its replacement loads the weights again
+                continue
+            if version != c.version:
+                raise WeightSyncError(f"weight sync check failed: rollout worker {c.worker} holds weights version "
+                                      f"{version}, version {c.version} was pushed")
+            for label, prints in served.items():
+                verify(c.expected, prints, c.version, f"Ray rollout worker {c.worker} ({label})")
 
     def submit(self, prompts: list[list[int]], seeds: list[int], gen: GenerationConfig,
                compare: bool = False) -> Pending:
@@ -172,7 +224,7 @@ class RolloutPool:
             if req:
                 ref = self.actors[w].generate.remote([prompts[i] for i in req], [seeds[i] for i in req], gen, compare)
                 shares.append(_Share(w, req, ref))
-        return Pending(shares, self.weights, prompts, seeds, gen, compare)
+        return Pending(shares, self.weights, prompts, seeds, gen, compare, list(self.checks))
 
     def _rerun(self, pending: Pending, share: _Share) -> _Share:
         """Replace the dead worker of ``share`` and re-run its requests under the call's weights."""
@@ -181,11 +233,11 @@ class RolloutPool:
         self.restarts += 1
         actor = self._start()
         self.actors[share.worker] = actor
-        actor.load_weights.remote(*pending.weights)
+        self._push(actor, pending.weights)
         ref = actor.generate.remote([pending.prompts[i] for i in share.requests],
                                     [pending.seeds[i] for i in share.requests], pending.gen, pending.compare)
         if self.weights is not pending.weights:  # newer weights were published since: the worker takes them next
-            actor.load_weights.remote(*self.weights)
+            self._push(actor, self.weights)
         return _Share(share.worker, share.requests, ref)
 
     def collect(self, pending: Pending) -> tuple[int, Rollouts, RolloutStats | None]:
@@ -207,6 +259,7 @@ class RolloutPool:
             _, out, _ = results[-1]
             for i, r, f in zip(share.requests, out.response_ids, out.finished, strict=True):
                 responses[i], finished[i] = r, f
+        self.check_syncs(pending.checks)  # the weights these rollouts were generated with are the trainer's
         versions = {v for v, _, _ in results}
         if len(versions) != 1:
             raise RuntimeError(f"rollout workers generated one call under different versions {sorted(versions)}")
@@ -248,7 +301,7 @@ def start_pool(s, num_threads: int = 1) -> tuple[object, RolloutPool, bool]:
     try:
         s.policy.eval()
         pool = RolloutPool(ray, s.policy, s.drafter, s.tok.eos_id, s.cfg.rollout_workers, s.cfg.group_size,
-                           num_threads)
+                           num_threads, version=s.state.step)
     except BaseException:
         if owns:
             ray.shutdown()

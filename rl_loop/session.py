@@ -104,6 +104,7 @@ def setup(cfg: RunConfig, log: Callable[[dict], None]) -> Session:
         if ckpt is not None and ckpt.get("drafter_opt") is not None:
             trainer.opt.load_state_dict(ckpt["drafter_opt"])
     engine = make_engine(cfg, policy, drafter, tok)
+    engine.version = state.step  # the weights of the last update (version step); 0 for a fresh run
     opt = policy_optimizer(policy, cfg)
     if ckpt is not None:
         opt.load_state_dict(ckpt["opt"])

@@ -24,6 +24,7 @@ class Engine(Protocol):
     """What the loop needs of a rollout engine (ours: ``engine.RolloutEngine``; ``vllm_backend``'s)."""
 
     policy: Qwen3
+    version: int  # the weights version served (tagged by ``sync``)
 
     def generate(self, prompts: list[list[int]], seeds: list[int], config: GenerationConfig) -> Rollouts: ...
 
@@ -87,13 +88,15 @@ class RunState:
     comparison: Comparison = field(default_factory=Comparison)
     times: WarmStartTimes = field(default_factory=WarmStartTimes)
     test_start: dict | None = None  # held-out test correctness at the start (``heldout.evaluate_test``)
+    last_acceptance: list[float] | None = None  # the last step's acceptance by position (collapse warning)
 
     @staticmethod
     def from_dict(d: dict) -> RunState:
         return RunState(step=d["step"], val_accuracy_start=d["val_accuracy_start"],
                         val_greedy_accuracy_start=d["val_greedy_accuracy_start"],
                         spec_stats=RolloutStats(**d["spec_stats"]), comparison=Comparison(**d["comparison"]),
-                        times=WarmStartTimes(**d["times"]), test_start=d.get("test_start"))
+                        times=WarmStartTimes(**d["times"]), test_start=d.get("test_start"),
+                        last_acceptance=d.get("last_acceptance"))
 
 
 @dataclass

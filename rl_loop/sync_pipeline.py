@@ -41,7 +41,7 @@ def rl_step(s: Session, step: int) -> dict:
     dump_rollouts(cfg, step, seeds, rollouts)
     if compared and not first:
         ar = s.engine.generate(prompts, seeds, cfg.generation(spec="none")).stats
-    row = rollout_row(cfg, s.state, step, rollouts, ar)
+    row = rollout_row(cfg, s.state, step, rollouts, ar, s.engine.version)
     if compared:
         row["ar_first"] = first
     learn(s, step, problems, prompts, rollouts, row)

@@ -24,6 +24,10 @@ tokens come from:
   the worker's ``reload_weights``, the drafter through the worker's proposer model (vLLM's CPU linear
   layers keep prepacked copies of the weights, so assigning parameters would not be enough; the in-place
   reload re-runs the post-load processing). The EAGLE-3 head shares the target's embedding in vLLM.
+  After every push each engine's worker fingerprints what it serves (:func:`_served_prints`: every linear
+  layer and LM head read back through vLLM's own GEMM path, so the prepacked copy is what is checked) and
+  the fingerprints are compared with the trainer's (``weight_fingerprint``, exact: float32 both sides);
+  a missed sync raises ``WeightSyncError`` naming the tensor, policy or drafter, and the version.
 - Per-request seeds (``SamplingParams.seed``), temperature from the generation config. Acceptance
   statistics are the deltas of vLLM's spec-decode counters (``LLM.get_metrics()``) over one call.
 
@@ -48,6 +52,7 @@ from specdec_kernels.models import Qwen3, save_pretrained
 from .config import RunConfig
 from .rollouts import GenerationConfig, Rollouts, RolloutStats
 from .task import CharTokenizer
+from .weight_fingerprint import fingerprint, require_all, trainer_prints
 
 # Environment vLLM needs on CPU for these tiny models (set before vLLM is imported; callers may override).
 VLLM_ENV = {
@@ -183,6 +188,7 @@ class VllmRolloutEngine:
             )
             torch.set_num_threads = set_num_threads
             torch.set_num_threads(threads)
+            self._check_engine(key, self._engines[key])  # serves what it loaded from the trainer's checkpoint
         return self._engines[key]
 
     def _check_head_not_shared(self) -> None:
@@ -207,6 +213,20 @@ class VllmRolloutEngine:
             llm.reset_prefix_cache()  # cached KV blocks were computed by the old weights
         self.syncs += 1
         self.sync_s += time.perf_counter() - t0
+        self.check_sync()
+
+    def check_sync(self) -> None:
+        """Compare what every started engine serves with the trainer's policy and drafter (``WeightSyncError``
+        naming the tensor of a missed sync); every trainer tensor must be served."""
+        for key, llm in self._engines.items():
+            self._check_engine(key, llm)
+
+    def _check_engine(self, key: str, llm) -> None:
+        expected = trainer_prints(self.policy.state_dict(), self.drafter)
+        draft = self.method if key == "spec" and self.method != "none" else None
+        want = expected if draft is not None else {"policy": expected["policy"]}
+        for w, served in enumerate(llm.collective_rpc(_served_prints, args=(draft,))):
+            require_all(want, served, self.version, f"vLLM ({key} engine, worker {w})")
 
     def summary(self) -> dict:
         """What served the rollouts (``summary.json``)."""
@@ -291,18 +311,76 @@ def _retie(model: torch.nn.Module) -> None:
 
 def _push_weights(worker, policy_dir: str, draft_dir: str | None) -> None:
     """Runs in the vLLM worker: reload the policy (and the drafter: draft model or EAGLE-3 head) in place."""
+    _reload_policy(worker, policy_dir)
+    if draft_dir is not None:
+        _reload_drafter(worker, draft_dir)
+
+
+def _reload_policy(worker, policy_dir: str) -> None:
+    worker.reload_weights(weights_path=policy_dir, is_checkpoint_format=True)
+    _retie(worker.model_runner.get_model())
+
+
+def _reload_drafter(worker, draft_dir: str) -> None:
     from vllm.config import set_current_vllm_config
     from vllm.model_executor.model_loader.reload.inplace import reload_weights
 
-    worker.reload_weights(weights_path=policy_dir, is_checkpoint_format=True)
-    _retie(worker.model_runner.get_model())
-    if draft_dir is not None:
-        proposer = worker.model_runner.drafter
-        config = proposer._create_draft_vllm_config()
-        with set_current_vllm_config(config):
-            reload_weights(config, proposer.model, weights_iterator=None, weights_path=draft_dir,
-                           is_checkpoint_format=True)
-        _retie(proposer.model)
+    proposer = worker.model_runner.drafter
+    config = proposer._create_draft_vllm_config()
+    with set_current_vllm_config(config):
+        reload_weights(config, proposer.model, weights_iterator=None, weights_path=draft_dir,
+                       is_checkpoint_format=True)
+    _retie(proposer.model)
+
+
+_FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+
+
+def _served_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The weights a vLLM model serves, under vLLM's names with fused projections split back (q/k/v,
+    gate/up). Linear layers and LM heads are read back through their own GEMM (``quant_method.apply`` of an
+    identity): vLLM's CPU layers drop the weight for a prepacked copy, and that copy is what serves."""
+    from vllm.model_executor.layers.linear import LinearBase
+    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
+
+    out: dict[str, torch.Tensor] = {}
+    for name, module in model.named_modules():
+        if isinstance(module, (LinearBase, ParallelLMHead)):
+            dim = module.embedding_dim if isinstance(module, ParallelLMHead) else module.input_size
+            weight = module.quant_method.apply(module, torch.eye(dim, dtype=torch.float32)).t().contiguous()
+            if isinstance(module, ParallelLMHead):
+                weight = weight[: module.org_vocab_size]
+            base, _, leaf = name.rpartition(".")
+            if leaf in _FUSED:
+                out.update({f"{base}.{part}.weight": piece for part, piece
+                            in zip(_FUSED[leaf], weight.split(list(module.output_sizes)), strict=True)})
+            else:
+                out[f"{name}.weight"] = weight
+            continue
+        for pname, param in module.named_parameters(prefix=name, recurse=False):
+            if param.numel():
+                rows = getattr(module, "org_vocab_size", None)  # a (padded) vocabulary embedding
+                out[pname] = param[:rows] if rows is not None else param
+    return out
+
+
+def _drafter_name(method: str, name: str) -> str:
+    """Our drafter head's name of a vLLM drafter tensor: EAGLE-3 ``model.layers.0.`` -> ``midlayer.``,
+    ``model.`` dropped; a draft model's under ``lm.``."""
+    if method == "draft_model":
+        return f"lm.{name}"
+    if name.startswith("model.layers.0."):
+        return "midlayer." + name.removeprefix("model.layers.0.")
+    return name.removeprefix("model.")
+
+
+def _served_prints(worker, draft_method: str | None) -> dict[str, dict]:
+    """Runs in the vLLM worker: fingerprints of the policy (and drafter) it serves, under the trainer's names."""
+    prints = {"policy": fingerprint(_served_tensors(worker.model_runner.get_model()))}
+    if draft_method is not None:
+        served = _served_tensors(worker.model_runner.drafter.model)
+        prints["drafter"] = fingerprint({_drafter_name(draft_method, k): v for k, v in served.items()})
+    return prints
 
 
 def make_vllm_engine(cfg: RunConfig, policy: Qwen3, drafter: CachedDrafter | None, tokenizer: CharTokenizer

@@ -11,7 +11,10 @@ on the same greedy requests, three times:
 2. after a drafter-only update pushed with ``sync(version)``: the tokens stay the same (the policy did not
    change), the acceptance changes (``drafter_push_changed_acceptance``) and equals ours with the new drafter;
 3. after a policy update pushed with ``sync``: the tokens change (``policy_push_changed_output``) and equal
-   ours with the new policy.
+   ours with the new policy;
+4. ``--missed-sync`` (EAGLE-3 only): a planted missed sync, the drafter's then the policy's (that reload
+   skipped inside vLLM's worker), stops the sync with ``WeightSyncError`` naming the tensor
+   (``missed_sync``: the two error lines), and a correct sync afterwards passes (``resynced``).
 
 Prints one JSON object (per drafter) and writes it to ``--out``. vLLM on CPU spawns its engine process,
 so this runs as its own ``python -m`` process (tests start it as a subprocess).
@@ -27,12 +30,14 @@ from dataclasses import replace
 
 import torch
 
+from . import vllm_backend
 from .drafting import build_drafter, problem_batches, warm_start
 from .engine import RolloutEngine
 from .rollouts import GenerationConfig, Rollouts
 from .task import CharTokenizer, TaskConfig, make_splits
 from .vllm_backend import VllmOptions, VllmRolloutEngine, spec_method
 from .warm_start import supervised_warm_start
+from .weight_fingerprint import WeightSyncError
 
 
 def _counters(r: Rollouts) -> dict:
@@ -48,8 +53,33 @@ def _perturb(module: torch.nn.Module, seed: int, scale: float, trainable_only: b
                 p.add_(torch.randn(p.shape, generator=generator) * scale * p.abs().mean())
 
 
-def check(workdir: str, kind: str, seed: int = 0, num_prompts: int = 6, max_new_tokens: int = 16, k: int = 3) -> dict:
-    """Run the three comparisons of the module docstring for drafter ``kind``; returns a JSON-able report."""
+def planted_missed_syncs(served: VllmRolloutEngine, policy: torch.nn.Module, drafter, seed: int) -> dict:
+    """Stage 4: an update of the drafter (then the policy) pushed with that reload skipped in vLLM's worker
+    must fail the sync's check; returns the error line per role (None: not caught) and whether a correct
+    sync afterwards passes."""
+    missed = {}
+    for role, step in (("drafter", "_reload_drafter"), ("policy", "_reload_policy")):
+        if role == "drafter":
+            _perturb(drafter.trainable(), seed + 11, 0.5, trainable_only=True)
+        else:
+            _perturb(policy, seed + 13, 0.3, trainable_only=False)
+        original = getattr(vllm_backend, step)
+        setattr(vllm_backend, step, lambda worker, path: None)  # the planted fault: this reload never happens
+        try:
+            served.sync(served.version + 1)
+            missed[role] = None
+        except WeightSyncError as e:
+            missed[role] = str(e)
+        finally:
+            setattr(vllm_backend, step, original)
+    served.sync(served.version + 1)  # raises if the served weights still differ
+    return {"missed_sync": missed, "resynced": True}
+
+
+def check(workdir: str, kind: str, seed: int = 0, num_prompts: int = 6, max_new_tokens: int = 16, k: int = 3,
+          missed_sync: bool = False) -> dict:
+    """Run the comparisons of the module docstring for drafter ``kind`` (the planted missed syncs with
+    ``missed_sync``); returns a JSON-able report."""
     from specdec_kernels.models import ModelConfig, Qwen3
 
     torch.manual_seed(seed)
@@ -92,6 +122,8 @@ def check(workdir: str, kind: str, seed: int = 0, num_prompts: int = 6, max_new_
         report["drafter_push_kept_output"] = stages["built"]["tokens"] == stages["drafter_pushed"]["tokens"]
         report["drafter_push_changed_acceptance"] = stages["built"]["vllm"] != stages["drafter_pushed"]["vllm"]
         report["policy_push_changed_output"] = stages["drafter_pushed"]["tokens"] != stages["policy_pushed"]["tokens"]
+        if missed_sync and kind == "eagle3":
+            report.update(planted_missed_syncs(served, policy, drafter, seed))
         report["summary"] = served.summary()
     finally:
         served.close()
@@ -103,9 +135,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--drafter", choices=("eagle3", "draft_model"), nargs="+", default=["eagle3"])
     parser.add_argument("--out", default=None, help="write the JSON result here too")
+    parser.add_argument("--missed-sync", action="store_true",
+                        help="eagle3: also plant a missed drafter sync, then a missed policy sync (stage 4)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    result = {kind: check(os.path.join(args.workdir, kind), kind) for kind in args.drafter}
+    result = {kind: check(os.path.join(args.workdir, kind), kind, missed_sync=args.missed_sync)
+              for kind in args.drafter}
     print(json.dumps(result))
     if args.out:
         with open(args.out, "w") as f:

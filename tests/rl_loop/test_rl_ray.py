@@ -30,6 +30,7 @@ from rl_loop.rollout_dump import read_dump
 from rl_loop.rollouts import GenerationConfig
 from rl_loop.task import CharTokenizer
 from rl_loop.train import run
+from rl_loop.weight_fingerprint import WeightSyncError
 from specdec_kernels.models import ModelConfig, Qwen3
 
 ray = pytest.importorskip("ray")
@@ -243,3 +244,53 @@ def test_two_node_loopback_cluster_reproduces_the_one_worker_run(one_worker, tmp
         left = subprocess.run(["pgrep", "-f", temp], capture_output=True, text=True).stdout.split()
         shutil.rmtree(temp, ignore_errors=True)
     assert not left, f"leaked Ray processes {left}"
+
+
+def test_planted_missed_syncs_on_a_worker_stop_the_next_collect(local_ray):
+    """Worker 1 misses the drafter's weights, later the policy's (the trainer publishes both; the push to that
+    worker carries no drafter state, then the previous policy): the next collect raises ``WeightSyncError``
+    naming the worker, the role, the tensor and the version; correct syncs around them pass."""
+    torch.manual_seed(0)
+    policy = Qwen3(CFG).eval()
+    drafter = build_drafter("eagle3", policy, 0)
+    prompts, seeds = _requests(2)
+    gen = GenerationConfig(max_new_tokens=4, spec="chain", k=2, temperature=1.0, max_batch=4)
+    p = RolloutPool(local_ray, policy, drafter, EOS, num_workers=2, unit=GROUP)
+    push, planted = p._push, {}
+
+    def push_missing(actor, weights):
+        if actor is p.actors[1] and planted:
+            version, policy_ref, drafter_ref = weights
+            weights = (version, planted.get("policy", policy_ref), drafter_ref if "policy" in planted else None)
+        push(actor, weights)
+
+    p._push = push_missing
+    try:
+        assert p.collect(p.submit(prompts, seeds, gen))[0] == 0  # the initial push checks out
+        for version, role, module in ((1, None, None), (2, "drafter", drafter.trainable()), (3, None, None),
+                                      (4, "policy", policy), (5, None, None)):
+            _nudge(policy if module is None else module, version)
+            planted.clear()
+            if role == "drafter":
+                planted["drafter"] = True
+            elif role == "policy":
+                planted["policy"] = p.weights[1]  # the previous version's policy
+            p.sync(version)
+            if role is None:
+                assert p.collect(p.submit(prompts, seeds, gen))[0] == version and not p.checks
+                continue
+            pattern = (rf"weights version {version} \(after step {version - 1}\): {role} tensor "
+                       rf"{'fc_norm.0.weight' if role == 'drafter' else 'model.embed_tokens.weight'} served by Ray "
+                       rf"rollout worker 1 \((drafter head|loaded parameters)\) differs from the trainer's")
+            with pytest.raises(WeightSyncError, match=pattern):
+                p.generate(prompts, seeds, gen)
+    finally:
+        p.shutdown()
+
+
+def _nudge(module: torch.nn.Module, seed: int) -> None:
+    """An update of every parameter of ``module`` (a drafter's frozen shared ones included)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for q in module.parameters():
+            q.add_(torch.randn(q.shape, generator=g) * 1e-2)

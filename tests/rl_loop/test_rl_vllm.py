@@ -9,7 +9,8 @@ vLLM engines are started in subprocesses (one engine start per process keeps the
 - ``rl_loop.vllm_check`` with the EAGLE-3 head and the draft model: vLLM's greedy tokens equal our engine's,
   its acceptance counters equal our engine's on the same schedule (vLLM proposes with our drafter), a
   drafter-only push changes vLLM's acceptance (to ours with the new drafter) and a policy push its tokens
-  (to ours with the new policy);
+  (to ours with the new policy); every sync passes the weight-sync check, and planted missed syncs (the
+  EAGLE-3 head's, then the policy's, reload skipped inside vLLM's worker) fail it naming the tensor;
 - a drafter vLLM cannot serve (``--drafter mtp``) is refused with an error naming the option;
 - ``--verify block`` becomes the plugin's ``SPECDEC_VLLM_METHOD=block`` for the run's process, recorded in
   ``summary.json`` / ``vllm_backend.json``; ``traversal`` (trees) is not a vLLM method.
@@ -142,7 +143,7 @@ def test_vllm_serves_our_drafters_and_follows_weight_syncs(tmp_path):
     pytest.importorskip("vllm")
     result_path = tmp_path / "check.json"
     _run([sys.executable, "-m", "rl_loop.vllm_check", "--workdir", str(tmp_path / "weights"), "--drafter",
-          "eagle3", "draft_model", "--out", str(result_path)], _env(), str(tmp_path))
+          "eagle3", "draft_model", "--missed-sync", "--out", str(result_path)], _env(), str(tmp_path))
     results = json.loads(result_path.read_text())
     assert [r["method"] for r in results.values()] == ["eagle3", "draft_model"]
     for result in results.values():
@@ -153,4 +154,13 @@ def test_vllm_serves_our_drafters_and_follows_weight_syncs(tmp_path):
         assert result["drafter_push_kept_output"] is True
         assert result["drafter_push_changed_acceptance"] is True  # ... and with the pushed one
         assert result["policy_push_changed_output"] is True  # the equality after the push needs the push
-        assert result["summary"]["vllm_weights_version"] == 2
+    # every sync above passed the weight-sync check (vLLM serves the trainer's tensors, exactly); planted
+    # missed syncs inside vLLM's worker (EAGLE-3): the drafter's, then the policy's, each named
+    eagle3 = results["eagle3"]
+    missed = eagle3["missed_sync"]
+    assert missed["drafter"].startswith("weight sync check failed at weights version 3 (after step 2): drafter "
+                                        "tensor fc_norm.0.weight served by vLLM (spec engine, worker 0)")
+    assert missed["policy"].startswith("weight sync check failed at weights version 4 (after step 3): policy "
+                                       "tensor model.embed_tokens.weight served by vLLM (spec engine, worker 0)")
+    assert eagle3["resynced"] is True and eagle3["summary"]["vllm_weights_version"] == 5
+    assert results["draft_model"]["summary"]["vllm_weights_version"] == 2
