@@ -20,6 +20,7 @@ TITLES = {
     "batch": "Replay and batch invariance",
     "bad-input": "Bad input",
     "mutants": "Power on this adapter path: the suite's planted bugs",
+    "narrow": "Narrow shared-stream design (V = 16, draft ranking reversed)",
 }
 
 
