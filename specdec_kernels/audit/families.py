@@ -41,7 +41,7 @@ from ..exactness.chain_law import (
     check_sequence_law,
     law_check_for,
 )
-from ..exactness.chain_mutants import MUTANTS
+from ..exactness.chain_mutants import DRAFT_STREAMS, MUTANTS
 from .audit_target import AuditTarget
 from .cases import GRID_FIRST_TOKEN_CASES, GRID_SEQUENCE_CASES, LAW_CASES, uses_min_p
 
@@ -436,6 +436,8 @@ def _mutant_outcomes(target: AuditTarget, opts: AuditOptions) -> Iterator[Outcom
         except Exception as exc:
             yield Outcome("mutants", bug, ERROR, _one_line(exc))
             continue
+        if bug in DRAFT_STREAMS and not hasattr(verify, "draft_stream"):
+            verify = _drafting_on(verify, DRAFT_STREAMS[bug])  # the adapter dropped the bug's drafting half
         design = dataclasses.replace(opts, tv=opts.mutant_tv)
         outcome, result = _run_law("mutants", case, check, verify, design, expect_reject=True, name=bug)
         outcome.detail = f"case {case.name} ({outcome.detail})"
@@ -461,6 +463,15 @@ def _sized(check, opts: AuditOptions):
         return check
     return lambda verify, case, alpha, tv, power: check_narrow_law(verify, case, alpha, tv, power,
                                                                    num_samples=opts.narrow_trials)
+
+
+def _drafting_on(verify, stream: int):
+    """``verify`` in a system that drafts on Philox stream ``stream`` (``chain_law.draft_stream`` reads it)."""
+    def system(*args, **kwargs):
+        return verify(*args, **kwargs)
+
+    system.draft_stream = stream
+    return system
 
 
 def _narrow_outcomes(target: AuditTarget, opts: AuditOptions) -> Iterator[Outcome]:

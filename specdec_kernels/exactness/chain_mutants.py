@@ -50,7 +50,7 @@ from ..reference import gumbel, philox
 from ..reference.chain import ChainResult, row_layout
 from ..reference.sampling import greedy_logits, softmax, target_logits
 
-__all__ = ["MUTANTS", "mutant_chain", "mutant_verifier"]
+__all__ = ["MUTANTS", "DRAFT_STREAMS", "mutant_chain", "mutant_verifier"]
 
 MUTANTS = (
     "unnormalised_residual",
@@ -68,6 +68,9 @@ MUTANTS = (
     "recovery_reuses_coin",
     "bonus_on_recovery_stream",
 )
+DRAFT_STREAMS = {"shared_stream": philox.STREAM_COIN}
+"""The Philox stream a system with the bug drafts on, where it is not the drafters' STREAM_DRAFT: the
+verifier :func:`mutant_verifier` returns carries it as ``draft_stream`` (``chain_law.draft_stream``)."""
 BIAS_TV = 0.02
 STREAM_BIAS = 3
 
@@ -248,6 +251,6 @@ def mutant_verifier(bug: str):
         )
 
     verify.__name__ = f"mutant_{bug}"
-    if bug == "shared_stream":
-        verify.draft_stream = philox.STREAM_COIN  # the system drafts on the coin stream (chain_law.draft_stream)
+    if bug in DRAFT_STREAMS:
+        verify.draft_stream = DRAFT_STREAMS[bug]
     return verify

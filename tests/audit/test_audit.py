@@ -307,3 +307,14 @@ def test_a_resumed_audit_equals_one_run(tmp_path, capsys):
     assert key(a) == key(b) and a["command"] == b["command"].replace(str(tmp_path / "whole"), str(split))
     assert a["sessions"] > 1 and a["complete"]
     capsys.readouterr()
+
+
+@pytest.mark.slow
+def test_shared_stream_mutant_keeps_its_drafting_through_an_adapter():
+    """A peer's adapter wraps the mutant in its own function, dropping ``draft_stream``: the audit puts the bug's
+    drafting half back, so the shared stream is still caught on that path."""
+    target = resolve_target("reference")
+    adapter = AuditTarget("adapter", "a wrapper that drops attributes", target.verify,
+                          mutant=lambda bug: (lambda *a, **kw: chain_mutants.mutant_verifier(bug)(*a, **kw)))
+    outcome = _one(adapter, "mutants", "shared_stream", AuditOptions())
+    assert outcome.verdict == "caught", outcome
