@@ -241,6 +241,8 @@ def test_narrow_family_passes_ours_and_rejects_a_shared_uniform(tmp_path, capsys
     ours = json.loads((tmp_path / "ours" / "reference.json").read_text())
     assert [o["name"] for o in ours["outcomes"]] == case_names("narrow")
     assert all(o["verdict"] == "pass" and o["num_samples"] == 12000 for o in ours["outcomes"])
+    assert ours["level"]["narrow_trials"] == 12000
+    assert "narrow cases run at 12,000 trials" in (tmp_path / "ours" / "reference.md").read_text()
     assert main(["tests.audit.test_audit:recovery_reuses_coin", *argv, "--out", str(tmp_path / "lossy")]) == 1
     assert "LOSSY" in capsys.readouterr().err
     lossy = json.loads((tmp_path / "lossy" / "tests.audit.test_audit_recovery_reuses_coin.json").read_text())
