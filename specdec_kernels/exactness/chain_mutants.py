@@ -32,8 +32,8 @@ decisions, which biases the output toward the draft's choices. The narrow case f
 
 - ``shared_stream``: the draft proposal, the acceptance coin and the recovery noise all come from one stream:
   the system drafts on the coin stream (:data:`DRAFT_STREAMS`; :func:`mutant_verifier` sets ``draft_stream``,
-  which the narrow cases' in-system drafter reads) and the residual is resampled on it too, so token v's draft noise, its
-  recovery noise and (v = 0) the coin are one Philox word.
+  which the narrow cases' in-system drafter reads) and the residual is resampled on it too, so token v's
+  draft noise, its recovery noise and (v = 0) the coin are one Philox word.
 - ``recovery_reuses_coin``: the recovery token is the inverse CDF of norm(max(0, p - q)) at the acceptance
   coin itself (which is conditioned to be large by the rejection).
 - ``bonus_on_recovery_stream``: the bonus row samples with the recovery stream's words of the last draft
