@@ -18,8 +18,9 @@ import os
 import shlex
 import sys
 
-FAMILY_NAMES = ("first-token", "sequence", "greedy", "batch", "bad-input", "mutants")
+FAMILY_NAMES = ("first-token", "sequence", "greedy", "batch", "bad-input", "mutants", "narrow")
 INTERPRETED = ("triton", "vllm-v1-triton", "vllm-v2-triton")
+MAX_NARROW_TRIALS = 10_000_000  # 2 x 10^7 target rows of V = 16: about 1.3 GB of float32 logits
 
 
 class _Parser(argparse.ArgumentParser):
@@ -45,6 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--power", type=float, default=0.999, help="probability of detecting it (default 0.999)")
     p.add_argument("--mutant-tv", type=float, default=0.02,
                    help="total-variation error the planted-bug runs are sized for (default 0.02, the suite's)")
+    p.add_argument("--narrow-trials", type=int, default=None, metavar="N",
+                   help="trials of each narrow (V = 16) case, e.g. 200000 as vLLM's test (default: from --tv and "
+                   "--power)")
     p.add_argument("--method", default="token", choices=("token", "block", "traversal"),
                    help="verification method passed to our own backends (default token)")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
@@ -68,6 +72,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         parser.error(f"--mutant-tv must be in (0, 1), got {args.mutant_tv}")
     if not 0 < args.power < 1:
         parser.error(f"--power must be in (0, 1), got {args.power}")
+    if args.narrow_trials is not None and not 1 <= args.narrow_trials <= MAX_NARROW_TRIALS:
+        parser.error(f"--narrow-trials must be in [1, {MAX_NARROW_TRIALS:,}], got {args.narrow_trials}")
     args.families = families
     args.cases = tuple(c.strip() for c in args.cases.split(",") if c.strip()) if args.cases else None
     return args
@@ -102,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"audit: error: {exc}", file=sys.stderr)
         return 2
     command = "python -m specdec_kernels.audit " + shlex.join(_canonical(argv))
-    options = AuditOptions(tv=args.tv, power=args.power, cases=args.cases, mutant_tv=args.mutant_tv)
+    options = AuditOptions(tv=args.tv, power=args.power, cases=args.cases, mutant_tv=args.mutant_tv,
+                           narrow_trials=args.narrow_trials)
     previous = None
     if args.resume:
         from .report import load_previous

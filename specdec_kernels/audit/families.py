@@ -10,6 +10,9 @@
   ValueError / TypeError naming the argument, NaN / inf logits must still give ids in [0, V).
 - ``mutants``: each planted bug through the target's own adapter path, on the case the suite uses for it;
   it must be rejected.
+- ``narrow``: vLLM's narrow shared-stream design (``chain_law.NARROW_CASES``: V = 16, the draft law the
+  target's ranking reversed, drafts drawn inside the system): the law of the rejected first token and of the
+  accepted draft's bonus token. ``AuditOptions.narrow_trials`` fixes its trial count (vLLM ran 200,000).
 """
 
 from __future__ import annotations
@@ -27,20 +30,24 @@ from ..exactness import goodness_of_fit as gof
 from ..exactness.bad_inputs import BAD_ARGUMENTS, HOSTILE_VALUES, valid_call
 from ..exactness.chain_law import (
     MUTANT_CASES,
+    NARROW_CASES,
     FirstTokenCase,
     LawCheck,
+    NarrowCase,
     SequenceCase,
     case_by_name,
     check_first_token_law,
+    check_narrow_law,
     check_sequence_law,
+    law_check_for,
 )
-from ..exactness.chain_mutants import MUTANTS
+from ..exactness.chain_mutants import DRAFT_STREAMS, MUTANTS
 from .audit_target import AuditTarget
 from .cases import GRID_FIRST_TOKEN_CASES, GRID_SEQUENCE_CASES, LAW_CASES, uses_min_p
 
 __all__ = ["Outcome", "FAMILIES", "AuditOptions", "run_family", "law_case_by_name", "case_names"]
 
-FAMILIES = ("first-token", "sequence", "greedy", "batch", "bad-input", "mutants")
+FAMILIES = ("first-token", "sequence", "greedy", "batch", "bad-input", "mutants", "narrow")
 PASS, FAIL, NA, ERROR = "pass", "FAIL", "n/a", "error"
 CAUGHT, MISSED, INERT = "caught", "MISSED", "inert"
 
@@ -86,6 +93,7 @@ class AuditOptions:
     exact: bool = False  # ``cases`` are whole names, not substrings
     mutant_tv: float = 0.02  # planted bugs are always run at the suite's design point
     done: frozenset[str] = frozenset()  # "family:name" of cases a resumed run already holds
+    narrow_trials: int | None = None  # trials of each narrow case (None: from alpha, tv and power)
 
     def selected(self, name: str, family: str) -> bool:
         if f"{family}:{name}" in self.done:
@@ -97,7 +105,7 @@ class AuditOptions:
         return any(part in name for part in self.cases)
 
 
-def law_case_by_name(name: str) -> FirstTokenCase | SequenceCase:
+def law_case_by_name(name: str) -> FirstTokenCase | SequenceCase | NarrowCase:
     """A law case of the audit (suite case or grid case) by name."""
     for case in GRID_FIRST_TOKEN_CASES + GRID_SEQUENCE_CASES:
         if case.name == name:
@@ -122,6 +130,10 @@ def design_power(law: torch.Tensor, n: int, alpha: float, tv: float) -> float:
 
 def _cell_label(case, index: int) -> str:
     vocab = case.vocab_size
+    if isinstance(case, NarrowCase):
+        if index == 2 * vocab:
+            return "invalid outcome"
+        return f"rejected, token {index}" if index < vocab else f"accepted, bonus {index - vocab}"
     if isinstance(case, FirstTokenCase):
         return "invalid id" if index == vocab else f"token {index}"
     num_sequences = vocab ** case.length
@@ -172,6 +184,9 @@ def _run_law(family, case, check, verify, opts, expect_reject: bool = False, nam
         verdict = FAIL if rejects else PASS
     if isinstance(case, SequenceCase):
         detail = f"{case.cfg.label()}, drafter {case.drafter}, k={case.k}, V={case.vocab_size}, length {case.length}"
+    elif isinstance(case, NarrowCase):
+        detail = (f"{case.cfg.label()}, {case.drafts} drafts drawn in the system, V={case.vocab_size}, "
+                  "draft law = target ranking reversed")
     else:
         detail = f"{case.cfg.label()}, {case.drafts} drafts, V={case.vocab_size}"
     return Outcome(
@@ -415,13 +430,14 @@ def _mutant_outcomes(target: AuditTarget, opts: AuditOptions) -> Iterator[Outcom
         if target.mutant is None:
             yield Outcome("mutants", bug, NA, "the target has no way to plant a bug in its adapter path")
             continue
-        family = "first-token" if isinstance(case, FirstTokenCase) else "sequence"
-        check = check_first_token_law if family == "first-token" else check_sequence_law
+        check = _sized(law_check_for(case), opts)
         try:
             verify = target.mutant(bug)
         except Exception as exc:
             yield Outcome("mutants", bug, ERROR, _one_line(exc))
             continue
+        if bug in DRAFT_STREAMS and not hasattr(verify, "draft_stream"):
+            verify = _drafting_on(verify, DRAFT_STREAMS[bug])  # the adapter dropped the bug's drafting half
         design = dataclasses.replace(opts, tv=opts.mutant_tv)
         outcome, result = _run_law("mutants", case, check, verify, design, expect_reject=True, name=bug)
         outcome.detail = f"case {case.name} ({outcome.detail})"
@@ -437,6 +453,33 @@ def _mutant_outcomes(target: AuditTarget, opts: AuditOptions) -> Iterator[Outcom
         yield outcome
 
 
+# ----------------------------------------------------------------------------------------------------
+# Narrow design (V = 16, reversed draft ranking)
+# ----------------------------------------------------------------------------------------------------
+
+def _sized(check, opts: AuditOptions):
+    """``check``, with the narrow cases run at ``opts.narrow_trials`` trials when that is set."""
+    if check is not check_narrow_law or opts.narrow_trials is None:
+        return check
+    return lambda verify, case, alpha, tv, power: check_narrow_law(verify, case, alpha, tv, power,
+                                                                   num_samples=opts.narrow_trials)
+
+
+def _drafting_on(verify, stream: int):
+    """``verify`` in a system that drafts on Philox stream ``stream`` (``chain_law.draft_stream`` reads it)."""
+    def system(*args, **kwargs):
+        return verify(*args, **kwargs)
+
+    system.draft_stream = stream
+    return system
+
+
+def _narrow_outcomes(target: AuditTarget, opts: AuditOptions) -> Iterator[Outcome]:
+    for case in NARROW_CASES:
+        if opts.selected(case.name, "narrow"):
+            yield _run_law("narrow", case, _sized(check_narrow_law, opts), target.verify, opts)[0]
+
+
 RUNNERS: dict[str, Callable[[AuditTarget, AuditOptions], Iterator[Outcome]]] = {
     "first-token": lambda t, o: _law_outcomes(t, "first-token", o),
     "sequence": lambda t, o: _law_outcomes(t, "sequence", o),
@@ -444,6 +487,7 @@ RUNNERS: dict[str, Callable[[AuditTarget, AuditOptions], Iterator[Outcome]]] = {
     "batch": _batch_outcomes,
     "bad-input": _bad_input_outcomes,
     "mutants": _mutant_outcomes,
+    "narrow": _narrow_outcomes,
 }
 
 
@@ -466,6 +510,8 @@ def case_names(family: str) -> list[str]:
         return [f"{row.argument}: {row.what}" for row, _ in _bad_input_rows()]
     if family == "mutants":
         return list(MUTANTS)
+    if family == "narrow":
+        return [c.name for c in NARROW_CASES]
     raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
 
 

@@ -13,7 +13,7 @@ import os
 
 import pytest
 
-FAMILIES = "first-token,sequence,greedy,batch,bad-input,mutants"
+FAMILIES = "first-token,sequence,greedy,batch,bad-input,mutants,narrow"
 INTERPRETED = ("triton", "vllm-v1-triton", "vllm-v2-triton")
 AUDIT_TESTS = "specdec_kernels.audit.test_audit"
 ENTRY_POINT = "specdec_kernels_audit"  # pyproject.toml [project.entry-points.pytest11]

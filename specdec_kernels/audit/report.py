@@ -20,6 +20,7 @@ TITLES = {
     "batch": "Replay and batch invariance",
     "bad-input": "Bad input",
     "mutants": "Power on this adapter path: the suite's planted bugs",
+    "narrow": "Narrow shared-stream design (V = 16, draft ranking reversed)",
 }
 
 
@@ -38,7 +39,8 @@ def to_json(report: AuditReport) -> dict:
         "verdict": report.verdict(),
         "level": {"alpha_per_test": report.options.alpha, "num_statistical_tests": report.num_statistical_tests,
                   "family_wise_bound": report.family_wise_bound, "tv": report.options.tv,
-                  "power": report.options.power, "mutant_tv": report.options.mutant_tv},
+                  "power": report.options.power, "mutant_tv": report.options.mutant_tv,
+                  "narrow_trials": report.options.narrow_trials},
         "families": list(report.families),
         "cases_filter": list(report.options.cases) if report.options.cases else None,
         "environment": report.environment,
@@ -116,7 +118,9 @@ def to_markdown(report: AuditReport) -> str:
         f"{report.family_wise_bound:.1e}. Sample sizes detect any total-variation error >= {opts.tv:g} in the "
         f"tested law with probability >= {opts.power:g} (the power column: chi-square noncentrality bound; "
         f"exact for one-outcome laws); the planted-bug runs are sized for {opts.mutant_tv:g}. A rejected case "
-        "is evidence of a lossy verifier, not a flaky test: inputs and seeds are fixed.", "",
+        "is evidence of a lossy verifier, not a flaky test: inputs and seeds are fixed."
+        + (f" The narrow cases run at {opts.narrow_trials:,} trials each (`--narrow-trials`; their power column "
+           "is at that n)." if opts.narrow_trials is not None else ""), "",
         f"Run time {report.seconds:.0f} s" + (f" over {report.sessions} sessions." if report.sessions > 1 else "."),
         "",
         "| family | " + " | ".join(VERDICTS) + " |",

@@ -18,7 +18,7 @@ from .families import ERROR, FAIL, FAMILIES, MISSED, AuditOptions, Outcome, case
 
 __all__ = ["AuditReport", "run_audit", "STATISTICAL_FAMILIES"]
 
-STATISTICAL_FAMILIES = ("first-token", "sequence")
+STATISTICAL_FAMILIES = ("first-token", "sequence", "narrow")
 
 
 @dataclass

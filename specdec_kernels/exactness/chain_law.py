@@ -11,6 +11,10 @@ from :mod:`specdec_kernels.exactness.chain_mutants`. Two families of cases:
 - :class:`SequenceCase`: a toy Markov target and a drafter; the full speculative loop
   (:func:`markov_models.run_speculative`) must generate sequences whose law equals the enumerated
   autoregressive law.
+- :class:`NarrowCase`: vLLM's narrow design (PR #54282): V = 16, the draft law the target's ranking reversed,
+  one draft per request sampled *inside the system under test* (Philox Gumbel-max on the system's draft
+  stream, keyed like the verifier's draws); the law of (rejected first token | accepted draft's bonus token)
+  must be exact. It is the case that sees one uniform shared between drafting, acceptance and resampling.
 
 Each check draws the sample size from the power calculation (:func:`gof.sample_size`: detect any
 total-variation error of 0.02 with power 0.999 at the given alpha), runs the verifier with seeded
@@ -24,6 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..reference import philox
 from . import goodness_of_fit as gof
 from .markov_models import (
     Drafter,
@@ -51,6 +56,13 @@ __all__ = [
     "LawCheck",
     "backend_verifier",
     "MUTANT_CASES",
+    "NarrowCase",
+    "NARROW_CASES",
+    "narrow_law",
+    "draft_stream",
+    "sample_narrow",
+    "check_narrow_law",
+    "law_check_for",
 ]
 
 TV = 0.02
@@ -292,12 +304,129 @@ def _sequence_cases() -> tuple[SequenceCase, ...]:
 SEQUENCE_CASES: tuple[SequenceCase, ...] = _sequence_cases()
 
 
-def case_by_name(name: str) -> FirstTokenCase | SequenceCase:
-    """Look a case up in :data:`FIRST_TOKEN_CASES` or :data:`SEQUENCE_CASES`."""
-    for case in FIRST_TOKEN_CASES + SEQUENCE_CASES:
+# ----------------------------------------------------------------------------------------------------
+# Narrow design: V = 16, reversed draft ranking, drafts sampled inside the system under test
+# ----------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class NarrowCase:
+    """vLLM's narrow shared-stream design: V = 16 at temperature 1, q = the target law's probabilities
+    assigned in reverse rank order (q's largest value on p's least likely token).
+
+    Every request has one draft row and one bonus row, both with the case's target logits, at a random
+    ``position`` with key ``seed * 2**32 + n``. The draft ``x ~ q`` is drawn as our drafters draw it
+    (``reference/drafter.logits_sample``): Gumbel-max with ``philox.uniform_rows(key, position, stream, V)``
+    on the system's draft stream (:func:`draft_stream`). ``drafts``: "stochastic" (q handed to the verifier)
+    or "deterministic" (x alone, a point-mass draft).
+    """
+
+    name: str
+    drafts: str
+    seed: int
+    vocab_size: int = 16
+    scale: float = 1.5  # target logits ~ normal(0, scale)
+
+    @property
+    def cfg(self) -> SamplingConfig:
+        return SamplingConfig(1.0)
+
+    def pair(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(target logits [V] float32, draft law q [V] float32: p's values in reverse rank order)."""
+        g = torch.Generator().manual_seed(30_000 + self.seed)
+        logits = (torch.randn(self.vocab_size, generator=g) * self.scale).float()
+        p = torch.softmax(logits, dim=-1)
+        q = torch.empty_like(p)
+        q[torch.argsort(p, descending=True)] = torch.sort(p).values
+        return logits, q
+
+
+def narrow_law(case: NarrowCase) -> torch.Tensor:
+    """[2V] float64 law of a request's outcome: cell y < V = rejected, first token y; cell V + y = draft
+    accepted, bonus token y.
+
+    Stochastic drafts accept x with probability min(q(x), p(x)) in total and reject to y with max(0, p - q);
+    deterministic drafts (x ~ q handed alone) accept with q(x) p(x) and reject to y with p(y)(1 - q(y)). The
+    bonus token is then an independent draw from p.
+    """
+    logits, q = case.pair()
+    p = step_probs(logits[None, :], case.cfg)[0].double()
+    q = q.double()
+    if case.drafts == "stochastic":
+        reject = torch.clamp(p - q, min=0.0)
+        accept = torch.minimum(p, q).sum()
+    else:
+        reject = p * (1.0 - q)
+        accept = (p * q).sum()
+    law = torch.cat([reject, accept * p])
+    return law / law.sum()
+
+
+def draft_stream(verify: Verifier) -> int:
+    """The Philox stream the system under test draws its drafts on: ``verify.draft_stream`` where the verifier
+    declares one (a planted bug does), else the drafters' :data:`philox.STREAM_DRAFT`."""
+    return int(getattr(verify, "draft_stream", philox.STREAM_DRAFT))
+
+
+def sample_narrow(verify: Verifier, case: NarrowCase, num_requests: int) -> torch.Tensor:
+    """Run ``num_requests`` one-draft requests; return each one's cell of :func:`narrow_law` [N] (2V: an
+    invalid outcome: a token outside [0, V), or an accepted token that is not the draft)."""
+    if case.drafts not in ("stochastic", "deterministic"):
+        raise ValueError(f"drafts must be 'deterministic' or 'stochastic', got {case.drafts!r}")
+    v, n = case.vocab_size, num_requests
+    logits, q = case.pair()
+    g = torch.Generator().manual_seed(case.seed)
+    seed = case.seed * (1 << 32) + torch.arange(n, dtype=torch.int64)
+    position = torch.randint(0, 1 << 20, (n,), generator=g)
+    u = philox.uniform_rows(seed, position, draft_stream(verify), v)
+    drafts = torch.argmax(torch.log(q)[None, :] - torch.log(-torch.log(u)), dim=-1)
+    draft_probs = q.expand(n, v).contiguous() if case.drafts == "stochastic" else None
+    res = verify(logits.expand(2 * n, v).contiguous(), drafts, torch.arange(n + 1), draft_probs,
+                 torch.ones(n), None, None, seed, position)
+    out = res.output_token_ids.to(torch.int64)
+    accepted = res.num_accepted.to(torch.int64) == 1
+    token = torch.where(accepted, out[:, 1], out[:, 0])
+    valid = (token >= 0) & (token < v) & (~accepted | (out[:, 0] == drafts))
+    return torch.where(valid, token + v * accepted, 2 * v)
+
+
+def check_narrow_law(
+    verify: Verifier, case: NarrowCase, alpha: float, tv: float = TV, power: float = POWER,
+    num_samples: int | None = None,
+) -> LawCheck:
+    """Goodness of fit of :func:`sample_narrow`'s cells to :func:`narrow_law`, sample size as in
+    :func:`check_first_token_law` unless ``num_samples`` is given (the power measurements use that)."""
+    law = narrow_law(case)
+    n = gof.sample_size(law, alpha, tv, power) if num_samples is None else num_samples
+    cells = sample_narrow(verify, case, n)
+    observed = torch.bincount(cells, minlength=2 * case.vocab_size + 1)
+    expected = torch.cat([law, law.new_zeros(1)])
+    return LawCheck(gof.gof_test(observed, expected), n, expected, observed)
+
+
+NARROW_CASES: tuple[NarrowCase, ...] = (
+    NarrowCase("narrow-stoch-V16-reversed", "stochastic", 1),
+    NarrowCase("narrow-deter-V16-reversed", "deterministic", 2),
+)
+
+
+def case_by_name(name: str) -> FirstTokenCase | SequenceCase | NarrowCase:
+    """Look a case up in :data:`FIRST_TOKEN_CASES`, :data:`SEQUENCE_CASES` or :data:`NARROW_CASES`."""
+    for case in FIRST_TOKEN_CASES + SEQUENCE_CASES + NARROW_CASES:
         if case.name == name:
             return case
     raise KeyError(name)
+
+
+def law_check_for(case: FirstTokenCase | SequenceCase | NarrowCase):
+    """The check function of a case's kind: :func:`check_first_token_law`, :func:`check_sequence_law` or
+    :func:`check_narrow_law` (each ``(verify, case, alpha, tv, power)``)."""
+    if isinstance(case, FirstTokenCase):
+        return check_first_token_law
+    if isinstance(case, SequenceCase):
+        return check_sequence_law
+    if isinstance(case, NarrowCase):
+        return check_narrow_law
+    raise TypeError(f"not a law case: {case!r}")
 
 
 MUTANT_CASES: dict[str, str] = {
@@ -312,6 +441,10 @@ MUTANT_CASES: dict[str, str] = {
     "block_max_score": "first-deter-V40-T1",
     "block_noise_reused": "first-stoch-V40-T1",
     "biased_first_token": "first-stoch-T1",
+    "shared_stream": "narrow-stoch-V16-reversed",
+    "recovery_reuses_coin": "narrow-stoch-V16-reversed",
+    "bonus_on_recovery_stream": "narrow-deter-V16-reversed",
 }
 """For each planted bug of :mod:`mutants`, the suite case whose check must reject it (coin_reused needs
-several stochastic drafts with varying p/q; bonus_wrong_row needs full acceptance, hence the self drafter)."""
+several stochastic drafts with varying p/q; bonus_wrong_row needs full acceptance, hence the self drafter; the
+shared-stream bugs need the narrow design, whose drafts are sampled inside the system under test)."""

@@ -25,6 +25,20 @@ exactness checks that run real backends run it unchanged. Each bug is one a samp
   is then the least favourable alternative at total-variation distance exactly 0.02 (mass moved in
   proportion to p, see ``stats.least_favourable_alternative``): the smallest, hardest-to-see error the
   suite's sample sizes are chosen to catch with power 0.999.
+
+The shared-stream class (vLLM PR #54282, vllm-ascend's residual resample): one uniform serving two
+decisions, which biases the output toward the draft's choices. The narrow case family of
+``chain_law.NARROW_CASES`` (V = 16, the draft law the target's ranking reversed) rejects each:
+
+- ``shared_stream``: the draft proposal, the acceptance coin and the recovery noise all come from one stream:
+  the system drafts on the coin stream (:data:`DRAFT_STREAMS`; :func:`mutant_verifier` sets ``draft_stream``,
+  which the narrow cases' in-system drafter reads) and the residual is resampled on it too, so token v's
+  draft noise, its recovery noise and (v = 0) the coin are one Philox word.
+- ``recovery_reuses_coin``: the recovery token is the inverse CDF of norm(max(0, p - q)) at the acceptance
+  coin itself (which is conditioned to be large by the rejection).
+- ``bonus_on_recovery_stream``: the bonus row samples with the recovery stream's words of the last draft
+  row (its position, stream 1): after an accepted deterministic draft those are the very words whose
+  Gumbel-max produced the draft, so the bonus repeats the draft's choice.
 """
 
 from __future__ import annotations
@@ -36,7 +50,7 @@ from ..reference import gumbel, philox
 from ..reference.chain import ChainResult, row_layout
 from ..reference.sampling import greedy_logits, softmax, target_logits
 
-__all__ = ["MUTANTS", "mutant_chain", "mutant_verifier"]
+__all__ = ["MUTANTS", "DRAFT_STREAMS", "mutant_chain", "mutant_verifier"]
 
 MUTANTS = (
     "unnormalised_residual",
@@ -50,7 +64,13 @@ MUTANTS = (
     "block_max_score",
     "block_noise_reused",
     "biased_first_token",
+    "shared_stream",
+    "recovery_reuses_coin",
+    "bonus_on_recovery_stream",
 )
+DRAFT_STREAMS = {"shared_stream": philox.STREAM_COIN}
+"""The Philox stream a system with the bug drafts on, where it is not the drafters' STREAM_DRAFT: the
+verifier :func:`mutant_verifier` returns carries it as ``draft_stream`` (``chain_law.draft_stream``)."""
 BIAS_TV = 0.02
 STREAM_BIAS = 3
 
@@ -118,6 +138,11 @@ def mutant_chain(
     row_seed = seed[req]
     row_pos = position[req] + layout.local
     stream = torch.where(layout.is_bonus, philox.STREAM_BONUS, philox.STREAM_RECOVERY)
+    sample_pos, sample_stream = row_pos, stream
+    if bug == "bonus_on_recovery_stream":
+        late_bonus = layout.is_bonus & (layout.local > 0)
+        sample_pos = torch.where(late_bonus, row_pos - 1, row_pos)
+        sample_stream = torch.where(late_bonus, philox.STREAM_RECOVERY, stream)
 
     has_draft = ~layout.is_bonus
     if num_rows > num_reqs:
@@ -129,7 +154,7 @@ def mutant_chain(
     coin_pos = position[req] if bug == "coin_reused" else row_pos
     coin = philox.coins(row_seed, coin_pos)
 
-    sampled = _sample(bug, z, row_seed, row_pos, stream)
+    sampled = _sample(bug, z, row_seed, sample_pos, sample_stream)
     if draft_probs is None:
         if bug == "deterministic_resample_with_draft":
             p = softmax(z)
@@ -158,14 +183,18 @@ def mutant_chain(
             random_accept = draft_valid & (coin * q_x < p_x)
         residual = torch.clamp(q - p if bug == "residual_q_minus_p" else p - q, min=0.0)
         residual_empty = (residual.max(dim=-1).values <= 0)[:, None]
-        if bug == "unnormalised_residual":
+        if bug in ("unnormalised_residual", "recovery_reuses_coin"):
             cdf = torch.cumsum(residual, dim=-1)
-            u = philox.uniform(row_seed, row_pos, stream, 0)[:, None]
+            if bug == "recovery_reuses_coin":
+                u = coin[:, None] * cdf[:, -1:]
+            else:
+                u = philox.uniform(row_seed, row_pos, stream, 0)[:, None]
             idx = torch.searchsorted(cdf, u.contiguous(), right=True).squeeze(-1)
             resampled = torch.where(residual_empty[:, 0], sampled, idx.clamp(max=vocab_size - 1))
         else:
             log_residual = torch.where(residual_empty, z, torch.log(residual))
-            resampled = _sample(bug, log_residual, row_seed, row_pos, stream)
+            resample_stream = philox.STREAM_COIN if bug == "shared_stream" else stream
+            resampled = _sample(bug, log_residual, row_seed, row_pos, resample_stream)
         recovered = torch.where(layout.is_bonus, sampled, resampled)
 
     if bug == "biased_first_token":
@@ -222,4 +251,6 @@ def mutant_verifier(bug: str):
         )
 
     verify.__name__ = f"mutant_{bug}"
+    if bug in DRAFT_STREAMS:
+        verify.draft_stream = DRAFT_STREAMS[bug]
     return verify

@@ -48,6 +48,11 @@ def ratio_inverted(*args, **kwargs):
     return chain_mutants.mutant_verifier("ratio_inverted")(*args, **kwargs)
 
 
+def recovery_reuses_coin(*args, **kwargs):
+    """A lossy verifier that only the narrow design sees (recovery = inverse CDF of the residual at the coin)."""
+    return chain_mutants.mutant_verifier("recovery_reuses_coin")(*args, **kwargs)
+
+
 def greedy_sampled(*args, **kwargs):
     return chain_mutants.mutant_verifier("greedy_sampled")(*args, **kwargs)
 
@@ -197,6 +202,10 @@ def test_refused_target_writes_a_report_and_exit_code_2(tmp_path, capsys):
     (["reference", "--tv", "2"], "--tv must be in (0, 1)"),
     (["reference", "--families", "first-token,laws"], "--families"),
     (["vllm-v1-cpu", "--method", "block"], "--method block applies to our own backends only"),
+    (["reference", "--families", "narow"], "--families: unknown ['narow']"),
+    (["reference", "--families", "narrow", "--narrow-trials", "0"], "--narrow-trials must be in [1, 10,000,000]"),
+    (["reference", "--narrow-trials", "200k"], "argument --narrow-trials: invalid int value: '200k'"),
+    (["reference", "--narrow-trials"], "argument --narrow-trials: expected one argument"),
 ])
 def test_bad_arguments_give_one_line(argv, message, capsys):
     with pytest.raises(SystemExit) as exc:
@@ -218,7 +227,36 @@ def test_command_line_end_to_end(tmp_path, capsys):
 
 def test_help_lists_the_options():
     text = build_parser().format_help()
-    assert all(opt in text for opt in ("--families", "--cases", "--tv", "--mutant-tv", "--method", "--out"))
+    assert all(opt in text for opt in ("--families", "--cases", "--tv", "--mutant-tv", "--method", "--out",
+                                       "--narrow-trials"))
+    assert "narrow" in text
+
+
+@pytest.mark.slow
+def test_narrow_family_passes_ours_and_rejects_a_shared_uniform(tmp_path, capsys):
+    """``--families narrow``: the V = 16 reversed-ranking cases pass the reference (exit 0) and reject a verifier
+    whose recovery reuses the acceptance coin (exit 1, LOSSY), at the trial count given on the command line."""
+    argv = ["--families", "narrow", "--narrow-trials", "12000", "--quiet"]
+    assert main(["reference", *argv, "--out", str(tmp_path / "ours")]) == 0
+    ours = json.loads((tmp_path / "ours" / "reference.json").read_text())
+    assert [o["name"] for o in ours["outcomes"]] == case_names("narrow")
+    assert all(o["verdict"] == "pass" and o["num_samples"] == 12000 for o in ours["outcomes"])
+    assert ours["level"]["narrow_trials"] == 12000
+    assert "narrow cases run at 12,000 trials" in (tmp_path / "ours" / "reference.md").read_text()
+    assert main(["tests.audit.test_audit:recovery_reuses_coin", *argv, "--out", str(tmp_path / "lossy")]) == 1
+    assert "LOSSY" in capsys.readouterr().err
+    lossy = json.loads((tmp_path / "lossy" / "tests.audit.test_audit_recovery_reuses_coin.json").read_text())
+    stoch = next(o for o in lossy["outcomes"] if "stoch" in o["name"])
+    assert stoch["verdict"] == "FAIL" and stoch["cells"][0]["cell"].startswith(("rejected", "accepted"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bug", ["shared_stream", "recovery_reuses_coin", "bonus_on_recovery_stream"])
+def test_shared_stream_mutants_are_caught_through_the_target(bug):
+    """Through our reference target's mutant path (the shared-stream bug's in-system drafter included), at the
+    narrow design's own sample size."""
+    outcome = _one(resolve_target("reference"), "mutants", bug, AuditOptions())
+    assert outcome.verdict == "caught" and outcome.detail.startswith("case narrow-"), outcome
 
 
 def _plugin_args() -> list[str]:
@@ -271,3 +309,14 @@ def test_a_resumed_audit_equals_one_run(tmp_path, capsys):
     assert key(a) == key(b) and a["command"] == b["command"].replace(str(tmp_path / "whole"), str(split))
     assert a["sessions"] > 1 and a["complete"]
     capsys.readouterr()
+
+
+@pytest.mark.slow
+def test_shared_stream_mutant_keeps_its_drafting_through_an_adapter():
+    """A peer's adapter wraps the mutant in its own function, dropping ``draft_stream``: the audit puts the bug's
+    drafting half back, so the shared stream is still caught on that path."""
+    target = resolve_target("reference")
+    adapter = AuditTarget("adapter", "a wrapper that drops attributes", target.verify,
+                          mutant=lambda bug: (lambda *a, **kw: chain_mutants.mutant_verifier(bug)(*a, **kw)))
+    outcome = _one(adapter, "mutants", "shared_stream", AuditOptions())
+    assert outcome.verdict == "caught", outcome

@@ -12,10 +12,12 @@ import pytest
 from specdec_kernels.exactness import goodness_of_fit as gof
 from specdec_kernels.exactness.chain_law import (
     FIRST_TOKEN_CASES,
+    NARROW_CASES,
     SEQUENCE_CASES,
     LawCheck,
     backend_verifier,
     check_first_token_law,
+    check_narrow_law,
     check_sequence_law,
 )
 from tests.conftest import DEVICE, skip_if_interpreter_expensive
@@ -49,6 +51,16 @@ def test_sequence_law(backend, case):
     skip_if_interpreter_expensive(backend, case.cheap)
     alpha = gof.SUITE_BUDGET.claim(f"chain:{backend}:{case.name}")
     check = check_sequence_law(backend_verifier(backend, DEVICE), case, alpha)
+    assert not check.result.rejects(alpha), describe(check)
+
+
+@pytest.mark.parametrize("case", NARROW_CASES, ids=lambda c: c.name)
+def test_narrow_law(backend, case):
+    """vLLM's narrow design (V = 16, draft ranking reversed, drafts drawn on the draft stream with the
+    verifier's keys): rejected first tokens and accepted drafts' bonus tokens follow their exact law."""
+    skip_if_interpreter_expensive(backend, False)
+    alpha = gof.SUITE_BUDGET.claim(f"chain:{backend}:{case.name}")
+    check = check_narrow_law(backend_verifier(backend, DEVICE), case, alpha)
     assert not check.result.rejects(alpha), describe(check)
 
 

@@ -16,10 +16,9 @@ from specdec_kernels.exactness import goodness_of_fit as gof
 from specdec_kernels.exactness.chain_law import (
     FIRST_TOKEN_CASES,
     MUTANT_CASES,
-    FirstTokenCase,
+    NARROW_CASES,
     case_by_name,
-    check_first_token_law,
-    check_sequence_law,
+    law_check_for,
 )
 
 # Laws sampled to power 0.999 at total variation 0.02: the full suite runs them, the fast tier does not.
@@ -35,8 +34,7 @@ def test_every_mutant_has_a_case():
 def test_suite_rejects_mutant(bug):
     alpha = gof.SUITE_BUDGET.per_test_alpha  # same alpha as the real samplers; no slot: rejection expected
     case = case_by_name(MUTANT_CASES[bug])
-    check = check_first_token_law if isinstance(case, FirstTokenCase) else check_sequence_law
-    result = check(chain_mutants.mutant_verifier(bug), case, alpha).result
+    result = law_check_for(case)(chain_mutants.mutant_verifier(bug), case, alpha).result
     print(f"mutant {bug}: case {case.name}: {result}")
     assert result.rejects(alpha), f"the suite did not catch mutant {bug!r}: {result}"
 
@@ -50,12 +48,12 @@ def test_mutant_matches_reference_where_its_bug_is_inert(bug):
 
     Random requests (temperature in [0.5, 1.5], top-k / top-p on some) with deterministic drafts leave
     every stochastic-draft bug inert; stochastic drafts leave the deterministic-draft bug inert; k = 0
-    leaves the bonus-row bug inert; greedy requests leave the first-token bias and the within-block noise bug
+    leaves the bonus-row bugs inert; greedy requests leave the first-token bias and the within-block noise bug
     inert; a vocabulary of one two-level Gumbel-max block (V = 7) leaves the block-score bug inert.
     """
     g = torch.Generator().manual_seed(3)
     b, v = 64, 7
-    k = 0 if bug == "bonus_wrong_row" else 3
+    k = 0 if bug in ("bonus_wrong_row", "bonus_on_recovery_stream") else 3
     logits = torch.randn(b * (k + 1), v, generator=g)
     drafts = torch.randint(-1, v, (b * k,), generator=g)
     cu = torch.arange(b + 1) * k
@@ -77,7 +75,7 @@ def test_mutant_cases_are_suite_cases():
     """The rejecting cases are the ones test_chain_law runs (same names, same parameters)."""
     for name in MUTANT_CASES.values():
         case = case_by_name(name)
-        assert case in FIRST_TOKEN_CASES or case.name.startswith("seq-")
+        assert case in FIRST_TOKEN_CASES + NARROW_CASES or case.name.startswith("seq-")
 
 
 def test_draft_temperature_bug_is_inert_at_temperature_one():
@@ -96,3 +94,19 @@ def test_draft_temperature_bug_is_inert_at_temperature_one():
         ref = sk.verify_chain(logits, drafts, cu, backend="reference", **kwargs)
         mut = mutant(logits, drafts, cu, **kwargs)
         assert torch.equal(ref.output_token_ids, mut.output_token_ids) == same
+
+
+SHARED_STREAM_BUGS = ("shared_stream", "recovery_reuses_coin", "bonus_on_recovery_stream")
+
+
+@pytest.mark.parametrize("bug", SHARED_STREAM_BUGS)
+def test_narrow_cases_alone_see_the_shared_stream_bugs(bug):
+    """The narrow design is what sees them: the suite's own case of the same draft kind (first-stoch-T1 /
+    first-deter-T1, drafts drawn outside the system by a torch generator, V = 6) passes the very same mutant."""
+    alpha = gof.SUITE_BUDGET.per_test_alpha
+    narrow = case_by_name(MUTANT_CASES[bug])
+    wide = case_by_name("first-stoch-T1" if narrow.drafts == "stochastic" else "first-deter-T1")
+    verify = chain_mutants.mutant_verifier(bug)
+    assert law_check_for(narrow)(verify, narrow, alpha).result.rejects(alpha)
+    if bug != "recovery_reuses_coin":  # an inverse-CDF resample at the coin is biased whatever the drafts
+        assert not law_check_for(wide)(verify, wide, alpha).result.rejects(alpha)
