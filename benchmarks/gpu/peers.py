@@ -6,7 +6,8 @@ audit's loader (:func:`specdec_kernels.audit.interpret.load_modules`), with ``vl
 the real Triton: compiled on a GPU, interpreted on CPU under ``TRITON_INTERPRET=1``.
 
 - V2: ``vllm.v1.worker.gpu.spec_decode.rejection_sampler_utils.rejection_sample`` and the modules it
-  imports (all of them small Triton modules): nothing stubbed.
+  imports (all of them small Triton modules), with ``sample/gumbel.py``'s ``apply_temperature``, which V2's
+  sampler runs on a float32 copy of the logits before it: nothing stubbed.
 - V1: ``vllm.v1.sample.rejection_sampler.rejection_sample`` (the function ``RejectionSampler.forward``
   calls after its sampling constraints) with its Triton kernels and their dispatchers
   (``jit_warmup_triton_helper``, loaded from its file too). What that module imports for the rest of the
@@ -110,9 +111,15 @@ def _load(names: tuple[str, ...], stubs: dict[str, types.ModuleType] | None, roo
         raise PeerUnavailable(f"vLLM {VLLM_VERSION} kernels did not load: {type(exc).__name__}: {exc}") from None
 
 
-def load_v2(root: Path = VLLM_ROOT):
-    """vLLM 0.33.0's V2 ``rejection_sample`` (``rejection_sampler_utils``)."""
-    return _load(V2_MODULES, None, root)["vllm.v1.worker.gpu.spec_decode.rejection_sampler_utils"].rejection_sample
+def load_v2(root: Path = VLLM_ROOT) -> types.SimpleNamespace:
+    """vLLM 0.33.0's V2 verification step: ``apply_temperature`` (``sample/gumbel.py``: V2's sampler divides
+    a float32 copy of the logits by the temperature in place before verifying, skipping T = 0 and 1) and
+    ``rejection_sample`` (``rejection_sampler_utils``; its kernels use the temperature only to find greedy
+    requests and to scale the draft logits)."""
+    modules = _load(V2_MODULES, None, root)
+    return types.SimpleNamespace(
+        apply_temperature=modules["vllm.v1.worker.gpu.sample.gumbel"].apply_temperature,
+        rejection_sample=modules["vllm.v1.worker.gpu.spec_decode.rejection_sampler_utils"].rejection_sample)
 
 
 def load_v1(root: Path = VLLM_ROOT):

@@ -12,8 +12,9 @@ Providers (a provider that cannot run a case is written with ``status = skipped:
   ``flashinfer.sampling.softmax`` + ``chain_speculative_sampling``; ``flashinfer_kernel``: the chain kernel
   alone on precomputed float32 probabilities (its bytes are those float32 rows). Deterministic drafts get
   one-hot draft probabilities (what that API needs); no top-k / top-p;
-- ``vllm_v2``: vLLM 0.33.0 V2 ``rejection_sample`` (temperature, softmax, acceptance, recovery and bonus in
-  its kernels; no top-k / top-p); ``vllm_v1``: V1 ``rejection_sample`` as ``RejectionSampler.forward`` calls
+- ``vllm_v2``: vLLM 0.33.0 V2's step as its ``RejectionSampler._verify`` runs it: the sampler's float32
+  copy of the logits and its ``apply_temperature`` kernel (random requests), then ``rejection_sample``
+  (softmax, acceptance, recovery and bonus in its kernels); no top-k / top-p; ``vllm_v1``: V1 ``rejection_sample`` as ``RejectionSampler.forward`` calls
   it: draft rows gathered, float32, divided by the temperature, then its softmax and Triton kernels, the bonus
   ids given (V1 samples them in its ``Sampler``, not timed); both from the carried sources (``peers``);
 - ``torch`` / ``torch_compile``: ``bench_native_cpu.torch_verify`` (argmax; Gumbel race; softmax + coins +
@@ -182,7 +183,7 @@ def _vllm_fn(version: str):
 
 def _vllm_v2(inputs: ChainInputs) -> Callable[[], object]:
     _no_top_k_top_p(inputs, "vLLM V2 rejection_sample")
-    rejection_sample = _vllm_fn("v2")
+    v2 = _vllm_fn("v2")
     case, device = inputs.case, inputs.target_logits.device
     b, k, v = case.batch, case.k, case.vocab
     local = torch.arange(k + 1, device=device).repeat(b)
@@ -194,11 +195,20 @@ def _vllm_v2(inputs: ChainInputs) -> Callable[[], object]:
     if inputs.draft_probs is not None:  # V2 takes softmax(draft_logits / T) as q: pass T * log q
         t = torch.where(inputs.temperature > 0, inputs.temperature, torch.ones_like(inputs.temperature))
         draft_logits = (torch.log(inputs.draft_probs).view(b, k, v) * t[:, None, None]).contiguous()
-    args = (inputs.target_logits, draft_logits, verify.view(-1),
-            (torch.arange(b + 1, device=device) * (k + 1)).to(torch.int32), inputs.position[request] + local,
-            torch.arange(b, dtype=torch.int32, device=device), request.to(torch.int32), local.to(torch.int32),
-            inputs.temperature, inputs.seed, k)
-    return lambda: rejection_sample(*args)
+    expanded = request.to(torch.int32)
+    args = (draft_logits, verify.view(-1), (torch.arange(b + 1, device=device) * (k + 1)).to(torch.int32),
+            inputs.position[request] + local, torch.arange(b, dtype=torch.int32, device=device), expanded,
+            local.to(torch.int32), inputs.temperature, inputs.seed, k)
+    logits = inputs.target_logits
+    if case.sampling == "greedy":  # V2's sampler leaves the logits alone when no request needs processing
+        return lambda: v2.rejection_sample(logits, *args)
+
+    def step():  # what V2's Sampler.apply_sampling_params does first: a float32 copy, the temperature in place
+        x = torch.empty_like(logits, dtype=torch.float32).copy_(logits)
+        v2.apply_temperature(x, expanded, inputs.temperature)
+        return v2.rejection_sample(x, *args)
+
+    return step
 
 
 def _vllm_v1(inputs: ChainInputs) -> Callable[[], object]:
@@ -379,11 +389,31 @@ def run(cases: list[tuple[str, ChainCase]], providers: list[str], device: torch.
     return out
 
 
+def summarize(path: Path) -> str:
+    """One line per case of a sweep CSV: its shape, then each provider's median ms ("-" when not timed)."""
+    from ..common import read_csv
+
+    rows = read_csv([path])
+    providers = list(dict.fromkeys(r["provider"] for r in rows))
+    cases: dict[tuple, dict[str, str]] = {}
+    for r in rows:
+        key = tuple(r[c] for c in CASE_COLUMNS)
+        cases.setdefault(key, {})[r["provider"]] = r["median_ms"] if r["status"] == "ok" else "-"
+    lines = [" ".join(f"{c:>8}" for c in ("case", "B", "k", "V", "dtype", "sampl", "drafts", "topk", "topp"))
+             + " | " + " ".join(f"{p:>{max(len(p), 9)}}" for p in providers) + "   (median ms)"]
+    for key, times in cases.items():
+        lines.append(" ".join(f"{str(v)[:8]:>8}" for v in key) + " | "
+                     + " ".join(f"{times.get(p, ''):>{max(len(p), 9)}}" for p in providers))
+    return "\n".join(lines)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmarks.gpu.sweep", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--out", type=Path, required=True, help="CSV path (rows appended as measured)")
+    p.add_argument("--out", type=Path, help="CSV path (rows written as measured)")
+    p.add_argument("--summary", type=Path, default=None, metavar="CSV",
+                   help="print a sweep CSV as one line per case (median ms per provider) and exit")
     p.add_argument("--providers", default=",".join(PROVIDERS), help=f"comma list from {','.join(PROVIDERS)}")
     p.add_argument("--max-cases", type=int, default=None, help="stop after this many cases of the grid")
     p.add_argument("--labels", default=None, help="comma list: only cases with these labels (default all)")
@@ -394,7 +424,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.summary is not None:
+        print(summarize(args.summary))
+        return 0
+    if args.out is None:
+        parser.error("--out is required (or --summary CSV)")
     device = torch.device(args.device)
     providers = [x.strip() for x in args.providers.split(",") if x.strip()]
     unknown = [x for x in providers if x not in PROVIDERS]
