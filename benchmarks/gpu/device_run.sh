@@ -10,13 +10,16 @@
 # (four files: a device run brings back at most eight.)
 #
 # Before the lease, here:   python -m benchmarks.gpu.prepare     (fills the ignored .cache/peers)
-# On the device, from the repository root, carrying .cache/peers:   bash benchmarks/gpu/device_run.sh
+# On the device, from the repository root, carrying .cache/peers (the copy there has no .git: pass the commit):
+#   SPECDEC_GIT_COMMIT=<git rev-parse --short=12 HEAD here> bash benchmarks/gpu/device_run.sh
 # CPU dry run (CI, tests/benchmarks/test_gpu_device_run.py):   BENCH_DEVICE=cpu OUT=/tmp/out bash benchmarks/gpu/device_run.sh
 #
 # Knobs: OUT (default results/benchmarks/gpu_device_run), WORK (default a fresh mktemp -d: outside $OUT),
-# PYTHON (default python3), SWEEP_ARGS (extra sweep arguments, e.g. "--max-cases 6"), IDENTITY_N (requests per
-# identity case; default 4096 GPU, 8 CPU); timeouts in seconds: BUILD_TIMEOUT (120), IDENTITY_TIMEOUT (30 per
-# backend; 60 on CPU), SWEEP_TIMEOUT (200), AUDIT_TIMEOUT (50, both audits in parallel). Defaults add up to about 7.5 min.
+# SPECDEC_GIT_COMMIT (the commit the CSV, env.json and audit reports record where git cannot tell),
+# PYTHON (default python3), SWEEP_ARGS (extra sweep arguments, e.g. "--max-cases 6"), IDENTITY_N (requests
+# per identity case; default 4096 GPU, 8 CPU); timeouts in seconds: BUILD_TIMEOUT (120), IDENTITY_TIMEOUT
+# (30 per backend; 60 on CPU), SWEEP_TIMEOUT (200), AUDIT_TIMEOUT (50, both audits in parallel). The
+# defaults add up to about 7.5 minutes.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/results/benchmarks/gpu_device_run}
@@ -38,7 +41,7 @@ pack() { tar -czf "$OUT/artefacts.tar.gz.part" -C "$WORK" . && mv -f "$OUT/artef
 step "machine (device $DEV)"
 {
   echo "command: BENCH_DEVICE=$DEV bash benchmarks/gpu/device_run.sh"
-  git log -1 --format='commit %H %cd' 2>/dev/null || echo "commit: unknown (no git)"
+  git log -1 --format='commit %H %cd' 2>/dev/null || echo "commit: ${SPECDEC_GIT_COMMIT:-unknown} (no git here; SPECDEC_GIT_COMMIT)"
   git status --porcelain --untracked-files=no 2>/dev/null | head -n 20
   if [ "$DEV" = cuda ]; then
     nvidia-smi --query-gpu=name,driver_version,compute_cap,memory.total,clocks.sm,clocks.max.sm,clocks.mem,clocks.max.mem,power.limit,temperature.gpu --format=csv
@@ -94,7 +97,7 @@ budget=${AUDIT_TIMEOUT:-50}
 pids=()
 for target in flashinfer vllm_v2; do
   timeout "$budget" "$PY" -m specdec_kernels.audit "benchmarks.gpu.audit_targets:$target" --out "$WORK/audit" \
-    --families first-token,greedy,mutants --tv 0.05 --max-seconds $((budget * 2 / 3)) \
+    --families first-token,greedy,mutants --tv 0.05 --max-seconds $((budget / 2)) \
     > "$WORK/audit/$target.log" 2>&1 &
   pids+=($!)
 done

@@ -18,7 +18,7 @@ Providers (a provider that cannot run a case is written with ``status = skipped:
   it: draft rows gathered, float32, divided by the temperature, then its softmax and Triton kernels, the bonus
   ids given (V1 samples them in its ``Sampler``, not timed); both from the carried sources (``peers``);
 - ``torch`` / ``torch_compile``: ``bench_native_cpu.torch_verify`` (argmax; Gumbel race; softmax + coins +
-  residual race), eager and ``torch.compile``d (compiled once per shape in the warm-up);
+  residual race), eager and ``torch.compile``d (``dynamic=True``: compiled once per mode, in the warm-up of its first case);
 - ``read``: ``torch.sum`` over the case's logits, timed in the same rounds: the read bandwidth each
   provider's ``read_fraction`` is measured against.
 
@@ -247,7 +247,7 @@ def _torch(compiled: bool) -> Callable[[ChainInputs], Callable[[], object]]:
         fn = torch_verify
         if compiled:
             if not _COMPILED:
-                _COMPILED.append(torch.compile(torch_verify))
+                _COMPILED.append(torch.compile(torch_verify, dynamic=True))  # one compile per mode, not per shape
             fn = _COMPILED[0]
         logits, t = inputs.target_logits, _row_temperature(inputs)[:, None]
         greedy = mode == "greedy"

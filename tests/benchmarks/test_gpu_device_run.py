@@ -103,8 +103,23 @@ def test_peers_refuse_with_the_prepare_command(tmp_path):
 
 
 def test_flashinfer_extension_targets_the_a_variant_from_hopper_on():
-    assert flashinfer_ext.arch_flags((9, 0)) == ["-gencode=arch=compute_90a,code=sm_90a"]
-    assert flashinfer_ext.arch_flags((8, 0)) == ["-gencode=arch=compute_80,code=sm_80"]
+    assert flashinfer_ext.arch_list((9, 0)) == "9.0a" and flashinfer_ext.arch_list((10, 0)) == "10.0a"
+    assert flashinfer_ext.arch_list((8, 0)) == "8.0"
     if not torch.cuda.is_available():
         with pytest.raises(flashinfer_ext.ExtensionUnavailable, match="CUDA"):
             flashinfer_ext.load()
+
+
+def test_commit_comes_from_the_environment_where_git_cannot_tell(monkeypatch):
+    """The device's copy of the tree has no .git: the CSV and the audit reports record $SPECDEC_GIT_COMMIT."""
+    from benchmarks import common
+    from specdec_kernels.audit import runner
+
+    def no_git(*args, **kwargs):
+        raise subprocess.CalledProcessError(128, args[0], output="", stderr="fatal: not a git repository")
+
+    monkeypatch.setattr(subprocess, "run", no_git)
+    monkeypatch.delenv("SPECDEC_GIT_COMMIT", raising=False)
+    assert common.git_commit() == "" and runner._git_commit() is None
+    monkeypatch.setenv("SPECDEC_GIT_COMMIT", "0123456789ab")
+    assert common.git_commit() == "0123456789ab" and runner._git_commit() == "0123456789ab"
