@@ -9,6 +9,9 @@ What lands there (nothing of it is committed; ``manifest.json`` records versions
 - ``flashinfer/include/flashinfer/``: FlashInfer's header-only ``sampling.cuh`` and every header it
   includes, transitively, from the ``flashinfer-python`` wheel (``pip download --no-deps``). Our wrapper
   ``benchmarks/gpu/flashinfer_chain.cu`` compiles against them.
+- ``curand/include/``: cuRAND's headers (``curand_kernel.h`` and the rest, about 2 MiB) from the
+  ``nvidia-curand`` wheel, which ``sampling.cuh`` includes: the extension falls back to them where the CUDA
+  toolkit lacks them (the toolkit on the development machines does).
 - ``vllm-0.33.0/vllm/``: the vLLM 0.33.0 Python files that hold the V2 ``rejection_sample`` and the V1
   rejection sampler's Triton kernels, and the modules they import (:data:`VLLM_FILES`), copied from the
   unpacked wheel (``.cache/vllm-0.33.0``, as ``.ci/run`` extracts it, or ``--vllm-src``).
@@ -74,20 +77,26 @@ def header_closure(members: dict[str, bytes], root: str, first: str) -> dict[str
     return found
 
 
-def download_flashinfer(dest: Path, wheel: Path | None) -> Path:
-    """The flashinfer-python wheel: ``wheel`` when given, else ``pip download --no-deps`` into ``dest``."""
+def download(dest: Path, wheel: Path | None, requirement: str) -> Path:
+    """A wheel: ``wheel`` when given, else ``pip download --no-deps requirement`` into ``dest``."""
     if wheel is not None:
         return wheel
     subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "-d",
-                    str(dest), "flashinfer-python"], check=True)
-    return next(dest.glob("flashinfer_python-*.whl"))
+                    str(dest), requirement], check=True)
+    stem = requirement.split("=")[0].split("<")[0].split(">")[0].replace("-", "_")
+    return next(dest.glob(f"{stem}-*.whl"))
+
+
+def wheel_version(z: zipfile.ZipFile) -> str:
+    return next((n.split("/")[0].removesuffix(".dist-info").split("-")[1] for n in z.namelist()
+                 if n.endswith(".dist-info/METADATA")), "unknown")
 
 
 def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def prepare(out: Path, vllm_src: Path, wheel: Path | None) -> dict:
+def prepare(out: Path, vllm_src: Path, wheel: Path | None, curand_wheel: Path | None = None) -> dict:
     """Fill ``out`` (replaced) and return the manifest written to ``out/manifest.json``."""
     if not (vllm_src / "vllm" / "__init__.py").exists():
         raise SystemExit(f"vLLM {VLLM_VERSION} sources not found at {vllm_src}: `bash .ci/run --install-only` "
@@ -96,17 +105,23 @@ def prepare(out: Path, vllm_src: Path, wheel: Path | None) -> dict:
         shutil.rmtree(out)
     files: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        whl = download_flashinfer(Path(tmp), wheel)
+        whl = download(Path(tmp), wheel, "flashinfer-python")
         wheel_sha = _sha256(whl.read_bytes())
         with zipfile.ZipFile(whl) as z:
             members = {n: z.read(n) for n in z.namelist() if n.startswith(WHEEL_INCLUDE)}
-            version = next((n.split("/")[0].removesuffix(".dist-info").split("-")[1] for n in z.namelist()
-                            if n.endswith(".dist-info/METADATA")), "unknown")
-        for name, data in sorted(header_closure(members, WHEEL_INCLUDE, FLASHINFER_HEADER).items()):
-            path = out / "flashinfer" / "include" / name
+            version = wheel_version(z)
+        headers = {f"flashinfer/include/{name}": data
+                   for name, data in header_closure(members, WHEEL_INCLUDE, FLASHINFER_HEADER).items()}
+        cu_whl = download(Path(tmp), curand_wheel, "nvidia-curand")
+        with zipfile.ZipFile(cu_whl) as z:
+            curand_version = wheel_version(z)
+            headers.update({f"curand/include/{n.rsplit('/', 1)[1]}": z.read(n) for n in z.namelist()
+                            if "/include/" in n and n.endswith(".h")})
+        for name, data in sorted(headers.items()):
+            path = out / name
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(data)
-            files[str(path.relative_to(out))] = {"bytes": len(data), "sha256": _sha256(data)}
+            files[name] = {"bytes": len(data), "sha256": _sha256(data)}
     for rel in VLLM_FILES:
         data = (vllm_src / "vllm" / rel).read_bytes()
         path = out / f"vllm-{VLLM_VERSION}" / "vllm" / rel
@@ -118,6 +133,7 @@ def prepare(out: Path, vllm_src: Path, wheel: Path | None) -> dict:
         "command": "python -m benchmarks.gpu.prepare" + "".join(f" {a}" for a in sys.argv[1:]),
         "git_commit": git_commit(),
         "flashinfer": {"version": version, "wheel": whl.name, "wheel_sha256": wheel_sha},
+        "curand": {"version": curand_version, "wheel": cu_whl.name},
         "vllm": {"version": VLLM_VERSION, "source": str(vllm_src)},
         "total_bytes": total,
         "files": files,
@@ -134,8 +150,10 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"unpacked vLLM {VLLM_VERSION} wheel (default {VLLM_SRC})")
     ap.add_argument("--wheel", type=Path, default=None,
                     help="a flashinfer-python wheel already downloaded (default: pip download it)")
+    ap.add_argument("--curand-wheel", type=Path, default=None,
+                    help="an nvidia-curand wheel already downloaded (default: pip download it)")
     args = ap.parse_args(argv)
-    manifest = prepare(args.out, args.vllm_src, args.wheel)
+    manifest = prepare(args.out, args.vllm_src, args.wheel, args.curand_wheel)
     total = manifest["total_bytes"]
     print(f"prepare: {len(manifest['files'])} files, {total / 2**20:.2f} MiB in {args.out} "
           f"(flashinfer {manifest['flashinfer']['version']}, vllm {VLLM_VERSION})")

@@ -11,7 +11,7 @@ Providers (a provider that cannot run a case is written with ``status = skipped:
   ``ChainSpeculativeSampling`` (our extension over its headers, ``flashinfer_ext``), as vLLM / SGLang call
   ``flashinfer.sampling.softmax`` + ``chain_speculative_sampling``; ``flashinfer_kernel``: the chain kernel
   alone on precomputed float32 probabilities (its bytes are those float32 rows). Deterministic drafts get
-  one-hot draft probabilities (what that API needs); no top-k / top-p;
+  one-hot draft probabilities (what that API needs); no top-k / top-p, no greedy requests;
 - ``vllm_v2``: vLLM 0.33.0 V2's step as its ``RejectionSampler._verify`` runs it: the sampler's float32
   copy of the logits and its ``apply_temperature`` kernel (random requests), then ``rejection_sample``
   (softmax, acceptance, recovery and bonus in its kernels); no top-k / top-p; ``vllm_v1``: V1 ``rejection_sample`` as ``RejectionSampler.forward`` calls
@@ -134,6 +134,8 @@ def _flashinfer(kernel_only: bool) -> Callable[[ChainInputs], Callable[[], objec
         if inputs.target_logits.device.type != "cuda":
             raise Skip("FlashInfer's kernels need CUDA")
         _no_top_k_top_p(inputs, "FlashInfer chain_speculative_sampling")
+        if inputs.case.sampling == "greedy":
+            raise Skip("FlashInfer's chain kernel samples; greedy verification (an argmax match) is not its job")
         fi = _flashinfer_module()
         b, k, v = inputs.case.batch, inputs.case.k, inputs.case.vocab
         device = inputs.target_logits.device

@@ -8,6 +8,7 @@ breaking in between (CI has no GPU).
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -123,3 +124,13 @@ def test_commit_comes_from_the_environment_where_git_cannot_tell(monkeypatch):
     assert common.git_commit() == "" and runner._git_commit() is None
     monkeypatch.setenv("SPECDEC_GIT_COMMIT", "0123456789ab")
     assert common.git_commit() == "0123456789ab" and runner._git_commit() == "0123456789ab"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc")
+@pytest.mark.skipif(not (flashinfer_ext.INCLUDE / "flashinfer" / "sampling.cuh").exists(),
+                    reason="FlashInfer's headers not prepared (python -m benchmarks.gpu.prepare)")
+def test_flashinfer_kernels_compile_for_hopper(tmp_path):
+    """The kernel-calling half of the extension compiles against the carried headers (about 25 s of nvcc)."""
+    obj = flashinfer_ext.compile_only(tmp_path / "fi.o", "90a")
+    assert obj.stat().st_size > 100_000
