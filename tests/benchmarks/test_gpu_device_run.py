@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import types
 
 import pytest
 import torch
@@ -134,3 +135,23 @@ def test_flashinfer_kernels_compile_for_hopper(tmp_path):
     """The kernel-calling half of the extension compiles against the carried headers (about 25 s of nvcc)."""
     obj = flashinfer_ext.compile_only(tmp_path / "fi.o", "90a")
     assert obj.stat().st_size > 100_000
+
+
+def test_load_modules_runs_files_under_a_root_without_package_inits(tmp_path):
+    """The audit's loader as the device run uses it: a module file under ``source_root``, its parent packages
+    bare (their ``__init__`` never runs), a stub for what it imports, ``sys.modules`` left as it was."""
+    pytest.importorskip("triton")
+    from specdec_kernels.audit.interpret import load_modules, triton_utils_shim
+
+    (tmp_path / "vllm" / "v1").mkdir(parents=True)
+    (tmp_path / "vllm" / "__init__.py").write_text("raise RuntimeError('a package __init__ ran')\n")
+    (tmp_path / "vllm" / "v1" / "kernels.py").write_text(
+        "from vllm.triton_utils import HAS_TRITON, tl\nfrom vllm.heavy import helper\n"
+        "VALUE = helper() if HAS_TRITON and tl is not None else None\n")
+    heavy = types.ModuleType("vllm.heavy")
+    heavy.helper = lambda: 42
+    before = {name: module for name, module in sys.modules.items() if name.startswith("vllm")}
+    modules = load_modules(("vllm.v1.kernels",), triton_utils_shim(), source_root=tmp_path,
+                           stubs={"vllm.heavy": heavy})
+    assert modules["vllm.v1.kernels"].VALUE == 42
+    assert {name: module for name, module in sys.modules.items() if name.startswith("vllm")} == before
