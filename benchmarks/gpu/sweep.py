@@ -40,6 +40,7 @@ import statistics
 import subprocess
 import sys
 import time
+import types
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
@@ -221,7 +222,7 @@ def _vllm_v1(inputs: ChainInputs) -> Callable[[], object]:
     rows = (torch.arange(b, device=device)[:, None] * (k + 1) + torch.arange(k, device=device)).flatten()
     greedy = case.sampling == "greedy"
     t = inputs.temperature.repeat_interleave(k)[:, None]
-    metadata = argparse.Namespace(all_greedy=greedy, all_random=not greedy, temperature=inputs.temperature,
+    metadata = types.SimpleNamespace(all_greedy=greedy, all_random=not greedy, temperature=inputs.temperature,
                                   generators={})
     drafts = inputs.draft_token_ids.to(torch.int32)
     cu_end = (torch.arange(1, b + 1, device=device) * k).to(torch.int32)
