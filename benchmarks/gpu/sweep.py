@@ -223,7 +223,7 @@ def _vllm_v1(inputs: ChainInputs) -> Callable[[], object]:
     greedy = case.sampling == "greedy"
     t = inputs.temperature.repeat_interleave(k)[:, None]
     metadata = types.SimpleNamespace(all_greedy=greedy, all_random=not greedy, temperature=inputs.temperature,
-                                  generators={})
+                                     generators={})
     drafts = inputs.draft_token_ids.to(torch.int32)
     cu_end = (torch.arange(1, b + 1, device=device) * k).to(torch.int32)
     bonus = torch.zeros(b, 1, dtype=torch.int32, device=device)
