@@ -28,6 +28,13 @@ INCLUDE = PEERS / "flashinfer" / "include"
 SOURCES = (HERE / "flashinfer_chain.cu", HERE / "flashinfer_chain.cpp")
 
 
+# torch's extension builds define these (COMMON_NVCC_FLAGS); FlashInfer's headers use the half / bfloat16
+# operators and conversions they hide, so they are undefined again (as FlashInfer's and SGLang's builds do).
+# compile_only() compiles without them, as nvcc does by default.
+NVCC_UNDEFINES = ("-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__",
+                  "-U__CUDA_NO_BFLOAT16_CONVERSIONS__", "-U__CUDA_NO_HALF2_OPERATORS__")
+
+
 class ExtensionUnavailable(RuntimeError):
     """The extension cannot be built or loaded here (the reason in the message)."""
 
@@ -67,7 +74,7 @@ def load(build_dir: Path | None = None, verbose: bool = False):
     os.environ.setdefault("MAX_JOBS", "4")
     # Without it torch adds its own targets for this GPU (sm_90 beside our sm_90a: twice the nvcc time).
     os.environ.setdefault("TORCH_CUDA_ARCH_LIST", arch_list(torch.cuda.get_device_capability()))
-    flags = ["-O3", "-std=c++17", "--expt-relaxed-constexpr"]
+    flags = ["-O3", "-std=c++17", "--expt-relaxed-constexpr", *NVCC_UNDEFINES]
     t0 = time.perf_counter()
     try:
         module = cpp_extension.load(
