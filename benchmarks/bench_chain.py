@@ -10,7 +10,8 @@ Providers (each skipped with a reason in the CSV ``status`` column when it canno
 - ``cpu`` / ``cuda``: the native extension ``specdec_kernels._C`` when built.
 - ``vllm_v1``: vLLM V1 ``RejectionSampler.forward`` (bonus sampling, temperature/top-k/top-p, softmax,
   ``rejection_sample``); on CPU through vLLM's own CPU kernel overrides.
-- ``vllm_v2``: vLLM V2 ``rejection_sample`` (CUDA only; temperature + softmax inside, no top-k/top-p).
+- ``vllm_v2``: vLLM V2's step (CUDA only): its sampler's float32 copy and ``apply_temperature``, then
+  ``rejection_sample`` (softmax inside; no top-k/top-p).
 - ``flashinfer``: ``softmax`` + ``flashinfer.sampling.chain_speculative_sampling`` (CUDA only; one-hot
   draft probabilities stand in for deterministic drafts, uniform k per request).
 
@@ -185,6 +186,7 @@ def _vllm_v2(inputs: ChainInputs) -> Callable[[], object]:
     if case.top_k or case.top_p < 1.0:
         raise Skip("vllm V2 rejection_sample applies no top-k/top-p itself")
     try:
+        from vllm.v1.worker.gpu.sample.gumbel import apply_temperature
         from vllm.v1.worker.gpu.spec_decode.rejection_sampler_utils import rejection_sample
     except ImportError as exc:
         raise Skip(f"vllm V2 sampler not importable: {exc}") from None
@@ -197,16 +199,27 @@ def _vllm_v2(inputs: ChainInputs) -> Callable[[], object]:
     verify = torch.zeros(b, k + 1, dtype=torch.int64, device=device)
     verify[:, 1:] = inputs.draft_token_ids.view(b, k)
     draft_logits = None
-    if inputs.draft_probs is not None:
-        draft_logits = torch.log(inputs.draft_probs).view(b, k, v)
+    if inputs.draft_probs is not None:  # V2 takes softmax(draft_logits / T) as q: pass T * log q
+        t = torch.where(inputs.temperature > 0, inputs.temperature, torch.ones_like(inputs.temperature))
+        draft_logits = (torch.log(inputs.draft_probs).view(b, k, v) * t[:, None, None]).contiguous()
     idx_mapping = torch.arange(b, dtype=torch.int32, device=device)
+    expanded = request.to(torch.int32)
     args = (
-        inputs.target_logits, draft_logits, verify.view(-1), (torch.arange(b + 1, device=device) * (k + 1)).to(torch.int32),
-        (inputs.position[request] + local), idx_mapping, request.to(torch.int32), local.to(torch.int32),
+        draft_logits, verify.view(-1), (torch.arange(b + 1, device=device) * (k + 1)).to(torch.int32),
+        (inputs.position[request] + local), idx_mapping, expanded, local.to(torch.int32),
         inputs.temperature, inputs.seed, k,
     )
     assert num_logits == inputs.target_logits.shape[0]
-    return lambda: rejection_sample(*args)
+    logits = inputs.target_logits
+    if case.sampling == "greedy":
+        return lambda: rejection_sample(logits, *args)
+
+    def step():  # V2's sampler first: a float32 copy, the temperature in place (rejection_sample applies none)
+        x = torch.empty_like(logits, dtype=torch.float32).copy_(logits)
+        apply_temperature(x, expanded, inputs.temperature)
+        return rejection_sample(x, *args)
+
+    return step
 
 
 def _flashinfer(inputs: ChainInputs) -> Callable[[], object]:

@@ -259,7 +259,7 @@ def torch_verify(logits: torch.Tensor, drafts: torch.Tensor, draft_probs: torch.
         bonus = (p[:, k] / torch.empty_like(p[:, k]).exponential_()).argmax(-1)
         fallback = torch.cat([recovered, bonus[:, None]], dim=1)
     accepted = ok.int().cumprod(dim=1).sum(dim=1)
-    cols = torch.arange(k + 1)[None, :]
+    cols = torch.arange(k + 1, device=x.device)[None, :]
     out = torch.where(cols < accepted[:, None], torch.cat([d, d[:, :1]], dim=1), fallback)
     out = torch.where(cols <= accepted[:, None], out, torch.full_like(out, -1))
     return out, accepted

@@ -51,7 +51,8 @@ def _package_version(name: str) -> str:
 
 
 def git_commit() -> str:
-    """Short commit of the repository (``+dirty`` when the tree has uncommitted changes), or ""."""
+    """Short commit of the repository (``+dirty`` when the tree has uncommitted changes); where git cannot
+    tell (a copy of the tree without ``.git``, as on a lent GPU machine), ``$SPECDEC_GIT_COMMIT`` or ""."""
     try:
         commit = subprocess.run(
             ["git", "-C", str(REPO_ROOT), "rev-parse", "--short=12", "HEAD"],
@@ -62,7 +63,7 @@ def git_commit() -> str:
             capture_output=True, text=True, check=True, timeout=10,
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
-        return ""
+        return os.environ.get("SPECDEC_GIT_COMMIT", "")
     return commit + ("+dirty" if dirty else "")
 
 

@@ -25,7 +25,7 @@ from ..exactness.markov_models import Verifier
 from .audit_target import AuditTarget, reference_verifier
 from .peer_common import check_parameters, group_chains
 
-__all__ = ["chain_adapter", "contract_double", "target", "PARAMETERS"]
+__all__ = ["chain_adapter", "contract_double", "target", "target_for", "PARAMETERS"]
 
 PARAMETERS = ("draft_probs", "draft_token_ids", "target_probs", "maybe_output_accepted_token_num",
               "maybe_output_emitted_draft_token_num", "deterministic", "generator", "seed", "offset")
@@ -114,10 +114,20 @@ def target() -> AuditTarget:
         return AuditTarget("flashinfer", DESCRIPTION, None,
                            refusal="FlashInfer's chain_speculative_sampling runs on CUDA tensors only; no CUDA GPU here")
     version = getattr(importlib.import_module("flashinfer"), "__version__", "unknown")
+    return target_for(fn, version, "flashinfer.sampling.chain_speculative_sampling")
+
+
+def target_for(fn, version: str, where: str, name: str = "flashinfer", description: str = DESCRIPTION) -> AuditTarget:
+    """The audit target over ``fn``, a function with ``chain_speculative_sampling``'s contract (FlashInfer's
+    own, or the benchmark's extension over FlashInfer's headers); refused when its signature differs."""
+    problem = check_parameters(fn, PARAMETERS, REQUIRED, where)
+    if problem:
+        return AuditTarget(name, description, None, refusal=problem)
 
     def mutant(bug: str) -> Verifier:
         return chain_adapter(contract_double(mutant_verifier(bug)))
 
     base = chain_adapter(contract_double(reference_verifier))
 
-    return AuditTarget("flashinfer", DESCRIPTION, chain_adapter(fn), mutant=mutant, mutant_base=base, versions={"flashinfer": version})
+    return AuditTarget(name, description, chain_adapter(fn), mutant=mutant, mutant_base=base,
+                       versions={"flashinfer": version})

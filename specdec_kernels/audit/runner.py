@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import platform
 import subprocess
 import time
@@ -80,16 +81,19 @@ class AuditReport:
 
 
 def _git_commit() -> str | None:
-    """The source tree's commit, with "+modified" when tracked files differ from it (None outside git)."""
+    """The source tree's commit, with "+modified" when tracked files differ from it; outside git (a copy of
+    the tree, as on a lent GPU machine) ``$SPECDEC_GIT_COMMIT``, else None."""
     try:
         root = str(Path(__file__).resolve().parent)  # git finds the checkout from any folder inside it
         head = subprocess.run(["git", "-C", root, "rev-parse", "--short=12", "HEAD"], capture_output=True,
                               text=True, timeout=10).stdout.strip()
         dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"],
                                capture_output=True, text=True, timeout=10).stdout.strip()
-        return (head + ("+modified" if dirty else "")) or None
+        if head:
+            return head + ("+modified" if dirty else "")
     except (OSError, subprocess.SubprocessError):
-        return None
+        pass
+    return os.environ.get("SPECDEC_GIT_COMMIT") or None
 
 
 def run_audit(

@@ -34,7 +34,7 @@ from ..reference.chain import ChainResult
 from .audit_target import AuditTarget, reference_verifier
 from .vllm_common import MIN_P_NOTE, vllm_refusal, vllm_versions
 
-__all__ = ["v2_triton_target", "v2_verifier", "cpu_sampling_states"]
+__all__ = ["v2_triton_target", "v2_verifier", "v2_inputs", "chain_result", "cpu_sampling_states"]
 
 MODULES = (
     "vllm.v1.watermarking.prfs.philox",
@@ -96,7 +96,7 @@ def _cpu_sampler(modules, num_reqs: int, vocab_size: int, params: list[SimpleNam
     return sampler
 
 
-def _v2_inputs(draft_token_ids, cu, position):
+def v2_inputs(draft_token_ids, cu, position):
     """V2's per-row tensors for our ragged batch (see the module docstring)."""
     num_reqs = cu.numel() - 1
     ks = (cu[1:] - cu[:-1]).tolist()
@@ -136,7 +136,7 @@ def v2_verifier(modules, verify_fn=None) -> Verifier:
             top_p=float(top_p[b]) if top_p is not None else 1.0, min_p=float(min_p[b]) if min_p is not None else 0.0,
             seed=int(seed[b]) if seed is not None else None, logprobs=None) for b in range(num_reqs)]
         sampler = _cpu_sampler(modules, num_reqs, vocab, params)
-        x = _v2_inputs(draft_token_ids, cu, position)
+        x = v2_inputs(draft_token_ids, cu, position)
         steps = max(max(x.ks, default=0), 1)
         spec_config = SimpleNamespace(num_speculative_tokens=steps, enable_adaptive_verification=False,
                                       rejection_sample_method="strict", synthetic_acceptance_rates=None)
@@ -154,16 +154,22 @@ def v2_verifier(modules, verify_fn=None) -> Verifier:
             x.idx_mapping, x.idx_mapping_np, x.expanded_idx_mapping, x.expanded_local_pos,
             x.seq_lens_upper_bound_np, x.verify_draft_sampled,
         )
-        width = max(x.ks, default=0) + 1
-        cols = torch.arange(width)
-        sampled = sampled[:, :width].to(torch.int64)
-        if sampled.shape[1] < width:
-            sampled = torch.nn.functional.pad(sampled, (0, width - sampled.shape[1]), value=-1)
-        n = num_sampled.to(torch.int64)
-        out = torch.where(cols[None, :] < n[:, None], sampled, torch.full_like(sampled, -1))
-        return ChainResult(out.to(torch.int32), (n - 1).clamp(min=0).to(torch.int32))
+        return chain_result(sampled, num_sampled, x.ks)
 
     return verify
+
+
+def chain_result(sampled: torch.Tensor, num_sampled: torch.Tensor, ks: list[int]) -> ChainResult:
+    """V2's ``sampled`` [B, >= 1] / ``num_sampled`` [B] as our ChainResult (-1 after the emitted tokens)."""
+    sampled, num_sampled = sampled.cpu(), num_sampled.cpu()
+    width = max(ks, default=0) + 1
+    cols = torch.arange(width)
+    sampled = sampled[:, :width].to(torch.int64)
+    if sampled.shape[1] < width:
+        sampled = torch.nn.functional.pad(sampled, (0, width - sampled.shape[1]), value=-1)
+    n = num_sampled.to(torch.int64)
+    out = torch.where(cols[None, :] < n[:, None], sampled, torch.full_like(sampled, -1))
+    return ChainResult(out.to(torch.int32), (n - 1).clamp(min=0).to(torch.int32))
 
 
 @contextlib.contextmanager
