@@ -178,24 +178,32 @@ def _take(x: torch.Tensor | None, index) -> torch.Tensor | None:
     return None if x is None else x[index]
 
 
+def chain_rows(cu: torch.Tensor, num_drafts: int, width: int) -> torch.Tensor:
+    """[B, width] int64 target row of each output slot of a chain verification: slot j of request b is
+    decided at row ``start_b + b + j`` (``reference.chain.chain_spans``)."""
+    start = chain_spans(cu, num_drafts)[0]
+    first_row = start + torch.arange(cu.numel() - 1, device=cu.device)
+    return first_row[:, None] + torch.arange(width, device=cu.device)[None, :]
+
+
+def tree_rows(cu: torch.Tensor, num_nodes: int, accepted_nodes: torch.Tensor) -> torch.Tensor:
+    """[B, D + 1] int64 target row of each output slot of a tree verification: slot j of request b is
+    decided at the row of ``accepted_nodes[b, j]``, the node the emitted token is a child of."""
+    start = tree_spans(cu, num_nodes)[0]
+    return start[:, None] + accepted_nodes.to(torch.int64)
+
+
 def chain_sampling_mask(args: tuple, result: ChainResult) -> SamplingMask:
     """The sampling mask of a ``verify_chain`` call from its normalised arguments
-    (``api.checked_chain_args``) and its result: output token j of request b was decided at row
-    ``start_b + b + j`` (``reference.chain.chain_spans``)."""
+    (``api.checked_chain_args``) and its result."""
     logits, drafts, cu, _, temperature, top_k, top_p = args[:7]
-    num_reqs = cu.numel() - 1
     out = result.output_token_ids
-    start = chain_spans(cu, drafts.numel())[0]
-    first_row = start + torch.arange(num_reqs, device=cu.device)
-    rows = first_row[:, None] + torch.arange(out.shape[1], device=cu.device)[None, :]
-    return _csr(logits, rows, out >= 0, temperature, top_k, top_p)
+    return _csr(logits, chain_rows(cu, drafts.numel(), out.shape[1]), out >= 0, temperature, top_k, top_p)
 
 
 def tree_sampling_mask(args: tuple, result: TreeResult) -> SamplingMask:
     """The sampling mask of a ``verify_tree`` call from its normalised arguments
-    (``api.checked_tree_args``) and its result: output token j of request b was decided at the row of
-    ``accepted_nodes[b, j]``, the node it is a child of."""
+    (``api.checked_tree_args``) and its result."""
     logits, _, parent, cu, _, temperature, top_k, top_p = args[:8]
-    start = tree_spans(cu, parent.numel())[0]
-    rows = start[:, None] + result.accepted_nodes.to(torch.int64)
+    rows = tree_rows(cu, parent.numel(), result.accepted_nodes)
     return _csr(logits, rows, result.output_token_ids >= 0, temperature, top_k, top_p)
