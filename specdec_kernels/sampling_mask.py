@@ -29,7 +29,7 @@ from .reference import sampling
 from .reference.chain import ChainResult, chain_spans
 from .reference.tree import TreeResult, tree_spans
 
-__all__ = ["SamplingMask", "kept_sets", "chain_sampling_mask", "tree_sampling_mask"]
+__all__ = ["SamplingMask", "kept_ids", "chain_sampling_mask", "tree_sampling_mask"]
 
 # First width of the top-p prefix search; doubled for the rows whose threshold lies beyond it.
 _TOP_P_PREFIX = 256
@@ -63,91 +63,145 @@ class SamplingMask(NamedTuple):
 # Kept sets of rows
 # ----------------------------------------------------------------------------------------------------
 
-def _top_k(z: torch.Tensor, top_k: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """``z`` with top-k applied to ``rows`` (bool [R]): the reference rule z >= k-th largest value, read
-    from ``torch.topk`` (the same value as the reference's sorted row at k - 1, ties counted)."""
-    vocab_size = z.shape[1]
-    k = top_k.to(torch.int64)
-    rows = rows & (k > 0) & (k < vocab_size)
-    idx = rows.nonzero().flatten()
-    if idx.numel() == 0:
-        return z
-    k = k[idx]
-    kth = torch.topk(z[idx], int(k.max()), dim=-1).values.gather(1, (k - 1)[:, None])
-    z = z.clone()
-    z[idx] = torch.where(z[idx] >= kth, z[idx], sampling.NEG_INF)
-    return z
+def _top_p_total(weights: torch.Tensor, order: torch.Tensor | None = None) -> torch.Tensor:
+    """[R, 1] float32 total of top-p's limit: the weights accumulated sequentially in float64, then rounded,
+    as the native CPU kernel does (core/sampling.h ``top_p_threshold``): in descending order (the
+    reference's cumulative sum) for rows of up to ``_SORTED_TOTAL_MAX`` tokens, else in index order;
+    ``order`` [R, n] gives index order's permutation of ``weights`` when they are not in it.
 
-
-def _top_p(z: torch.Tensor, top_p: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """``z`` with top-p applied to ``rows`` (bool [R]), by the reference's arithmetic (``top_p_mask``) on the
-    descending prefix of each row that holds its threshold instead of the fully sorted row."""
-    vocab_size = z.shape[1]
-    rows = rows & (top_p < 1.0) & (z.max(dim=-1).values > sampling.NEG_INF)
-    idx = rows.nonzero().flatten()
-    if idx.numel() == 0:
-        return z
-    zr = z[idx]
-    zmax = zr.max(dim=-1, keepdim=True).values
-    total = _top_p_total(zr, zmax)
-    limit = top_p[idx].float()[:, None] * total
-    threshold = torch.full((idx.numel(), 1), float("inf"), device=z.device)
-    pending = torch.arange(idx.numel(), device=z.device)
-    width = min(_TOP_P_PREFIX, vocab_size)
-    while pending.numel():
-        desc = torch.topk(zr[pending], width, dim=-1).values
-        weights = torch.exp(desc - zmax[pending])
-        exclusive = torch.cumsum(weights, dim=-1) - weights
-        neg = (-desc).contiguous()
-        mass_above = exclusive.gather(-1, torch.searchsorted(neg, neg, right=False))
-        keep = mass_above < limit[pending]
-        kept_min = torch.where(keep, desc, float("inf")).min(dim=-1, keepdim=True).values
-        # A row whose whole prefix is kept may keep more beyond it: widen the prefix for it.
-        done = ~keep[:, -1] | (width == vocab_size)
-        threshold[pending[done]] = kept_min[done]
-        pending = pending[~done]
-        width = min(2 * width, vocab_size)
-    z = z.clone()
-    z[idx] = torch.where(zr >= threshold, zr, sampling.NEG_INF)
-    return z
-
-
-def _top_p_total(zr: torch.Tensor, zmax: torch.Tensor) -> torch.Tensor:
-    """[R, 1] float32 total weight of top-p's limit, accumulated in float64 as the native CPU kernel does
-    (core/sampling.h ``top_p_threshold``): over the sorted row up to ``_SORTED_TOTAL_MAX`` tokens (the
-    reference's cumulative sum), else in index order, sequentially, then rounded to float32.
-
-    A float64 sum of float32 weights depends on its order only through its last bits; the float32 total
-    differs between orders only when those straddle a float32 rounding boundary, and top-p then changes
-    only if a tie group's mass above sits on the limit. That is the one place where the reference, the
-    native kernels and this pass may differ; no sort is needed for the large rows.
+    A float64 sum of float32 weights depends on its order only in its last bits: the float32 total differs
+    between orders only when those straddle a float32 rounding boundary, and top-p's set then changes only if
+    a tie group's mass above sits on the limit. That is the one place where the reference, the native kernels
+    and this pass can differ; summing large rows in index order spares them a sort.
     """
-    weights = torch.exp(zr - zmax)
-    if zr.shape[1] <= _SORTED_TOTAL_MAX:
+    if order is not None:
+        weights = weights.gather(1, order)
+    elif weights.shape[1] <= _SORTED_TOTAL_MAX:
         weights = torch.sort(weights, dim=-1, descending=True).values
     return torch.cumsum(weights.double(), dim=-1)[:, -1:].float()
 
 
-def kept_sets(
+def _top_p_keep(desc: torch.Tensor, limit: torch.Tensor) -> torch.Tensor:
+    """[R, n] bool: top-p keeps each of the descending values ``desc`` (a prefix of the sorted row, its max
+    first), by the reference's arithmetic (``sampling.top_p_mask``): float32 weights, their cumulative sum,
+    and the mass above each tie group's first element below ``limit`` [R, 1]."""
+    weights = torch.exp(desc - desc[:, :1])
+    exclusive = torch.cumsum(weights, dim=-1) - weights
+    neg = (-desc).contiguous()
+    return exclusive.gather(-1, torch.searchsorted(neg, neg, right=False)) < limit
+
+
+def _top_p_rows(z: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """[R, 1] top-p threshold of whole rows ``z`` (top-k already applied, max finite): the smallest kept
+    value, found on a descending prefix (``torch.topk``) that widens until it holds the threshold."""
+    vocab_size = z.shape[1]
+    zmax = z.max(dim=-1, keepdim=True).values
+    limit = top_p.float()[:, None] * _top_p_total(torch.exp(z - zmax))
+    threshold = torch.full_like(zmax, float("inf"))
+    pending = torch.arange(z.shape[0], device=z.device)
+    width = min(_TOP_P_PREFIX, vocab_size)
+    while pending.numel():
+        desc = torch.topk(z[pending], width, dim=-1).values
+        keep = _top_p_keep(desc, limit[pending])
+        # A row whose whole prefix is kept may keep more beyond it: widen the prefix for it.
+        done = ~keep[:, -1] | (width == vocab_size)
+        threshold[pending[done]] = torch.where(keep, desc, float("inf")).min(dim=-1, keepdim=True).values[done]
+        pending = pending[~done]
+        width = min(2 * width, vocab_size)
+    return threshold
+
+
+def _split_rows(keep: torch.Tensor) -> list[torch.Tensor]:
+    """The kept ids of each row of ``keep`` [R, V] bool, int32 ascending (a whole row as one arange)."""
+    vocab_size = keep.shape[1]
+    full = keep.all(dim=-1).tolist()
+    everything = torch.arange(vocab_size, dtype=torch.int32, device=keep.device)
+    return [everything if f else keep[r].nonzero().flatten().to(torch.int32) for r, f in enumerate(full)]
+
+
+def _dense_ids(z: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None) -> list[torch.Tensor]:
+    """Kept ids of random rows by whole-row masks: top-k from the k-th largest value (``torch.topk``),
+    then top-p from :func:`_top_p_rows`. The path of rows without top-k, and of those whose ties at the k-th
+    value run past k."""
+    vocab_size = z.shape[1]
+    if top_k is not None:
+        k = top_k.to(torch.int64)
+        on = ((k > 0) & (k < vocab_size)).nonzero().flatten()
+        if on.numel():
+            kth = torch.topk(z[on], int(k[on].max()), dim=-1).values.gather(1, (k[on] - 1)[:, None])
+            z = z.clone()
+            z[on] = torch.where(z[on] >= kth, z[on], sampling.NEG_INF)
+    if top_p is not None:
+        on = ((top_p < 1.0) & (z.max(dim=-1).values > sampling.NEG_INF)).nonzero().flatten()
+        if on.numel():
+            z = z.clone()
+            z[on] = torch.where(z[on] >= _top_p_rows(z[on], top_p[on]), z[on], sampling.NEG_INF)
+    return _split_rows(z > sampling.NEG_INF)
+
+
+def _top_k_ids(z: torch.Tensor, k: torch.Tensor, top_p: torch.Tensor | None
+               ) -> tuple[list[torch.Tensor | None], torch.Tensor]:
+    """Kept ids of random rows with top-k on (0 < k < V), from ``torch.topk`` alone: the k largest values
+    are the row's top-k set unless ties at the k-th value run past it, and top-p then walks those k sorted
+    values (the rest of the row has weight 0). Returns each row's ids, None for the rows with such ties
+    (left to :func:`_dense_ids`), and those rows' bool [R]."""
+    vocab_size = z.shape[1]
+    k = k.to(torch.int64)[:, None]
+    vals, idx = torch.topk(z, min(int(k.max()) + 1, vocab_size), dim=-1)
+    kth = vals.gather(1, k - 1)
+    tied = (vals.gather(1, k.clamp(max=vals.shape[1] - 1)) == kth) & (k < vals.shape[1])
+    inside = torch.arange(vals.shape[1], device=z.device)[None, :] < k
+    vals = torch.where(inside, vals, sampling.NEG_INF)
+    keep = inside & (vals > sampling.NEG_INF)
+    if top_p is not None:
+        on = ((top_p < 1.0) & (vals[:, 0] > sampling.NEG_INF))[:, None]
+        weights = torch.exp(vals - vals[:, :1])
+        # Index order of the candidates for the total (-inf weights are 0 and add nothing to it).
+        order = None if vocab_size <= _SORTED_TOTAL_MAX else torch.argsort(torch.where(inside, idx, vocab_size))
+        limit = top_p.float()[:, None] * _top_p_total(weights, order)
+        kept = _top_p_keep(vals, limit)
+        threshold = torch.where(kept, vals, float("inf")).min(dim=-1, keepdim=True).values
+        keep &= ~on | (vals >= threshold)
+    ids = torch.sort(torch.where(keep, idx, vocab_size), dim=-1).values.to(torch.int32)
+    counts, tied = keep.sum(dim=-1).tolist(), tied[:, 0]
+    return [None if t else ids[r, :n] for r, (n, t) in enumerate(zip(counts, tied.tolist(), strict=True))], tied
+
+
+def kept_ids(
     logits: torch.Tensor,
     temperature: torch.Tensor,
     top_k: torch.Tensor | None,
     top_p: torch.Tensor | None,
-) -> torch.Tensor:
-    """[R, V] bool kept set of each row: finite after temperature, top-k and top-p (temperature > 0), the
-    argmax set for temperature 0, {0} where nothing is kept. Per-row parameters [R] (top_k / top_p may be
-    None); equal to ``sampling.target_logits(...) > -inf`` row for row."""
+) -> list[torch.Tensor]:
+    """Kept ids of each row of ``logits`` [R, V], int32 ascending: finite after temperature, top-k and top-p
+    (temperature > 0), the argmax set for temperature 0, [0] where nothing is kept. Per-row parameters [R]
+    (top_k / top_p may be None); row for row the ids of ``sampling.target_logits(...) > -inf``."""
+    num_rows, vocab_size = logits.shape
     greedy = temperature == 0
-    z = sampling.scale_logits(logits, torch.where(greedy, 1.0, temperature))  # greedy: sampling.greedy_logits
-    truncated = z
+    # sampling.scale_logits (greedy rows: sampling.greedy_logits), with its sanitize in one pass.
+    z = torch.nan_to_num(logits.float() / torch.where(greedy, 1.0, temperature)[:, None],
+                         nan=sampling.NEG_INF, posinf=sampling.FLOAT32_MAX, neginf=sampling.NEG_INF)
+    out: list[torch.Tensor | None] = [None] * num_rows
+    rest = ~greedy
+    g = greedy.nonzero().flatten()
+    if g.numel():
+        zmax = z[g].max(dim=-1, keepdim=True).values
+        for r, ids in zip(g.tolist(), _split_rows((z[g] == zmax) & (zmax > sampling.NEG_INF)), strict=True):
+            out[r] = ids
     if top_k is not None:
-        truncated = _top_k(truncated, top_k, ~greedy)
-    if top_p is not None:
-        truncated = _top_p(truncated, top_p, ~greedy)
-    zmax = z.max(dim=-1, keepdim=True).values
-    keep = torch.where(greedy[:, None], (z == zmax) & (zmax > sampling.NEG_INF), truncated > sampling.NEG_INF)
-    keep[:, 0] |= ~keep.any(dim=-1)
-    return keep
+        on = (rest & (top_k > 0) & (top_k < vocab_size)).nonzero().flatten()
+        if on.numel():
+            ids, tied = _top_k_ids(z[on], top_k[on], None if top_p is None else top_p[on])
+            for r, row_ids in zip(on.tolist(), ids, strict=True):
+                out[r] = row_ids
+            rest[on] = tied
+    r_rest = rest.nonzero().flatten()
+    if r_rest.numel():
+        ids = _dense_ids(z[r_rest], None if top_k is None else top_k[r_rest], None if top_p is None else top_p[r_rest])
+        for r, row_ids in zip(r_rest.tolist(), ids, strict=True):
+            out[r] = row_ids
+    zero = torch.zeros(1, dtype=torch.int32, device=logits.device)
+    return [ids if ids.numel() else zero for ids in out]
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -160,16 +214,14 @@ def _csr(logits, rows, emitted, temperature, top_k, top_p) -> SamplingMask:
     req = torch.arange(num_reqs, device=logits.device)[:, None].expand(num_reqs, width)[emitted]
     row = rows[emitted].clamp(0, max(logits.shape[0] - 1, 0))
     temperature, top_k, top_p = temperature[req], _take(top_k, req), _take(top_p, req)
-    ids = torch.arange(logits.shape[1], dtype=torch.int32, device=logits.device)
-    indices, counts = [], []
+    per_row: list[torch.Tensor] = []
     for lo in range(0, row.numel(), _ROWS_PER_CHUNK):
         part = slice(lo, lo + _ROWS_PER_CHUNK)
-        keep = kept_sets(logits[row[part]], temperature[part], _take(top_k, part), _take(top_p, part))
-        indices.append(torch.masked_select(ids[None, :], keep))
-        counts.append(keep.sum(dim=-1))
+        per_row += kept_ids(logits[row[part]], temperature[part], _take(top_k, part), _take(top_p, part))
     zero = torch.zeros(1, dtype=torch.int64, device=logits.device)
-    indptr = torch.cat([zero, *counts]).cumsum(0)
-    indices = torch.cat(indices) if indices else ids[:0]
+    counts = torch.tensor([ids.numel() for ids in per_row], dtype=torch.int64, device=logits.device)
+    indptr = torch.cat([zero, counts.cumsum(0)])
+    indices = torch.cat(per_row) if per_row else torch.zeros(0, dtype=torch.int32, device=logits.device)
     cu = torch.cat([zero, torch.cumsum(emitted.sum(dim=-1), 0)])
     return SamplingMask(indptr, indices, cu)
 

@@ -120,7 +120,7 @@ def _assert_same_mask(got: sk.SamplingMask, want: sk.SamplingMask, what) -> None
 
 
 # ------------------------------------------------------------------------------------------------------
-# kept_sets: the post-pass equals the reference's truncation row for row
+# kept_ids: the post-pass equals the reference's truncation row for row
 # ------------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("V", [7, 300, 4096, 4097, 20011])
@@ -139,10 +139,14 @@ def test_kept_sets_equal_reference_truncation(V, scale):
     top_k = torch.randint(0, min(V, 600), (R,), generator=gen, dtype=torch.int32)
     top_p = torch.rand(R, generator=gen) * 0.99 + 0.01
     top_p[::7] = 1.0
+    top_k[5] = 1  # k-th value = the max
+    logits[6, : V // 3] = logits[6].max()  # ties at the max past k
+    top_k[6] = 3
     for k, p in [(top_k, top_p), (None, top_p), (top_k, None), (None, None)]:
-        keep = sm.kept_sets(logits, temperature, k, p)
+        ids = sm.kept_ids(logits, temperature, k, p)
+        assert len(ids) == R and all(x.dtype == torch.int32 for x in ids)
         for r in range(R):
-            got = keep[r].nonzero().flatten().tolist()
+            got = ids[r].tolist()
             want = _oracle_row(logits[r], temperature[r].item(), _param(k, r), _param(p, r))
             assert got == want, f"row {r} (top_k {k is not None}, top_p {p is not None}): {len(got)} != {len(want)} ids"
 
@@ -151,10 +155,10 @@ def test_top_p_prefix_widens_past_its_first_width():
     """Near-uniform rows keep thousands of tokens under top_p=0.99: the prefix search widens several times."""
     gen = torch.Generator().manual_seed(7)
     logits = torch.randn(4, 20000, generator=gen) * 0.01
-    keep = sm.kept_sets(logits, torch.ones(4), None, torch.full((4,), 0.99))
-    assert (keep.sum(-1) > 8 * sm._TOP_P_PREFIX).all()
+    ids = sm.kept_ids(logits, torch.ones(4), None, torch.full((4,), 0.99))
+    assert all(x.numel() > 8 * sm._TOP_P_PREFIX for x in ids)
     want = sampling.target_logits(logits, torch.ones(4), None, torch.full((4,), 0.99)) > float("-inf")
-    assert torch.equal(keep, want)
+    assert [x.tolist() for x in ids] == [w.nonzero().flatten().tolist() for w in want]
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -244,17 +248,17 @@ def test_row_keeping_nothing_masks_token_zero():
 # Planted bugs fail the checks above
 # ------------------------------------------------------------------------------------------------------
 
-def _untruncated_kept_sets(logits, temperature, top_k, top_p):
-    return _KEPT_SETS(logits, temperature, None, None)
+def _untruncated_kept_ids(logits, temperature, top_k, top_p):
+    return _KEPT_IDS(logits, temperature, None, None)
 
 
-_KEPT_SETS = sm.kept_sets
+_KEPT_IDS = sm.kept_ids
 
 
 @pytest.mark.parametrize("mutant", ["untruncated_row", "next_row"])
 def test_planted_bugs_fail(mutant, monkeypatch):
     if mutant == "untruncated_row":
-        monkeypatch.setattr(sm, "kept_sets", _untruncated_kept_sets)
+        monkeypatch.setattr(sm, "kept_ids", _untruncated_kept_ids)
     else:
         chain_rows, tree_rows = sm.chain_rows, sm.tree_rows
         monkeypatch.setattr(sm, "chain_rows", lambda cu, n, w: chain_rows(cu, n, w) + 1)
