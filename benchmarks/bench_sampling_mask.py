@@ -4,8 +4,8 @@
 
 One seeded batch (default B = 64 requests, k = 3 drafts, V = 151936, temperature 1, zipf logits as in
 ``bench_native_cpu``, drafts the argmax of their rows so that most are accepted and most rows emit) is
-verified by one backend (default the native CPU one) under two truncations, ``top_k=512, top_p=0.97``
-and none, each with ``return_mask=False`` and ``True``. Every round times the four calls (``--reps`` calls
+verified by one backend (default the native CPU one) under three truncations, ``top_k=512, top_p=0.97``,
+``top_p=0.97`` and none, each with ``return_mask=False`` and ``True``. Every round times the six calls (``--reps`` calls
 each, median), off before on on even rounds and on before off on odd ones; printed per call: the median
 over rounds of those medians, the min and max over rounds, the emitted tokens and the mask's kept ids.
 """
@@ -23,7 +23,7 @@ import torch
 import specdec_kernels as sk
 from benchmarks.bench_native_cpu import family_logits
 
-TRUNCATIONS = ("top_k512_top_p0.97", "untruncated")
+TRUNCATIONS = ("top_k512_top_p0.97", "top_p0.97", "untruncated")
 
 
 def calls(batch: int, k: int, vocab: int, family: str, dtype: torch.dtype, backend: str
@@ -39,6 +39,7 @@ def calls(batch: int, k: int, vocab: int, family: str, dtype: torch.dtype, backe
     truncation = {
         "top_k512_top_p0.97": dict(top_k=torch.full((batch,), 512, dtype=torch.int32),
                                    top_p=torch.full((batch,), 0.97)),
+        "top_p0.97": dict(top_p=torch.full((batch,), 0.97)),
         "untruncated": {},
     }
     return {

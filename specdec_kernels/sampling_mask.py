@@ -11,12 +11,17 @@ every token whose sanitised logit equals the row maximum (the greedy path emits 
 that keeps nothing (every logit -inf or NaN) samples token 0, so its mask is {0}.
 
 How it is computed: one shared post-pass over the emitted rows, the same for every backend, from the
-normalised arguments and the result. It reproduces the reference's truncation bit for bit without
-sorting rows: top-k reads the k-th largest value from ``torch.topk``; top-p walks the descending prefix
-of the row (``torch.topk`` of growing width) with the reference's own float32 weights and cumulative sums,
-whose prefix equals the reference's because the cumulative sum is sequential. The native CPU / CUDA and
-Triton kernels compute the same thresholds during verification; writing them out from there (the fused
-version) is not done yet, so a mask costs this extra pass (benchmarks/bench_sampling_mask.py).
+normalised arguments and the result, by the truncation rule of ``reference/sampling.py`` without sorting
+rows: top-k's set is the k largest values from ``torch.topk`` (the whole row's k-th value when ties run past
+k); top-p's threshold follows the native CPU kernel's algorithm (core/sampling.h: float64 masses, a
+histogram over the high 16 bits of the order key, one bucket sorted). Both rules are exact on values,
+so the mask is the kept set the backend sampled from, with one caveat: top-p's masses are float64 sums of
+float32 weights, and a backend whose order of summation or exp differs in the last bits (the reference,
+CUDA, Triton) can round a tie group's mass above to the other side of ``top_p * total`` where this pass
+does not; the backends' token equality with the reference is subject to the same rounding. The kernels
+compute these thresholds during verification; writing them out from there (the fused version, exact
+for each backend by construction and free of this pass's second read of the rows) is not done yet
+(cost: benchmarks/bench_sampling_mask.py).
 """
 
 from __future__ import annotations
@@ -31,10 +36,10 @@ from .reference.tree import TreeResult, tree_spans
 
 __all__ = ["SamplingMask", "kept_ids", "chain_sampling_mask", "tree_sampling_mask"]
 
-# First width of the top-p prefix search; doubled for the rows whose threshold lies beyond it.
-_TOP_P_PREFIX = 256
-# Rows up to this size sum top-p's total in sorted order, larger ones in index order (core/sampling.h).
+# Top-p as core/sampling.h: rows of up to _SORTED_TOTAL_MAX tokens are sorted whole, larger ones bucketed by
+# the high 16 bits of the order key.
 _SORTED_TOTAL_MAX = 4096
+_BUCKETS = 1 << 16
 # Emitted rows per chunk of the post-pass (bounds its float32 copies of the rows).
 _ROWS_PER_CHUNK = 32
 
@@ -63,51 +68,60 @@ class SamplingMask(NamedTuple):
 # Kept sets of rows
 # ----------------------------------------------------------------------------------------------------
 
-def _top_p_total(weights: torch.Tensor, order: torch.Tensor | None = None) -> torch.Tensor:
-    """[R, 1] float32 total of top-p's limit: the weights accumulated sequentially in float64, then rounded,
-    as the native CPU kernel does (core/sampling.h ``top_p_threshold``): in descending order (the
-    reference's cumulative sum) for rows of up to ``_SORTED_TOTAL_MAX`` tokens, else in index order;
-    ``order`` [R, n] gives index order's permutation of ``weights`` when they are not in it.
+def _order_bucket(z: torch.Tensor) -> torch.Tensor:
+    """int64 high 16 bits of core/math.h ``order_key`` (float32 bits made order-preserving as uint32)."""
+    bits = z.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    return torch.where(bits >= 0x80000000, bits ^ 0xFFFFFFFF, bits | 0x80000000) >> 16
 
-    A float64 sum of float32 weights depends on its order only in its last bits: the float32 total differs
-    between orders only when those straddle a float32 rounding boundary, and top-p's set then changes only if
-    a tie group's mass above sits on the limit. That is the one place where the reference, the native kernels
-    and this pass can differ; summing large rows in index order spares them a sort.
+
+def _walk_groups(desc: torch.Tensor, cum: torch.Tensor, zmax: torch.Tensor, limit: torch.Tensor) -> torch.Tensor:
+    """core/sampling.h ``walk_top_p_groups``: the last kept value of ``desc`` (descending), mass ``cum``
+    (float64) above its first element; +inf when none is kept. A tie group is kept iff
+    ``float(mass above + w) - w < limit`` at its first element, the mass summed in float64 in order."""
+    if desc.numel() == 0:
+        return torch.full((), float("inf"), device=desc.device)
+    weights = torch.exp(desc - zmax)
+    above = torch.cumsum(torch.cat([cum.reshape(1), weights.double()]), dim=0)[:-1]
+    exclusive = (above + weights.double()).float() - weights
+    first = torch.ones_like(desc, dtype=torch.bool)
+    first[1:] = desc[1:] != desc[:-1]
+    failed = (first & ~(exclusive < limit)).nonzero()
+    end = int(failed[0]) if failed.numel() else desc.numel()
+    return desc[end - 1] if end else torch.full((), float("inf"), device=desc.device)
+
+
+def _top_p_threshold(z: torch.Tensor, top_p: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Top-p's smallest kept value of one row ``z`` [n] (index order, top-k applied, max finite), by the
+    native CPU kernel's algorithm (core/sampling.h ``top_p_threshold``): weights w = exp(z - max), their
+    total summed in float64 in index order (rows of up to ``_SORTED_TOTAL_MAX`` tokens: the sorted row,
+    walked whole), per-bucket float64 masses over the high 16 bits of the order key, the bucket where the
+    mass above crosses ``top_p * total``, and only that bucket sorted and walked. ``z`` may hold the top-k
+    candidates alone (-inf padded): the dropped tokens have weight 0 and change none of these sums.
+
+    It keeps exactly the reference's set (``sampling.top_p_mask``) except where float64 sums in another
+    order, or the reference's float32 exp against the native one, round a tie group's mass above to the other
+    side of the limit: the reference and the native kernel can disagree there too.
     """
-    if order is not None:
-        weights = weights.gather(1, order)
-    elif weights.shape[1] <= _SORTED_TOTAL_MAX:
-        weights = torch.sort(weights, dim=-1, descending=True).values
-    return torch.cumsum(weights.double(), dim=-1)[:, -1:].float()
-
-
-def _top_p_keep(desc: torch.Tensor, limit: torch.Tensor) -> torch.Tensor:
-    """[R, n] bool: top-p keeps each of the descending values ``desc`` (a prefix of the sorted row, its max
-    first), by the reference's arithmetic (``sampling.top_p_mask``): float32 weights, their cumulative sum,
-    and the mass above each tie group's first element below ``limit`` [R, 1]."""
-    weights = torch.exp(desc - desc[:, :1])
-    exclusive = torch.cumsum(weights, dim=-1) - weights
-    neg = (-desc).contiguous()
-    return exclusive.gather(-1, torch.searchsorted(neg, neg, right=False)) < limit
-
-
-def _top_p_rows(z: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """[R, 1] top-p threshold of whole rows ``z`` (top-k already applied, max finite): the smallest kept
-    value, found on a descending prefix (``torch.topk``) that widens until it holds the threshold."""
-    vocab_size = z.shape[1]
-    zmax = z.max(dim=-1, keepdim=True).values
-    limit = top_p.float()[:, None] * _top_p_total(torch.exp(z - zmax))
-    threshold = torch.full_like(zmax, float("inf"))
-    pending = torch.arange(z.shape[0], device=z.device)
-    width = min(_TOP_P_PREFIX, vocab_size)
-    while pending.numel():
-        desc = torch.topk(z[pending], width, dim=-1).values
-        keep = _top_p_keep(desc, limit[pending])
-        # A row whose whole prefix is kept may keep more beyond it: widen the prefix for it.
-        done = ~keep[:, -1] | (width == vocab_size)
-        threshold[pending[done]] = torch.where(keep, desc, float("inf")).min(dim=-1, keepdim=True).values[done]
-        pending = pending[~done]
-        width = min(2 * width, vocab_size)
+    zmax = z.max()
+    if vocab_size <= _SORTED_TOTAL_MAX:
+        desc = torch.sort(z, descending=True).values
+        limit = top_p.float() * torch.cumsum(torch.exp(desc - zmax).double(), dim=0)[-1].float()
+        return _walk_groups(desc, torch.zeros((), dtype=torch.float64, device=z.device), zmax, limit)
+    weights = torch.exp(z - zmax).double()
+    limit = top_p.float() * torch.cumsum(weights, dim=0)[-1].float()
+    bucket = _order_bucket(z)
+    mass = torch.bincount(bucket, weights=weights, minlength=_BUCKETS).flip(0)  # largest values first
+    before = torch.cumsum(torch.cat([mass.new_zeros(1), mass[:-1]]), dim=0)
+    nonempty = mass != 0
+    candidates = (nonempty & (before.float() < limit)).nonzero()
+    nonempty_at = nonempty.nonzero().flatten()
+    chosen = max(int(candidates[-1]) if candidates.numel() else 0, int(nonempty_at[0]))
+    in_chosen = bucket == _BUCKETS - 1 - chosen
+    threshold = _walk_groups(torch.sort(z[in_chosen], descending=True).values, before[chosen], zmax, limit)
+    previous = nonempty_at[nonempty_at < chosen]
+    if torch.isinf(threshold) and previous.numel():
+        # Rounding put the boundary at the bucket's edge: every group of the bucket before it is kept.
+        threshold = z[bucket == _BUCKETS - 1 - int(previous[-1])].min()
     return threshold
 
 
@@ -121,7 +135,7 @@ def _split_rows(keep: torch.Tensor) -> list[torch.Tensor]:
 
 def _dense_ids(z: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None) -> list[torch.Tensor]:
     """Kept ids of random rows by whole-row masks: top-k from the k-th largest value (``torch.topk``),
-    then top-p from :func:`_top_p_rows`. The path of rows without top-k, and of those whose ties at the k-th
+    then top-p from :func:`_top_p_threshold`. The path of rows without top-k, and of those whose ties at the k-th
     value run past k."""
     vocab_size = z.shape[1]
     if top_k is not None:
@@ -132,10 +146,11 @@ def _dense_ids(z: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor 
             z = z.clone()
             z[on] = torch.where(z[on] >= kth, z[on], sampling.NEG_INF)
     if top_p is not None:
-        on = ((top_p < 1.0) & (z.max(dim=-1).values > sampling.NEG_INF)).nonzero().flatten()
-        if on.numel():
+        on = ((top_p < 1.0) & (z.max(dim=-1).values > sampling.NEG_INF)).nonzero().flatten().tolist()
+        if on:
             z = z.clone()
-            z[on] = torch.where(z[on] >= _top_p_rows(z[on], top_p[on]), z[on], sampling.NEG_INF)
+            for r in on:
+                z[r] = torch.where(z[r] >= _top_p_threshold(z[r], top_p[r], vocab_size), z[r], sampling.NEG_INF)
     return _split_rows(z > sampling.NEG_INF)
 
 
@@ -154,14 +169,11 @@ def _top_k_ids(z: torch.Tensor, k: torch.Tensor, top_p: torch.Tensor | None
     vals = torch.where(inside, vals, sampling.NEG_INF)
     keep = inside & (vals > sampling.NEG_INF)
     if top_p is not None:
-        on = ((top_p < 1.0) & (vals[:, 0] > sampling.NEG_INF))[:, None]
-        weights = torch.exp(vals - vals[:, :1])
-        # Index order of the candidates for the total (-inf weights are 0 and add nothing to it).
-        order = None if vocab_size <= _SORTED_TOTAL_MAX else torch.argsort(torch.where(inside, idx, vocab_size))
-        limit = top_p.float()[:, None] * _top_p_total(weights, order)
-        kept = _top_p_keep(vals, limit)
-        threshold = torch.where(kept, vals, float("inf")).min(dim=-1, keepdim=True).values
-        keep &= ~on | (vals >= threshold)
+        # The candidates in index order (-inf padding last), as the native kernel sums the masked row.
+        by_index = vals.gather(1, torch.argsort(torch.where(inside, idx, vocab_size), dim=-1))
+        on = ((top_p < 1.0) & (vals[:, 0] > sampling.NEG_INF)).nonzero().flatten().tolist()
+        for r in on:
+            keep[r] &= vals[r] >= _top_p_threshold(by_index[r], top_p[r], vocab_size)
     ids = torch.sort(torch.where(keep, idx, vocab_size), dim=-1).values.to(torch.int32)
     counts, tied = keep.sum(dim=-1).tolist(), tied[:, 0]
     return [None if t else ids[r, :n] for r, (n, t) in enumerate(zip(counts, tied.tolist(), strict=True))], tied

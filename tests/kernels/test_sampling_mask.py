@@ -151,12 +151,12 @@ def test_kept_sets_equal_reference_truncation(V, scale):
             assert got == want, f"row {r} (top_k {k is not None}, top_p {p is not None}): {len(got)} != {len(want)} ids"
 
 
-def test_top_p_prefix_widens_past_its_first_width():
-    """Near-uniform rows keep thousands of tokens under top_p=0.99: the prefix search widens several times."""
+def test_wide_top_p_sets():
+    """Near-uniform rows keep thousands of tokens under top_p=0.99 (the boundary deep inside the row)."""
     gen = torch.Generator().manual_seed(7)
     logits = torch.randn(4, 20000, generator=gen) * 0.01
     ids = sm.kept_ids(logits, torch.ones(4), None, torch.full((4,), 0.99))
-    assert all(x.numel() > 8 * sm._TOP_P_PREFIX for x in ids)
+    assert all(x.numel() > 10000 for x in ids)
     want = sampling.target_logits(logits, torch.ones(4), None, torch.full((4,), 0.99)) > float("-inf")
     assert [x.tolist() for x in ids] == [w.nonzero().flatten().tolist() for w in want]
 
