@@ -264,6 +264,26 @@ def test_row_keeping_nothing_masks_token_zero():
     assert mask.tolist() == [[[0]]]
 
 
+def test_empty_batch():
+    for verify, args in ((sk.verify_chain, (torch.zeros(0, 5), torch.zeros(0, dtype=torch.int64))),
+                         (sk.verify_tree, (torch.zeros(0, 5), torch.zeros(0, dtype=torch.int64),
+                                           torch.zeros(0, dtype=torch.int64)))):
+        _, mask = verify(*args, torch.zeros(1, dtype=torch.int64), backend="reference", return_mask=True)
+        assert mask.indptr.tolist() == [0] and mask.indices.numel() == 0 and mask.cu_num_emitted.tolist() == [0]
+
+
+@pytest.mark.parametrize("backend", slow_when_interpreted([b for b in BACKENDS if b != "cpu"]))
+def test_chains_cut_at_max_draft_len(backend):
+    """validate=False with chains longer than max_draft_len: the row after the last kept draft is the bonus
+    row, and the mask follows it (the CPU backend raises on such a cu instead)."""
+    inputs = _chain_inputs(CHAIN_CASES[3], 6, 104)
+    assert int((inputs["cu_num_draft_tokens"][1:] - inputs["cu_num_draft_tokens"][:-1]).max()) > 1
+    device = "cpu" if backend == "cpu" else DEVICE
+    res, mask = _on_cpu(*sk.verify_chain(**_moved(inputs, device), backend=backend, max_draft_len=1,
+                                         validate=False, return_mask=True))
+    check_mask(inputs, res, mask, _chain_oracle_rows(inputs, res))
+
+
 # ------------------------------------------------------------------------------------------------------
 # Planted bugs fail the checks above
 # ------------------------------------------------------------------------------------------------------
