@@ -69,9 +69,11 @@ class SamplingMask(NamedTuple):
 # ----------------------------------------------------------------------------------------------------
 
 def _order_bucket(z: torch.Tensor) -> torch.Tensor:
-    """int64 high 16 bits of core/math.h ``order_key`` (float32 bits made order-preserving as uint32)."""
-    bits = z.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
-    return torch.where(bits >= 0x80000000, bits ^ 0xFFFFFFFF, bits | 0x80000000) >> 16
+    """int32 high 16 bits of core/math.h ``order_key`` (float32 bits made order-preserving as uint32:
+    ~b for negative floats, b | 2^31 otherwise), in int32 arithmetic: the key minus 2^31 is
+    b ^ (0x7fffffff if b < 0 else 0), an arithmetic shift of which is the bucket minus 2^15."""
+    bits = z.view(torch.int32)
+    return ((bits ^ ((bits >> 31) * -0x7FFFFFFF)) >> 16) + 0x8000
 
 
 def _walk_groups(desc: torch.Tensor, cum: torch.Tensor, zmax: torch.Tensor, limit: torch.Tensor) -> torch.Tensor:
@@ -112,17 +114,28 @@ def _top_p_threshold(z: torch.Tensor, top_p: torch.Tensor, vocab_size: int) -> t
     bucket = _order_bucket(z)
     mass = torch.bincount(bucket, weights=weights, minlength=_BUCKETS).flip(0)  # largest values first
     before = torch.cumsum(torch.cat([mass.new_zeros(1), mass[:-1]]), dim=0)
-    nonempty = mass != 0
-    candidates = (nonempty & (before.float() < limit)).nonzero()
-    nonempty_at = nonempty.nonzero().flatten()
-    chosen = max(int(candidates[-1]) if candidates.numel() else 0, int(nonempty_at[0]))
-    in_chosen = bucket == _BUCKETS - 1 - chosen
-    threshold = _walk_groups(torch.sort(z[in_chosen], descending=True).values, before[chosen], zmax, limit)
-    previous = nonempty_at[nonempty_at < chosen]
-    if torch.isinf(threshold) and previous.numel():
+    nonempty = (mass != 0).to(torch.uint8)
+    # The buckets whose mass above is below the limit are a prefix (the mass above never decreases); the
+    # chosen one is the last non-empty bucket in it, or the first non-empty bucket.
+    below = int((before.float() < limit).sum())
+    first = int(nonempty.argmax())
+    chosen = _last_set(nonempty, below)
+    chosen = first if chosen is None or chosen < first else chosen
+    threshold = _walk_groups(torch.sort(z[bucket == _BUCKETS - 1 - chosen], descending=True).values,
+                             before[chosen], zmax, limit)
+    previous = _last_set(nonempty, chosen)
+    if torch.isinf(threshold) and previous is not None:
         # Rounding put the boundary at the bucket's edge: every group of the bucket before it is kept.
-        threshold = z[bucket == _BUCKETS - 1 - int(previous[-1])].min()
+        threshold = z[bucket == _BUCKETS - 1 - previous].min()
     return threshold
+
+
+def _last_set(flags: torch.Tensor, end: int) -> int | None:
+    """The last index below ``end`` where the uint8 ``flags`` is set, or None."""
+    if end <= 0:
+        return None
+    last = end - 1 - int(flags[:end].flip(0).argmax())
+    return last if bool(flags[last]) else None
 
 
 def _split_rows(keep: torch.Tensor) -> list[torch.Tensor]:
