@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import specdec_kernels as sk
-from specdec_kernels import api, native
+from specdec_kernels import api
 from specdec_kernels import sampling_mask as sm
 from specdec_kernels.exactness import cuda_emulation
 from specdec_kernels.reference import sampling
@@ -327,11 +327,19 @@ def test_return_mask_must_be_a_bool(value):
         sk.verify_tree(**tree, return_mask=value)
 
 
-@pytest.mark.skipif(not native.has_device("cpu"), reason="specdec_kernels._C not built")
-def test_off_returns_the_plain_result():
-    """Off (the default), on the checked and on the unchecked CPU path, a call returns its result alone."""
-    inputs = _chain_inputs(CHAIN_CASES[0], 3, 2)
+@pytest.mark.parametrize("backend", [b for b in BACKENDS if b != "triton"])
+def test_off_returns_the_plain_result_and_builds_no_mask(backend, monkeypatch):
+    """Off (the default), on the checked path and on the unchecked CPU one, a call returns its result alone
+    and never reaches the mask's post-pass."""
+    def forbidden(*args):
+        raise AssertionError("the mask was built with return_mask=False")
+
+    monkeypatch.setattr(sm, "chain_sampling_mask", forbidden)
+    monkeypatch.setattr(sm, "tree_sampling_mask", forbidden)
+    inputs = _moved(_chain_inputs(CHAIN_CASES[0], 3, 2), "cpu" if backend == "cpu" else DEVICE)
     for validate in (True, False):
-        res = sk.verify_chain(**inputs, backend="cpu", validate=validate, max_draft_len=4, return_mask=False)
-        assert isinstance(res, sk.ChainResult)
-    assert isinstance(sk.verify_tree(**_tree_inputs(TREE_CASES[0], 2, 2)), sk.TreeResult)
+        for kwargs in ({}, {"return_mask": False}):
+            res = sk.verify_chain(**inputs, backend=backend, validate=validate, max_draft_len=4, **kwargs)
+            assert isinstance(res, sk.ChainResult)
+    tree = _moved(_tree_inputs(TREE_CASES[0], 2, 2), "cpu" if backend == "cpu" else DEVICE)
+    assert isinstance(sk.verify_tree(**tree, backend=backend), sk.TreeResult)
