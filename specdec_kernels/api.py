@@ -348,7 +348,7 @@ def verify_chain(
             raises ValueError on an inconsistent cu instead.
         return_mask: also return the sampling mask, per emitted token the ids its row's target kept after
             temperature, top-k and top-p (the argmax set when greedy): ``sampling_mask.SamplingMask``, CSR as
-            vLLM's ``return_sampling_mask``. Costs one shared post-pass over the emitted rows and a host sync
+            vLLM's ``return_sampling_mask``. Costs one shared post-pass over the emitted rows, with host syncs
             (not CUDA-graph capturable); False adds no work.
 
     Returns:

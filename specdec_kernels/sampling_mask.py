@@ -49,7 +49,8 @@ class SamplingMask(NamedTuple):
 
     Emitted tokens are numbered request-major, in output order, -1 padding excluded: request b's are
     ``cu_num_emitted[b] ... cu_num_emitted[b + 1] - 1``, the same count as its non-negative
-    ``output_token_ids``. Emitted token e kept ``indices[indptr[e]:indptr[e + 1]]``, ascending.
+    ``output_token_ids``. Emitted token e kept ``indices[indptr[e]:indptr[e + 1]]``, ascending. vLLM's
+    ``SamplingMaskLists(token_ids, offsets, cu_num_generated_tokens)`` is ``(indices, indptr, cu_num_emitted)``.
     """
 
     indptr: torch.Tensor  # [num_emitted + 1] int64
