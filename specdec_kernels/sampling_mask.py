@@ -16,9 +16,11 @@ rows: top-k's set is the k largest values from ``torch.topk`` (the whole row's k
 k); top-p's threshold follows the native CPU kernel's algorithm (core/sampling.h: float64 masses, a
 histogram over the high 16 bits of the order key, one bucket sorted). Both rules are exact on values,
 so the mask is the kept set the backend sampled from, with one caveat: top-p's masses are float64 sums of
-float32 weights, and a backend whose order of summation or exp differs in the last bits (the reference,
-CUDA, Triton) can round a tie group's mass above to the other side of ``top_p * total`` where this pass
-does not; the backends' token equality with the reference is subject to the same rounding. The kernels
+float32 weights, computed here exactly as the native CPU kernel does (its exp, its order of summation), and
+a backend whose exp or order differs in the last bits (the reference and Triton: torch's / Triton's float32
+exp; CUDA: a parallel float64 sum in a bisection) can round a tie group's mass above to the other side of
+``top_p * total`` where this pass does not; the backends' token equality with the reference is subject to
+the same rounding. The kernels
 compute these thresholds during verification; writing them out from there (the fused version, exact
 for each backend by construction and free of this pass's second read of the rows) is not done yet
 (cost: benchmarks/bench_sampling_mask.py).
@@ -77,13 +79,19 @@ def _order_bucket(z: torch.Tensor) -> torch.Tensor:
     return ((bits ^ ((bits >> 31) * -0x7FFFFFFF)) >> 16) + 0x8000
 
 
+def _exp_f32(x: torch.Tensor) -> torch.Tensor:
+    """float32 exp as core/math.h ``exp_f32`` (the native kernels' top-p weights): computed in float64 and
+    rounded once. torch's float32 exp is off by one ulp on ~1 % of inputs."""
+    return torch.exp(x.double()).float()
+
+
 def _walk_groups(desc: torch.Tensor, cum: torch.Tensor, zmax: torch.Tensor, limit: torch.Tensor) -> torch.Tensor:
     """core/sampling.h ``walk_top_p_groups``: the last kept value of ``desc`` (descending), mass ``cum``
     (float64) above its first element; +inf when none is kept. A tie group is kept iff
     ``float(mass above + w) - w < limit`` at its first element, the mass summed in float64 in order."""
     if desc.numel() == 0:
         return torch.full((), float("inf"), device=desc.device)
-    weights = torch.exp(desc - zmax)
+    weights = _exp_f32(desc - zmax)
     above = torch.cumsum(torch.cat([cum.reshape(1), weights.double()]), dim=0)[:-1]
     exclusive = (above + weights.double()).float() - weights
     first = torch.ones_like(desc, dtype=torch.bool)
@@ -102,15 +110,15 @@ def _top_p_threshold(z: torch.Tensor, top_p: torch.Tensor, vocab_size: int) -> t
     candidates alone (-inf padded): the dropped tokens have weight 0 and change none of these sums.
 
     It keeps exactly the reference's set (``sampling.top_p_mask``) except where float64 sums in another
-    order, or the reference's float32 exp against the native one, round a tie group's mass above to the other
-    side of the limit: the reference and the native kernel can disagree there too.
+    order, or torch's float32 exp (the reference's) against this correctly rounded one, round a tie group's
+    mass above to the other side of the limit: the reference and the native kernel can disagree there too.
     """
     zmax = z.max()
     if vocab_size <= _SORTED_TOTAL_MAX:
         desc = torch.sort(z, descending=True).values
-        limit = top_p.float() * torch.cumsum(torch.exp(desc - zmax).double(), dim=0)[-1].float()
+        limit = top_p.float() * torch.cumsum(_exp_f32(desc - zmax).double(), dim=0)[-1].float()
         return _walk_groups(desc, torch.zeros((), dtype=torch.float64, device=z.device), zmax, limit)
-    weights = torch.exp(z - zmax).double()
+    weights = _exp_f32(z - zmax).double()
     limit = top_p.float() * torch.cumsum(weights, dim=0)[-1].float()
     bucket = _order_bucket(z)
     mass = torch.bincount(bucket, weights=weights, minlength=_BUCKETS).flip(0)  # largest values first

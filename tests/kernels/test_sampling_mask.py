@@ -225,24 +225,37 @@ def test_tree_mask_cuda_emulation(method):
     _assert_same_mask(mask, ref_mask, ("cuda_emulation", method, case))
 
 
+def _support_row(kind: str) -> tuple[torch.Tensor, dict, list[int]]:
+    """One target row, its truncation and its kept set: top-k with a tie at the k-th value (V = 50), or top-p
+    over V = 5000 (the native kernel's bucketed search) keeping six tokens against a long thin tail."""
+    if kind == "top_k":
+        row = torch.full((50,), -2.0)
+        row[[7, 3, 11, 20, 21, 40, 41]] = torch.tensor([3.0, 2.9, 2.8, 2.6, 2.6, 2.0, 1.9])
+        return row, dict(top_k=4, top_p=0.999), [3, 7, 11, 20, 21]
+    row = torch.full((5000,), -3.0)
+    hot = [4321, 17, 999, 2500, 3, 4998]
+    row[hot] = torch.tensor([5.0, 4.9, 4.8, 4.7, 4.6, 4.5])
+    return row, dict(top_k=0, top_p=0.7), sorted(hot)
+
+
 @pytest.mark.parametrize("backend", slow_when_interpreted(BACKENDS))
-def test_mask_is_the_support_the_backend_samples(backend):
+@pytest.mark.parametrize("kind", ["top_k", "top_p"])
+def test_mask_is_the_support_the_backend_samples(kind, backend):
     """One row, 400 seeds: the tokens a backend draws are exactly its mask (each kept token has probability
     >= 4 %, so every one shows up with these seeds, and the truncated ones never may)."""
     n = 400
-    row = torch.full((50,), -2.0)
-    row[[7, 3, 11, 20, 21, 40, 41]] = torch.tensor([3.0, 2.9, 2.8, 2.6, 2.6, 2.0, 1.9])  # k-th value tied
+    row, trunc, want = _support_row(kind)
     device = "cpu" if backend == "cpu" else DEVICE
-    args = dict(temperature=torch.ones(n), top_k=torch.full((n,), 4, dtype=torch.int32),
-                top_p=torch.full((n,), 0.999), seed=torch.arange(n) * 7919, position=torch.zeros(n, dtype=torch.int64))
+    args = dict(temperature=torch.ones(n), top_k=torch.full((n,), trunc["top_k"], dtype=torch.int32),
+                top_p=torch.full((n,), trunc["top_p"]), seed=torch.arange(n) * 7919,
+                position=torch.zeros(n, dtype=torch.int64))
     no_drafts = torch.zeros(0, dtype=torch.int64, device=device)
     cu = torch.zeros(n + 1, dtype=torch.int64, device=device)
-    res, mask = sk.verify_chain(row.expand(n, 50).contiguous().to(device), no_drafts, cu, **_moved(args, device),
+    res, mask = sk.verify_chain(row.expand(n, -1).contiguous().to(device), no_drafts, cu, **_moved(args, device),
                                 backend=backend, return_mask=True)
     res, mask = _on_cpu(res, mask)
-    kept = mask.tolist()
-    assert all(k == [[3, 7, 11, 20, 21]] for k in kept)
-    assert sorted(set(res.output_token_ids[:, 0].tolist())) == [3, 7, 11, 20, 21]
+    assert all(k == [want] for k in mask.tolist())
+    assert sorted(set(res.output_token_ids[:, 0].tolist())) == want
 
 
 def test_greedy_mask_is_the_tied_argmax_set():
