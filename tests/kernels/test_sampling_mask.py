@@ -16,7 +16,7 @@ from specdec_kernels import api
 from specdec_kernels import sampling_mask as sm
 from specdec_kernels.exactness import cuda_emulation
 from specdec_kernels.reference import sampling
-from tests.conftest import DEVICE, slow_when_interpreted
+from tests.conftest import DEVICE, skip_if_interpreter_expensive, slow_when_interpreted
 from tests.native.test_native import _chain_case, _tree_case
 
 BACKENDS = sk.available_backends(DEVICE)
@@ -243,6 +243,7 @@ def _support_row(kind: str) -> tuple[torch.Tensor, dict, list[int]]:
 def test_mask_is_the_support_the_backend_samples(kind, backend):
     """One row, 400 seeds: the tokens a backend draws are exactly its mask (each kept token has probability
     >= 4 %, so every one shows up with these seeds, and the truncated ones never may)."""
+    skip_if_interpreter_expensive(backend, cheap=kind == "top_k")
     n = 400
     row, trunc, want = _support_row(kind)
     device = "cpu" if backend == "cpu" else DEVICE
