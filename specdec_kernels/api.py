@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import torch
 
+from . import sampling_mask as _mask
 from .reference import block as _ref_block
 from .reference import chain as _ref_chain
 from .reference import traversal as _ref_traversal
@@ -20,9 +21,10 @@ from .reference import tree as _ref_tree
 from .reference.chain import ChainResult
 from .reference.philox import MAX_POSITION, MAX_VOCAB
 from .reference.tree import SIBLING_SAMPLING, TreeResult
+from .sampling_mask import SamplingMask
 
 __all__ = [
-    "ChainResult", "TreeResult", "verify_chain", "verify_tree", "available_backends", "LOGIT_DTYPES",
+    "ChainResult", "TreeResult", "SamplingMask", "verify_chain", "verify_tree", "available_backends", "LOGIT_DTYPES",
     "checked_chain_args", "checked_tree_args",
 ]
 
@@ -184,6 +186,13 @@ class ValueChecks:
         return packed[len(self._flags):]
 
 
+def _check_flag(name: str, value) -> bool:
+    """A boolean keyword (return_mask): a bool, not merely truthy."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    return value
+
+
 def _check_width(name: str, value) -> int:
     """An output width argument (max_draft_len, max_depth): an int in [0, MAX_POSITION]."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
@@ -305,7 +314,8 @@ def verify_chain(
     method: str = "token",
     max_draft_len: int | None = None,
     validate: bool = True,
-) -> ChainResult:
+    return_mask: bool = False,
+) -> ChainResult | tuple[ChainResult, SamplingMask]:
     """Losslessly verify a ragged batch of draft chains against the target model's logits.
 
     Args:
@@ -336,12 +346,19 @@ def verify_chain(
             chains are cut at max_draft_len (``reference.chain.chain_spans``; the row after the last kept
             draft is sampled as the bonus row), and the CPU backend, which reads its cu on the host for free,
             raises ValueError on an inconsistent cu instead.
+        return_mask: also return the sampling mask, per emitted token the ids its row's target kept after
+            temperature, top-k and top-p (the argmax set when greedy): ``sampling_mask.SamplingMask``, CSR as
+            vLLM's ``return_sampling_mask``. Costs one shared post-pass over the emitted rows, with host syncs
+            (not CUDA-graph capturable); False adds no work.
 
     Returns:
         ``ChainResult(output_token_ids [B, max_draft_len + 1] int32 -1 padded, num_accepted [B] int32)``:
-        each request's accepted drafts followed by one recovered or bonus token.
+        each request's accepted drafts followed by one recovered or bonus token; with ``return_mask=True``
+        the pair ``(ChainResult, SamplingMask)``.
     """
-    if (not validate and type(max_draft_len) is int and top_k is None and temperature is not None
+    if return_mask is not False:
+        _check_flag("return_mask", return_mask)
+    if (not return_mask and not validate and type(max_draft_len) is int and top_k is None and temperature is not None
             and seed is not None and position is not None and type(backend) is str and type(method) is str):
         fn = _UNCHECKED_CPU_CHAIN.get((backend, method))
         if fn is not None and (backend == "cpu" or getattr(target_logits, "is_cpu", False) is True):
@@ -358,7 +375,8 @@ def verify_chain(
     fn = _resolve(backend, target_logits.device, op)
     if fn is _NATIVE_RESOLVED.get(("cpu", op)):  # resolves only for CPU tensors
         _UNCHECKED_CPU_CHAIN[backend, method] = fn
-    return fn(*args)
+    result = fn(*args)
+    return (result, _mask.chain_sampling_mask(args, result)) if return_mask else result
 
 
 def checked_chain_args(
@@ -495,7 +513,8 @@ def verify_tree(
     method: str = "token",
     max_depth: int | None = None,
     validate: bool = True,
-) -> TreeResult:
+    return_mask: bool = False,
+) -> TreeResult | tuple[TreeResult, SamplingMask]:
     """Losslessly verify a ragged batch of token trees against the target model's logits.
 
     Args:
@@ -533,14 +552,19 @@ def verify_tree(
     Returns:
         ``TreeResult(output_token_ids [B, D + 1] int32, accepted_nodes [B, D + 1] int32,
         num_accepted [B] int32)`` with D = max_depth: the accepted path's tokens then one emitted token;
-        the accepted path's local node indices starting with the root 0; both -1 padded.
+        the accepted path's local node indices starting with the root 0; both -1 padded. With
+        ``return_mask=True`` the pair ``(TreeResult, SamplingMask)``: as in ``verify_chain``, output token j
+        decided at the row of ``accepted_nodes[b, j]``.
     """
+    if return_mask is not False:
+        _check_flag("return_mask", return_mask)
     op = _check_method(method, "tree")
     args = checked_tree_args(
         target_logits, node_token_ids, parent, cu_num_nodes, draft_probs, temperature, top_k, top_p, seed, position,
         sibling_sampling, max_depth=max_depth, validate=validate,
     )
-    return _resolve(backend, target_logits.device, op)(*args)
+    result = _resolve(backend, target_logits.device, op)(*args)
+    return (result, _mask.tree_sampling_mask(args, result)) if return_mask else result
 
 
 def checked_tree_args(

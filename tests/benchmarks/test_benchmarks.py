@@ -358,6 +358,21 @@ def test_call_overhead_times_every_call_cold_and_warm(capsys):
     assert "from evicted caches / warm" in capsys.readouterr().out
 
 
+def test_bench_sampling_mask_times_off_and_on_interleaved(capsys):
+    from benchmarks import bench_sampling_mask
+
+    backend = "cpu" if native.has_device("cpu") else "reference"
+    result = bench_sampling_mask.main(["--rounds", "2", "--reps", "1", "--batch", "3", "--vocab", "700",
+                                       "--backend", backend])
+    assert set(result) == {(name, on) for name in bench_sampling_mask.TRUNCATIONS for on in (False, True)}
+    assert all(0 < low <= median <= high for median, low, high in result.values())
+    out = capsys.readouterr().out
+    assert "untruncated" in out and "emitted tokens" in out
+    with pytest.raises(SystemExit):
+        bench_sampling_mask.main(["--rounds", "0"])
+    assert "--rounds must be >= 1" in capsys.readouterr().err
+
+
 def test_call_overhead_rejects_bad_counts(capsys):
     with pytest.raises(SystemExit):
         call_overhead.main(["--calls", "0"])

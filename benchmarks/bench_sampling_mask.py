@@ -1,0 +1,107 @@
+"""The cost of the sampling mask: ``verify_chain`` with ``return_mask`` off and on, side by side.
+
+    python -m benchmarks.bench_sampling_mask --rounds 15
+
+One seeded batch (default B = 64 requests, k = 3 drafts, V = 151936, temperature 1, zipf logits as in
+``bench_native_cpu``, drafts the argmax of their rows so that most are accepted and most rows emit) is
+verified by one backend (default the native CPU one) under three truncations, ``top_k=512, top_p=0.97``,
+``top_p=0.97`` and none, each with ``return_mask=False`` and ``True``. Every round times the six calls (``--reps`` calls
+each, median), off before on on even rounds and on before off on odd ones; printed per call: the median
+over rounds of those medians, the min and max over rounds, the emitted tokens and the mask's kept ids.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+import torch
+
+import specdec_kernels as sk
+from benchmarks.bench_native_cpu import family_logits
+
+TRUNCATIONS = ("top_k512_top_p0.97", "top_p0.97", "untruncated")
+
+
+def calls(batch: int, k: int, vocab: int, family: str, dtype: torch.dtype, backend: str
+          ) -> dict[tuple[str, bool], Callable[[], object]]:
+    """The timed calls, (truncation, return_mask) -> call, on one seeded batch."""
+    gen = torch.Generator().manual_seed(0)
+    logits = family_logits(family, batch * (k + 1), vocab, gen).to(dtype)
+    draft_rows = (torch.arange(batch)[:, None] * (k + 1) + torch.arange(k)[None, :]).flatten()
+    drafts = logits[draft_rows].float().argmax(-1)
+    cu = torch.arange(batch + 1) * k
+    common = dict(temperature=torch.ones(batch), seed=torch.randint(0, 2**62, (batch,), generator=gen),
+                  position=torch.randint(0, 4096, (batch,), generator=gen), backend=backend, max_draft_len=k)
+    truncation = {
+        "top_k512_top_p0.97": dict(top_k=torch.full((batch,), 512, dtype=torch.int32),
+                                   top_p=torch.full((batch,), 0.97)),
+        "top_p0.97": dict(top_p=torch.full((batch,), 0.97)),
+        "untruncated": {},
+    }
+    return {
+        (name, on): (lambda kw=kw, on=on: sk.verify_chain(logits, drafts, cu, **common, **kw, return_mask=on))
+        for name, kw in truncation.items() for on in (False, True)
+    }
+
+
+def measure(fns: dict[tuple[str, bool], Callable[[], object]], rounds: int, reps: int
+            ) -> dict[tuple[str, bool], tuple[float, float, float]]:
+    """(median, min, max) over ``rounds`` interleaved rounds of each call's median seconds over ``reps``."""
+    per_round: dict[tuple[str, bool], list[float]] = {key: [] for key in fns}
+    for fn in fns.values():
+        fn()  # first calls (imports, lazy initialisation) are not timed
+    for r in range(rounds):
+        order = list(fns) if r % 2 == 0 else [(name, not on) for name, on in fns]
+        for key in order:
+            times = []
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                fns[key]()
+                times.append(time.perf_counter() - t0)
+            per_round[key].append(statistics.median(times))
+    return {key: (statistics.median(v), min(v), max(v)) for key, v in per_round.items()}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.bench_sampling_mask",
+                                description=__doc__.split("\n\n")[1].strip())
+    p.add_argument("--rounds", type=int, default=15, help="interleaved rounds")
+    p.add_argument("--reps", type=int, default=3, help="calls per round and call (their median)")
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--k", type=int, default=3)
+    p.add_argument("--vocab", type=int, default=151936)
+    p.add_argument("--family", default="zipf", choices=("flat", "peaked", "zipf"))
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    p.add_argument("--backend", default="cpu", help="a verify_chain backend (default: native CPU)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (the shared VMs are oversubscribed)")
+    args = p.parse_args(argv)
+    for name in ("rounds", "reps", "batch", "k", "vocab", "threads"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict[tuple[str, bool], tuple[float, float, float]]:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    fns = calls(args.batch, args.k, args.vocab, args.family, getattr(torch, args.dtype), args.backend)
+    result = measure(fns, args.rounds, args.reps)
+    print(f"B = {args.batch}, k = {args.k}, V = {args.vocab}, {args.family} {args.dtype} logits, T = 1, "
+          f"backend {args.backend}, {args.rounds} rounds x {args.reps} calls, torch threads {args.threads}: "
+          "ms, median over rounds [min, max]")
+    for name in TRUNCATIONS:
+        _, mask = fns[name, True]()
+        emitted, kept = mask.indptr.numel() - 1, mask.indices.numel()
+        off, on = result[name, False], result[name, True]
+        print(f"{name:>20}: off {off[0] * 1e3:8.2f} [{off[1] * 1e3:.2f}, {off[2] * 1e3:.2f}]   "
+              f"on {on[0] * 1e3:8.2f} [{on[1] * 1e3:.2f}, {on[2] * 1e3:.2f}]   on / off {on[0] / off[0]:.2f}   "
+              f"{emitted} emitted tokens, {kept} kept ids")
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
