@@ -47,16 +47,9 @@ ALLOWED = {
     "benchmarks/ab_history.csv#ab_cpu_854ef69_vs_b0b95ce_stoch": _AB_DIRTY,
     "audit/vllm-v2-triton.json": "audit run from a tree with uncommitted changes (commit 6f5ff0120acb+modified); "
                                  "a full-power vLLM V2 audit needs a GPU",
-    # written before their scripts recorded provenance, and nothing in them or in the commits that added
-    # them says at which commit or on which machine they were measured: to be regenerated
-    "benchmarks/drafter_acceptance.json": "needs regeneration: a 20-minute run (its `seconds`: 1217); "
-                                          "backs no figure in the docs",
+    # written before its script recorded its commit and machine: to be regenerated
     "rl_loop/ray_workers.json": "needs regeneration: a timing run that needs an unloaded machine; its command "
                                 "is recorded, its commit and machine are not",
-    "sim/cpu_here_harness.json": "needs regeneration: a timing run that needs an unloaded machine; backs no "
-                                 "figure since the cpu-here table was removed",
-    "sim/cpu_here_engine_12layer.json": "needs regeneration: a warm-started 12-layer engine timed over 5 rounds "
-                                        "on an unloaded machine; backs no figure since the cpu-here table was removed",
 }
 
 
