@@ -4,6 +4,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import torch
 
 import specdec_kernels as sk
 
@@ -57,6 +60,9 @@ class GenerationConfig:
     # verification method of the speculative rounds (VERIFY_METHODS); spec="none" has no drafts and
     # ignores it, so a run's autoregressive arm is ``replace(gen, spec="none")`` whatever its method
     verify: str = "token"
+    # also record, per response token (and the EOS), the ids the target kept when it was sampled
+    # (``Rollouts.masks``; the in-process engine only)
+    record_mask: bool = False
 
     def __post_init__(self) -> None:
         if self.spec not in SPEC_MODES:
@@ -131,6 +137,22 @@ class RolloutStats:
             self.accepted_at[j] += a
 
 
+class RolloutMask(NamedTuple):
+    """One rollout's sampling mask in CSR: token t of the response (then the EOS when finished) was sampled
+    from the target's kept set ``indices[indptr[t]:indptr[t + 1]]`` (ascending ids; ``specdec_kernels``'s
+    ``SamplingMask`` of the verifications that emitted them)."""
+
+    indptr: torch.Tensor  # [len(response) + finished + 1] int64
+    indices: torch.Tensor  # [indptr[-1]] int32
+
+    @staticmethod
+    def of(kept: list[torch.Tensor]) -> RolloutMask:
+        """The CSR of per-token kept ids."""
+        counts = torch.tensor([0] + [k.numel() for k in kept], dtype=torch.int64)
+        indices = torch.cat(kept) if kept else torch.zeros(0, dtype=torch.int32)
+        return RolloutMask(counts.cumsum(0), indices.to(torch.int32))
+
+
 @dataclass
 class Rollouts:
     """Responses of one ``generate`` call, in request order."""
@@ -138,3 +160,4 @@ class Rollouts:
     response_ids: list[list[int]]  # without EOS
     finished: list[bool]  # True when the response ended with EOS (False: hit max_new_tokens)
     stats: RolloutStats
+    masks: list[RolloutMask] | None = None  # per response (``GenerationConfig.record_mask``)

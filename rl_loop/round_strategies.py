@@ -55,6 +55,12 @@ class Verified(NamedTuple):
     output_token_ids: torch.Tensor  # [R, w] accepted drafts then the correction / bonus token, -1 padded
     num_accepted: torch.Tensor  # [R]
     path: torch.Tensor | None  # [R, w] policy rows along the accepted path (tree), -1 padded; None: 0..w-1
+    mask: sk.SamplingMask | None = None  # per emitted token the ids its row kept (``record_mask`` strategies)
+
+
+def _result(out, record_mask: bool):
+    """(result, mask) of a ``verify_*(..., return_mask=record_mask)`` call; mask None when not recorded."""
+    return out if record_mask else (out, None)
 
 
 class Autoregressive:
@@ -63,6 +69,7 @@ class Autoregressive:
     depth = 0
     width = 1
     capture: tuple[int, ...] = ()
+    record_mask = False  # also return each emitted token's sampling mask (the engine sets it per call)
 
     def reset(self, num_slots: int, max_len: int) -> None:
         pass
@@ -79,8 +86,10 @@ class Autoregressive:
         r = logits.shape[0]
         res = sk.verify_chain(logits.reshape(r, -1), torch.zeros(0, dtype=torch.long),
                               torch.zeros(r + 1, dtype=torch.long), temperature=temperature, seed=seed,
-                              position=position, backend=backend, max_draft_len=0, validate=False)
-        return Verified(res.output_token_ids, res.num_accepted, None)
+                              position=position, backend=backend, max_draft_len=0, validate=False,
+                              return_mask=self.record_mask)
+        res, mask = _result(res, self.record_mask)
+        return Verified(res.output_token_ids, res.num_accepted, None, mask)
 
     def compact(self, cache: KVCache, rows: torch.Tensor, start: torch.Tensor, verified: Verified) -> None:
         pass
@@ -91,6 +100,8 @@ class Autoregressive:
 
 class _Drafting:
     """The drafter side shared by the chain and tree strategies: slots, admission, commit."""
+
+    record_mask = False  # as Autoregressive.record_mask
 
     def __init__(self, drafter: CachedDrafter, temperature: float) -> None:
         self.drafter = drafter
@@ -152,8 +163,9 @@ class ChainSpeculation(_Drafting):
         r, n, v = logits.shape
         res = sk.verify_chain(logits.reshape(r * n, v), tokens, cu, draft_probs=probs, temperature=temperature,
                               seed=seed, position=position, backend=backend, method=self.method,
-                              max_draft_len=self.depth, validate=False)
-        return Verified(res.output_token_ids, res.num_accepted, None)
+                              max_draft_len=self.depth, validate=False, return_mask=self.record_mask)
+        res, mask = _result(res, self.record_mask)
+        return Verified(res.output_token_ids, res.num_accepted, None, mask)
 
     def compact(self, cache: KVCache, rows: torch.Tensor, start: torch.Tensor, verified: Verified) -> None:
         pass  # the engine's length update drops the rejected tail
@@ -187,8 +199,9 @@ class TreeSpeculation(_Drafting):
         res = sk.verify_tree(logits.reshape(r * n, v), nodes, parent, cu, draft_probs=probs,
                              temperature=temperature, seed=seed, position=position,
                              sibling_sampling="iid" if probs is None else "without_replacement", backend=backend,
-                             method=self.method, max_depth=self.depth, validate=False)
-        return Verified(res.output_token_ids, res.num_accepted, res.accepted_nodes.long())
+                             method=self.method, max_depth=self.depth, validate=False, return_mask=self.record_mask)
+        res, mask = _result(res, self.record_mask)
+        return Verified(res.output_token_ids, res.num_accepted, res.accepted_nodes.long(), mask)
 
     def compact(self, cache: KVCache, rows: torch.Tensor, start: torch.Tensor, verified: Verified) -> None:
         """Move the accepted path's keys/values to contiguous slots after the prefix."""
