@@ -134,7 +134,7 @@ class RolloutEngine:
         if strategy is None:
             strategy = strategy_for(config.spec, self.drafter, config.k, config.tree_shape, config.temperature,
                                     config.verify)
-        strategy.record_mask = config.record_mask
+        strategy.record_mask, strategy.top_k, strategy.top_p = config.record_mask, config.top_k, config.top_p
         if config.record_mask:
             req.kept = [[] for _ in prompts]
         self.policy.eval()

@@ -63,6 +63,9 @@ class GenerationConfig:
     # also record, per response token (and the EOS), the ids the target kept when it was sampled
     # (``Rollouts.masks``; the in-process engine only)
     record_mask: bool = False
+    # truncation of the target (``verify_chain`` / ``verify_tree`` top_k, top_p): 0 / 1.0 keep every token
+    top_k: int = 0
+    top_p: float = 1.0
 
     def __post_init__(self) -> None:
         if self.spec not in SPEC_MODES:
@@ -78,6 +81,8 @@ class GenerationConfig:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if not self.temperature >= 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0 or not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_k must be >= 0 and top_p in (0, 1], got {self.top_k} and {self.top_p}")
         if self.max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {self.max_batch}")
 

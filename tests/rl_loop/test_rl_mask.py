@@ -131,6 +131,38 @@ def test_flags_parse_and_mask_logprobs_implies_record_mask():
         replace(tiny_config(), backend="vllm", mask_logprobs=True)
 
 
+@pytest.mark.parametrize("top_k, top_p", [(5, 1.0), (0, 0.8)])
+@pytest.mark.parametrize("spec", ["none", "chain", "tree"])
+def test_truncated_rollouts_record_their_kept_sets_and_mask_logprobs_removes_the_dropped_mass(policy, spec, top_k,
+                                                                                               top_p):
+    """Rollouts at top_k = 5 or top_p = 0.8: each token lies in its recorded set (5 ids at top_k = 5); over a
+    batch built from them, the masked log-probability is the full one minus the log of the kept mass."""
+    tok = CharTokenizer()
+    engine = RolloutEngine(policy, build_drafter("eagle3", policy, seed=1), EOS)
+    prompts = _prompts(4, seed=2)
+    cfg = GenerationConfig(spec=spec, k=2, max_new_tokens=8, max_batch=4, record_mask=True, top_k=top_k,
+                           top_p=top_p)
+    out = engine.generate(prompts, list(range(4)), cfg)
+    for m in out.masks:
+        sizes = m.indptr.diff()
+        assert (sizes == 5).all() if top_k else (sizes < policy.config.vocab_size).all()
+    ids, mask = build_batch(prompts, out.response_ids, out.finished, tok)
+    kept = kept_batch(prompts, out.masks, mask.shape[1], policy.config.vocab_size)
+    assert bool(kept.gather(-1, ids[:, 1:, None]).squeeze(-1)[mask].all())
+    with torch.no_grad():
+        logits = policy(ids)[0][:, :-1]
+    full = grpo.token_log_probs(logits, ids[:, 1:])[mask]
+    masked = grpo.token_log_probs(logits, ids[:, 1:], kept)[mask]
+    kept_mass = (torch.softmax(logits.double(), -1) * kept).sum(-1)[mask]
+    assert (masked > full).all()
+    torch.testing.assert_close((masked - full).double(), -kept_mass.log(), rtol=0, atol=1e-5)
+
+
+def test_truncation_arguments_are_checked():
+    with pytest.raises(ValueError, match="top_k must be >= 0 and top_p in"):
+        GenerationConfig(top_p=0.0)
+
+
 @pytest.mark.slow
 def test_a_grpo_step_runs_with_mask_logprobs(tmp_path, monkeypatch):
     """A whole tiny run: the step's rollouts carry masks and its log-probabilities are taken over them."""
