@@ -66,6 +66,10 @@ def parse_args(argv: list[str] | None = None) -> RunConfig:
                         "RAY_ADDRESS attaches to an existing cluster")
     p.add_argument("--dump-rollouts", action="store_true",
                    help="write OUT/rollouts.jsonl: every step's request seeds and response token ids")
+    p.add_argument("--record-mask", action="store_true",
+                   help="record per rollout token the ids the sampler kept (its sampling mask)")
+    p.add_argument("--mask-logprobs", action="store_true",
+                   help="GRPO log-probabilities over the recorded kept sets (implies --record-mask)")
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
     p.add_argument("--no-equivalence", action="store_true", help="skip the AR-vs-speculative equivalence check")
     p.add_argument("--no-plots", action="store_true")
@@ -88,6 +92,7 @@ def parse_args(argv: list[str] | None = None) -> RunConfig:
         seed=a.seed, out=a.out, temperature=a.temperature, verify_backend=a.verify_backend, resume=a.resume,
         decode=a.decode, num_threads=a.threads, rollout_workers=a.rollout_workers, dump_rollouts=a.dump_rollouts,
         equivalence=not a.no_equivalence, plots=base.plots and not a.no_plots,
+        record_mask=a.record_mask or a.mask_logprobs, mask_logprobs=a.mask_logprobs,
     )
 
 

@@ -152,6 +152,10 @@ class RunConfig:
     # Ray rollout workers (ray_rollout.py): sync with 1 generates in-process; async always runs on Ray
     rollout_workers: int = 1
     dump_rollouts: bool = False  # OUT/rollouts.jsonl: every step's seeds and response token ids
+    # sampling masks (``rollouts.RolloutMask``): record per rollout token the ids the target kept; mask_logprobs
+    # (implies record_mask) takes GRPO's log-probabilities over those kept sets (``logprobs.kept_batch``)
+    record_mask: bool = False
+    mask_logprobs: bool = False
     plots: bool = True
     progress: bool = True
 
@@ -173,6 +177,9 @@ class RunConfig:
             raise ValueError("steps >= 0, k >= 1, group_size >= 2 and prompts_per_step >= 1 are required")
         if self.rollout_workers < 1:
             raise ValueError(f"--rollout-workers must be >= 1, got {self.rollout_workers}")
+        if (self.record_mask or self.mask_logprobs) and self.backend != "own":
+            raise ValueError("--record-mask / --mask-logprobs need --backend own: the vLLM CPU engine (V1 model "
+                             "runner) cannot return sampling masks (vLLM's return_sampling_mask needs Model Runner V2)")
         if self.eval_samples < 0:
             raise ValueError(f"eval_samples must be >= 0, got {self.eval_samples}")
 
@@ -181,6 +188,7 @@ class RunConfig:
             max_new_tokens=self.max_new_tokens, spec=self.spec if spec is None else spec, k=self.k,
             temperature=self.temperature if temperature is None else temperature, max_batch=self.max_batch,
             backend=resolve_verify_backend(self.verify_backend), tree=TreeShape.for_k(self.k), verify=self.verify,
+            record_mask=self.record_mask or self.mask_logprobs,
         )
 
 

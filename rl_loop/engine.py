@@ -22,12 +22,13 @@ from collections import deque
 
 import torch
 
+from specdec_kernels import SamplingMask
 from specdec_kernels.drafters import CachedDrafter
 from specdec_kernels.drafters.training import sync_shared_weights
 from specdec_kernels.models import KVCache, ModelConfig, Qwen3
 
 from .decode import PolicyStep
-from .rollouts import GenerationConfig, Rollouts, RolloutStats, resolve_verify_backend
+from .rollouts import GenerationConfig, RolloutMask, Rollouts, RolloutStats, resolve_verify_backend
 from .round_strategies import strategy_for
 from .weight_fingerprint import (
     ROLES,
@@ -64,12 +65,14 @@ class _Requests:
         self.seed_t = torch.zeros(num_slots, dtype=torch.long)
         self.length = torch.zeros(num_slots, dtype=torch.long)
         self.last = torch.zeros(num_slots, dtype=torch.long)
+        self.kept: list[list[torch.Tensor]] | None = None  # per request, per token: its kept ids (record_mask)
 
     def rollouts(self, stats: RolloutStats, t_start: float) -> Rollouts:
         """The responses in request order, with the call's token count and wall time booked in ``stats``."""
         stats.tokens = sum(len(x) + int(f) for x, f in zip(self.responses, self.finished, strict=True))
         stats.time_s = time.perf_counter() - t_start
-        return Rollouts(self.responses, self.finished, stats)
+        masks = None if self.kept is None else [RolloutMask.of(k) for k in self.kept]
+        return Rollouts(self.responses, self.finished, stats, masks)
 
 
 class RolloutEngine:
@@ -131,6 +134,9 @@ class RolloutEngine:
         if strategy is None:
             strategy = strategy_for(config.spec, self.drafter, config.k, config.tree_shape, config.temperature,
                                     config.verify)
+        strategy.record_mask, strategy.top_k, strategy.top_p = config.record_mask, config.top_k, config.top_p
+        if config.record_mask:
+            req.kept = [[] for _ in prompts]
         self.policy.eval()
         t_start = time.perf_counter()
         num_slots = len(req.slot_req)
@@ -165,23 +171,27 @@ class RolloutEngine:
             length[rows] += 1 + ver.num_accepted.long()
             out, num_acc = ver.output_token_ids.tolist(), ver.num_accepted.tolist()
             t3 = time.perf_counter()
-            self._record_round(stats, (t0, t1, t2, t3), active, out, num_acc, req, config.max_new_tokens)
+            self._record_round(stats, (t0, t1, t2, t3), active, out, num_acc, req, config.max_new_tokens, ver.mask)
             strategy.commit(rows, ver, hidden)
         return req.rollouts(stats, t_start)
 
     def _record_round(
         self, stats: RolloutStats, times: tuple[float, float, float, float], active: list[int],
         out: list[list[int]], num_acc: list[int], req: _Requests, max_new_tokens: int,
+        mask: SamplingMask | None = None,
     ) -> None:
         """Book one verification round: timings (draft / target / verify between the four ``times``),
         acceptance counters, each active slot's emitted tokens appended to its response (stopping at EOS or
-        ``max_new_tokens``, which frees the slot)."""
+        ``max_new_tokens``, which frees the slot), and with ``mask`` (the round's sampling mask) the kept ids
+        of each kept token, the EOS included, to its request's ``kept``."""
         t0, t1, t2, t3 = times
         stats.draft_s += t1 - t0
         stats.target_s += t2 - t1
         stats.verify_s += t3 - t2
         stats.forwards += 1
         stats.rounds += len(active)
+        if mask is not None and req.kept is not None:
+            indptr, first = mask.indptr.tolist(), mask.cu_num_emitted.tolist()
         for i, s in enumerate(active):
             a = num_acc[i]
             emitted = out[i][: a + 1]
@@ -191,7 +201,10 @@ class RolloutEngine:
             req.last[s] = emitted[-1]
             r = req.slot_req[s]
             resp = req.responses[r]
-            for tok in emitted:
+            for t, tok in enumerate(emitted):
+                if mask is not None and req.kept is not None:
+                    e = first[i] + t
+                    req.kept[r].append(mask.indices[indptr[e]:indptr[e + 1]])
                 if tok == self.eos_id:
                     req.finished[r] = True
                     break

@@ -34,9 +34,17 @@ def dynamic_sampling_mask(rewards: torch.Tensor, group_size: int) -> torch.Tenso
     return keep.repeat_interleave(group_size)
 
 
-def token_log_probs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """[B, T] log-probability of ``targets`` [B, T] under ``logits`` [B, T, V] (float32)."""
-    return torch.log_softmax(logits.float(), -1).gather(-1, targets[..., None]).squeeze(-1)
+def token_log_probs(logits: torch.Tensor, targets: torch.Tensor, kept: torch.Tensor | None = None) -> torch.Tensor:
+    """[B, T] log-probability of ``targets`` [B, T] under ``logits`` [B, T, V] (float32).
+
+    ``kept`` [B, T, V] bool: the log-softmax is restricted to it (logits outside set to -inf), i.e. the
+    log-probability under the truncated distribution the token was sampled from (top-k / top-p); it equals the
+    full one minus the log of the kept mass, and is the full one where everything is kept.
+    """
+    z = logits.float()
+    if kept is not None:
+        z = z.masked_fill(~kept, float("-inf"))
+    return torch.log_softmax(z, -1).gather(-1, targets[..., None]).squeeze(-1)
 
 
 def k3_kl(log_probs: torch.Tensor, ref_log_probs: torch.Tensor) -> torch.Tensor:

@@ -12,7 +12,7 @@ from . import grpo
 from .batch import build_batch, score
 from .config import RunConfig
 from .drafting import distill_step
-from .logprobs import policy_log_probs
+from .logprobs import kept_batch, policy_log_probs
 from .rollouts import Rollouts
 from .state import Session
 from .task import Problem
@@ -37,24 +37,26 @@ def set_learning_rates(opt: torch.optim.Optimizer, cfg: RunConfig, step: int) ->
 
 def train_on_batch(
     policy: Qwen3, opt: torch.optim.Optimizer, ids: torch.Tensor, mask: torch.Tensor, adv: torch.Tensor,
-    cfg: RunConfig, ref: Qwen3 | None, behaviour: Qwen3 | None = None,
+    cfg: RunConfig, ref: Qwen3 | None, behaviour: Qwen3 | None = None, kept: torch.Tensor | None = None,
 ) -> dict:
     """Recompute old log-probs, then ``cfg.minibatches`` clipped GRPO steps over the batch.
 
     ``behaviour``: the policy version that generated the rollouts when it differs from ``policy`` (async
     pipeline, lag 1); the old log-probs, hence the importance ratio, are taken under it. None: ``policy``.
+    ``kept`` [N, T - 1, V] bool (``--mask-logprobs``): every log-probability (policy, old, reference) is taken
+    over the recorded kept sets (``logprobs.kept_batch``).
     """
     t0 = time.perf_counter()
     policy.eval()
     with torch.no_grad():
-        old = policy_log_probs(policy if behaviour is None else behaviour, ids, cfg.temperature)
-        ref_lp = policy_log_probs(ref, ids, cfg.temperature) if ref is not None and cfg.kl_coef > 0 else None
+        old = policy_log_probs(policy if behaviour is None else behaviour, ids, cfg.temperature, kept)
+        ref_lp = policy_log_probs(ref, ids, cfg.temperature, kept) if ref is not None and cfg.kl_coef > 0 else None
     t1 = time.perf_counter()
     policy.train()
     order = torch.randperm(ids.shape[0], generator=torch.Generator().manual_seed(cfg.seed))
     stats = []
     for chunk in order.chunk(cfg.minibatches):
-        lp = policy_log_probs(policy, ids[chunk], cfg.temperature)
+        lp = policy_log_probs(policy, ids[chunk], cfg.temperature, None if kept is None else kept[chunk])
         out = grpo.grpo_loss(lp, old[chunk], adv[chunk], mask[chunk], cfg.clip_low, cfg.clip_high,
                              None if ref_lp is None else ref_lp[chunk], cfg.kl_coef)
         opt.zero_grad(set_to_none=True)
@@ -102,8 +104,14 @@ def learn(s: Session, step: int, problems: list[Problem], prompts: list[list[int
         idx = keep.nonzero().squeeze(1).tolist()
         ids, mask = build_batch([prompts[i] for i in idx], [rollouts.response_ids[i] for i in idx],
                                 [rollouts.finished[i] for i in idx], tok)
+        kept = None
+        if cfg.mask_logprobs:
+            if rollouts.masks is None:
+                raise ValueError("--mask-logprobs needs rollouts recorded with their sampling masks (--record-mask)")
+            kept = kept_batch([prompts[i] for i in idx], [rollouts.masks[i] for i in idx], mask.shape[1],
+                              policy.config.vocab_size)
         set_learning_rates(s.opt, cfg, step)
-        train_stats = train_on_batch(policy, s.opt, ids, mask, adv[keep], cfg, s.ref, behaviour)
+        train_stats = train_on_batch(policy, s.opt, ids, mask, adv[keep], cfg, s.ref, behaviour, kept)
     row.update(train_stats, output_gain=policy.model.norm.weight.mean().item())  # the policy's sharpness
     t0 = time.perf_counter()
     loss = adapt_drafter(s, step, prompts, rollouts)

@@ -248,6 +248,7 @@ class RolloutPool:
         n = len(pending.prompts)
         responses: list[list[int]] = [[] for _ in range(n)]
         finished = [False] * n
+        masks: list | None = [None] * n
         results = []
         for share in pending.shares:
             while True:
@@ -259,13 +260,18 @@ class RolloutPool:
             _, out, _ = results[-1]
             for i, r, f in zip(share.requests, out.response_ids, out.finished, strict=True):
                 responses[i], finished[i] = r, f
+            if out.masks is None:
+                masks = None
+            elif masks is not None:
+                for i, m in zip(share.requests, out.masks, strict=True):
+                    masks[i] = m
         self.check_syncs(pending.checks)  # the weights these rollouts were generated with are the trainer's
         versions = {v for v, _, _ in results}
         if len(versions) != 1:
             raise RuntimeError(f"rollout workers generated one call under different versions {sorted(versions)}")
         stats = _merge([out.stats for _, out, _ in results])
         ar = _merge([a for _, _, a in results]) if pending.compare else None
-        return versions.pop(), Rollouts(responses, finished, stats), ar
+        return versions.pop(), Rollouts(responses, finished, stats, masks), ar
 
     def generate(self, prompts: list[list[int]], seeds: list[int], config: GenerationConfig) -> Rollouts:
         """The engine API: one call across the workers."""

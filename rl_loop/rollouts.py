@@ -4,6 +4,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import torch
 
 import specdec_kernels as sk
 
@@ -57,6 +60,12 @@ class GenerationConfig:
     # verification method of the speculative rounds (VERIFY_METHODS); spec="none" has no drafts and
     # ignores it, so a run's autoregressive arm is ``replace(gen, spec="none")`` whatever its method
     verify: str = "token"
+    # also record, per response token (and the EOS), the ids the target kept when it was sampled
+    # (``Rollouts.masks``; the in-process engine only)
+    record_mask: bool = False
+    # truncation of the target (``verify_chain`` / ``verify_tree`` top_k, top_p): 0 / 1.0 keep every token
+    top_k: int = 0
+    top_p: float = 1.0
 
     def __post_init__(self) -> None:
         if self.spec not in SPEC_MODES:
@@ -72,6 +81,8 @@ class GenerationConfig:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if not self.temperature >= 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0 or not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_k must be >= 0 and top_p in (0, 1], got {self.top_k} and {self.top_p}")
         if self.max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {self.max_batch}")
 
@@ -131,6 +142,22 @@ class RolloutStats:
             self.accepted_at[j] += a
 
 
+class RolloutMask(NamedTuple):
+    """One rollout's sampling mask in CSR: token t of the response (then the EOS when finished) was sampled
+    from the target's kept set ``indices[indptr[t]:indptr[t + 1]]`` (ascending ids; ``specdec_kernels``'s
+    ``SamplingMask`` of the verifications that emitted them)."""
+
+    indptr: torch.Tensor  # [len(response) + finished + 1] int64
+    indices: torch.Tensor  # [indptr[-1]] int32
+
+    @staticmethod
+    def of(kept: list[torch.Tensor]) -> RolloutMask:
+        """The CSR of per-token kept ids."""
+        counts = torch.tensor([0] + [k.numel() for k in kept], dtype=torch.int64)
+        indices = torch.cat(kept) if kept else torch.zeros(0, dtype=torch.int32)
+        return RolloutMask(counts.cumsum(0), indices.to(torch.int32))
+
+
 @dataclass
 class Rollouts:
     """Responses of one ``generate`` call, in request order."""
@@ -138,3 +165,4 @@ class Rollouts:
     response_ids: list[list[int]]  # without EOS
     finished: list[bool]  # True when the response ended with EOS (False: hit max_new_tokens)
     stats: RolloutStats
+    masks: list[RolloutMask] | None = None  # per response (``GenerationConfig.record_mask``)

@@ -55,6 +55,19 @@ class Verified(NamedTuple):
     output_token_ids: torch.Tensor  # [R, w] accepted drafts then the correction / bonus token, -1 padded
     num_accepted: torch.Tensor  # [R]
     path: torch.Tensor | None  # [R, w] policy rows along the accepted path (tree), -1 padded; None: 0..w-1
+    mask: sk.SamplingMask | None = None  # per emitted token the ids its row kept (``record_mask`` strategies)
+
+
+def _truncation(strategy, num_requests: int) -> dict:
+    """``verify_*``'s top_k / top_p for ``num_requests`` requests of ``strategy`` (None where off)."""
+    top_k = torch.full((num_requests,), strategy.top_k, dtype=torch.int32) if strategy.top_k > 0 else None
+    top_p = torch.full((num_requests,), strategy.top_p) if strategy.top_p < 1.0 else None
+    return {"top_k": top_k, "top_p": top_p}
+
+
+def _result(out, record_mask: bool):
+    """(result, mask) of a ``verify_*(..., return_mask=record_mask)`` call; mask None when not recorded."""
+    return out if record_mask else (out, None)
 
 
 class Autoregressive:
@@ -63,6 +76,8 @@ class Autoregressive:
     depth = 0
     width = 1
     capture: tuple[int, ...] = ()
+    record_mask = False  # also return each emitted token's sampling mask (the engine sets it per call)
+    top_k, top_p = 0, 1.0  # the target's truncation (GenerationConfig's; the engine sets them per call)
 
     def reset(self, num_slots: int, max_len: int) -> None:
         pass
@@ -79,8 +94,10 @@ class Autoregressive:
         r = logits.shape[0]
         res = sk.verify_chain(logits.reshape(r, -1), torch.zeros(0, dtype=torch.long),
                               torch.zeros(r + 1, dtype=torch.long), temperature=temperature, seed=seed,
-                              position=position, backend=backend, max_draft_len=0, validate=False)
-        return Verified(res.output_token_ids, res.num_accepted, None)
+                              position=position, backend=backend, max_draft_len=0, validate=False,
+                              return_mask=self.record_mask, **_truncation(self, r))
+        res, mask = _result(res, self.record_mask)
+        return Verified(res.output_token_ids, res.num_accepted, None, mask)
 
     def compact(self, cache: KVCache, rows: torch.Tensor, start: torch.Tensor, verified: Verified) -> None:
         pass
@@ -91,6 +108,9 @@ class Autoregressive:
 
 class _Drafting:
     """The drafter side shared by the chain and tree strategies: slots, admission, commit."""
+
+    record_mask = False  # as Autoregressive.record_mask
+    top_k, top_p = 0, 1.0
 
     def __init__(self, drafter: CachedDrafter, temperature: float) -> None:
         self.drafter = drafter
@@ -152,8 +172,10 @@ class ChainSpeculation(_Drafting):
         r, n, v = logits.shape
         res = sk.verify_chain(logits.reshape(r * n, v), tokens, cu, draft_probs=probs, temperature=temperature,
                               seed=seed, position=position, backend=backend, method=self.method,
-                              max_draft_len=self.depth, validate=False)
-        return Verified(res.output_token_ids, res.num_accepted, None)
+                              max_draft_len=self.depth, validate=False, return_mask=self.record_mask,
+                              **_truncation(self, r))
+        res, mask = _result(res, self.record_mask)
+        return Verified(res.output_token_ids, res.num_accepted, None, mask)
 
     def compact(self, cache: KVCache, rows: torch.Tensor, start: torch.Tensor, verified: Verified) -> None:
         pass  # the engine's length update drops the rejected tail
@@ -187,8 +209,10 @@ class TreeSpeculation(_Drafting):
         res = sk.verify_tree(logits.reshape(r * n, v), nodes, parent, cu, draft_probs=probs,
                              temperature=temperature, seed=seed, position=position,
                              sibling_sampling="iid" if probs is None else "without_replacement", backend=backend,
-                             method=self.method, max_depth=self.depth, validate=False)
-        return Verified(res.output_token_ids, res.num_accepted, res.accepted_nodes.long())
+                             method=self.method, max_depth=self.depth, validate=False, return_mask=self.record_mask,
+                             **_truncation(self, r))
+        res, mask = _result(res, self.record_mask)
+        return Verified(res.output_token_ids, res.num_accepted, res.accepted_nodes.long(), mask)
 
     def compact(self, cache: KVCache, rows: torch.Tensor, start: torch.Tensor, verified: Verified) -> None:
         """Move the accepted path's keys/values to contiguous slots after the prefix."""

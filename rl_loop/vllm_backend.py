@@ -257,6 +257,11 @@ class VllmRolloutEngine:
             raise ValueError("every prompt needs at least one token")
         if config.spec == "tree":
             raise ValueError("spec='tree' is not supported by the vLLM backend (vLLM verifies chains)")
+        if config.record_mask:
+            raise ValueError("record_mask is not supported by the vLLM backend: vLLM's return_sampling_mask needs "
+                             "Model Runner V2, which the CPU engine does not run")
+        if config.top_k or config.top_p < 1.0:
+            raise ValueError("top_k / top_p are not passed to the vLLM backend yet")
         spec = config.spec != "none"
         if spec and self.drafter is None:
             raise ValueError(f"spec={config.spec!r} needs a drafter")

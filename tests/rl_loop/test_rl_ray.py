@@ -294,3 +294,18 @@ def _nudge(module: torch.nn.Module, seed: int) -> None:
     with torch.no_grad():
         for q in module.parameters():
             q.add_(torch.randn(q.shape, generator=g) * 1e-2)
+
+
+def test_workers_carry_the_sampling_masks(pool, models):
+    """``record_mask`` rollouts: each request's mask comes back from its worker, in request order."""
+    prompts, seeds = _requests()
+    gen = GenerationConfig(max_new_tokens=10, spec="chain", k=2, temperature=0.0, max_batch=4, record_mask=True)
+    expected = RolloutEngine(*models, EOS).generate(prompts, seeds, gen)
+    pool.assignment = _only([2, 0])
+    try:
+        out = pool.generate(prompts, seeds, gen)
+    finally:
+        pool.assignment = block_assignment
+    assert out.masks is not None and len(out.masks) == len(prompts)
+    for got, want in zip(out.masks, expected.masks, strict=True):
+        assert torch.equal(got.indptr, want.indptr) and torch.equal(got.indices, want.indices)

@@ -28,6 +28,7 @@ import pytest
 
 from rl_loop.config import REQUIRED_SUMMARY_KEYS, tiny_config
 from rl_loop.drafting import build_drafter
+from rl_loop.rollouts import GenerationConfig
 from rl_loop.task import CharTokenizer
 from rl_loop.train import run
 from rl_loop.vllm_backend import (
@@ -99,6 +100,11 @@ def test_config_checks_and_drafter_mapping(tmp_path, monkeypatch):
         with pytest.raises(ValueError, match="untrained"):
             untrained.llm(True)
         assert runtime.chain_method() == "token" and untrained.summary()["vllm_verify_method"] == "token"
+        # sampling masks need vLLM's Model Runner V2; truncation is not passed on: refused, not ignored
+        with pytest.raises(ValueError, match="record_mask is not supported by the vLLM backend"):
+            untrained.generate([[1, 5]], [0], GenerationConfig(spec="none", record_mask=True))
+        with pytest.raises(ValueError, match="top_k / top_p"):
+            untrained.generate([[1, 5]], [0], GenerationConfig(spec="none", top_k=4))
         # --verify block: the plugin's method for this process (it reads SPECDEC_VLLM_METHOD at every call)
         cfg = replace(tiny_config(out=str(tmp_path / "block")), backend="vllm", verify="block")
         block = make_vllm_engine(cfg, policy, build_drafter("eagle3", policy), CharTokenizer())

@@ -320,13 +320,14 @@ def _current(target: compat.Target):
 
 
 def test_every_target_is_patched_and_restored_on_the_vllm_under_test():
-    """All four targets (V1 forward, V1 logits-processor builder, the min-p / logit-bias request gate, V2
-    verify) patch and restore; with SPECDEC_EXPECT_VLLM set (tests/vllm/test_vllm_033.py) this must be that vLLM."""
+    """All five targets (V1 forward, V1 logits-processor builder, the min-p / logit-bias request gate, V2
+    verify and its chunk loop, which carries the sampling mask) patch and restore; with SPECDEC_EXPECT_VLLM set (tests/vllm/test_vllm_033.py) this must be that vLLM."""
     import vllm
 
     expected = os.environ.get("SPECDEC_EXPECT_VLLM")
     assert expected is None or vllm.__version__ == expected, vllm.__version__
-    targets = (compat.V1_FORWARD, compat.V1_BUILD_LOGITSPROCS, compat.SPEC_DECODE_PARAMS_GATE, compat.V2_VERIFY)
+    targets = (compat.V1_FORWARD, compat.V1_BUILD_LOGITSPROCS, compat.SPEC_DECODE_PARAMS_GATE, compat.V2_VERIFY,
+               compat.V2_VERIFY_IN_CHUNKS)
     originals = {t: _current(t) for t in targets}
     try:
         assert plugin.apply(v2_required=True) == [t.qualname for t in targets]

@@ -8,7 +8,7 @@ temperature / seeds, pre-temperature ``draft_logits[state, step]``), not through
 
 from __future__ import annotations
 
-from types import SimpleNamespace
+from types import MethodType, SimpleNamespace
 
 import numpy as np
 import pytest
@@ -147,3 +147,75 @@ def test_other_methods_run_vllms_original(monkeypatch, flag):
     fake = _fake_rejection_sampler(torch.ones(MAX_REQS), torch.zeros(MAX_REQS), **flag)
     monkeypatch.setattr(v2, "ORIGINAL", [lambda *args: ("original", len(args))])
     assert v2._verify(fake, *range(11)) == ("original", 12)
+
+
+def _mask_rejection_sampler(temperature, seeds, top_k, cut, **flags):
+    """A V2 rejection sampler asking for the sampling mask (``return_sampling_mask``); its processing keeps the
+    tokens whose logit is at least ``cut`` (the rest -inf), as top-k / top-p would."""
+    from vllm.config.model import PROCESSED_LOGPROBS_MODES
+
+    states = SimpleNamespace(temperature=SimpleNamespace(gpu=temperature), seeds=SimpleNamespace(gpu=seeds),
+                             top_k=SimpleNamespace(np=top_k))
+
+    def apply_sampling_params(logits, *args):
+        return torch.where(logits >= cut, logits, float("-inf"))
+
+    sampler = SimpleNamespace(apply_sampling_params=apply_sampling_params, sampling_states=states,
+                              return_sampling_mask=True, logprobs_mode=next(iter(PROCESSED_LOGPROBS_MODES)))
+    fake = _fake_rejection_sampler(temperature, seeds, **flags)
+    fake.sampler, fake.enable_adaptive_verification = sampler, False
+    fake._get_logprobs_tensors = lambda *args: None
+    fake._verify = MethodType(v2._verify, fake)
+    return fake
+
+
+def _input_batch(b):
+    cu = b.cu_num_logits
+    return SimpleNamespace(cu_num_logits=cu, cu_num_logits_np=cu.numpy().astype(np.int64), num_reqs=cu.numel() - 1,
+                           idx_mapping=b.idx_mapping, idx_mapping_np=b.idx_mapping.numpy(),
+                           expanded_idx_mapping=b.expanded_idx_mapping, expanded_local_pos=b.expanded_local_pos,
+                           seq_lens_cpu_upper_bound=torch.zeros(cu.numel() - 1, dtype=torch.int64))
+
+
+@pytest.mark.parametrize("max_chunk_logits", [100, 4])  # one chunk; chunks of whole requests (SamplingMaskTensors.cat)
+def test_sampling_mask_is_the_verifiers_in_vllms_layout(monkeypatch, max_chunk_logits):
+    """With ``return_sampling_mask`` on, vLLM's ``_verify_in_chunks`` (its own code) around the patched
+    ``_verify`` returns ``sampling_mask_tensors`` whose ``tolists`` holds, per committed token, exactly the ids
+    the processed row kept (what vLLM's ``from_logits`` would hold), the committed token among them; wider
+    rows than top_k fall back to the bitmask as in vLLM."""
+    rs = pytest.importorskip("vllm.v1.worker.gpu.spec_decode.rejection_sampler")
+    monkeypatch.setattr(v2, "ORIGINAL_IN_CHUNKS", [rs.RejectionSampler._verify_in_chunks])
+    gen = torch.Generator().manual_seed(3)
+    b = batch([[1, 2, 3], [3], [0, 5]], states=[2, 5, 0], first_pos=[4, 9, 1], last_tokens=[0, 0, 0])
+    logits = torch.randn(b.num_logits, 40, generator=gen)
+    top_k = np.full(MAX_REQS, 12, dtype=np.int32)
+    fake = _mask_rejection_sampler(torch.ones(MAX_REQS), torch.arange(MAX_REQS), top_k, cut=0.0)
+    sampled, num_sampled, logprobs, tensors = v2._verify_in_chunks(
+        fake, logits, _input_batch(b), None, b.verify_draft_sampled, b.pos, max_chunk_logits, -1,
+        b.verify_draft_sampled,
+    )
+    assert fake.sampler.return_sampling_mask and not hasattr(fake, v2._MASKS)  # restored
+    assert logprobs is None and tensors.rows_per_request == STEPS + 1 and tensors.token_ids.shape[1] == 12
+    lists = tensors.tolists(num_sampled.numpy())
+    cu = b.cu_num_logits.tolist()
+    assert lists.cu_num_generated_tokens == [0, *np.cumsum(num_sampled.numpy()).tolist()]
+    kept = (logits >= 0.0)
+    widest = 0
+    for r in range(3):
+        for j in range(int(num_sampled[r])):
+            e = lists.cu_num_generated_tokens[r] + j
+            ids = lists.token_ids[lists.offsets[e]:lists.offsets[e + 1]].tolist()
+            assert ids == kept[cu[r] + j].nonzero().flatten().tolist()
+            assert int(sampled[r, j]) in ids
+            widest = max(widest, len(ids))
+    assert widest > 12  # some row went through the bitmask path
+
+
+def test_sampling_mask_refused_with_lossy_acceptance(monkeypatch):
+    fake = _mask_rejection_sampler(torch.ones(MAX_REQS), torch.zeros(MAX_REQS), np.ones(MAX_REQS), cut=0.0,
+                                   synthetic_conditional_rates=torch.ones(STEPS))
+    monkeypatch.setattr(v2, "ORIGINAL_IN_CHUNKS", [lambda *args: "original"])
+    with pytest.raises(ValueError, match="return_sampling_mask.*synthetic"):
+        v2._verify_in_chunks(fake, *range(8))
+    fake.sampler.return_sampling_mask = False
+    assert v2._verify_in_chunks(fake, *range(8)) == "original"

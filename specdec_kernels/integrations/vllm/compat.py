@@ -81,6 +81,16 @@ V1_BUILD_CALLED = (
     Target("vllm.v1.sample.logits_processor.builtin", "MinPLogitsProcessor", "apply", ("self", "logits")),
     Target("vllm.v1.sample.logits_processor.builtin", "LogitBiasLogitsProcessor", "apply", ("self", "logits")),
 )
+# The V2 chunk loop that builds ``SamplerOutput.sampling_mask_tensors`` when vLLM's ``return_sampling_mask`` is
+# on (vLLM PR #49577; present in 0.32's and 0.33's V2 runner): replaced so that the mask is our verifier's.
+V2_VERIFY_IN_CHUNKS = Target(
+    "vllm.v1.worker.gpu.spec_decode.rejection_sampler", "RejectionSampler", "_verify_in_chunks",
+    ("self", "logits", "input_batch", "draft_logits", "draft_sampled", "pos", "max_chunk_logits",
+     "max_num_logprobs", "verify_draft_sampled"),
+)
+# The fields of vLLM's ``SamplingMaskTensors`` (vllm/v1/worker/gpu/sample/output.py) the replacement builds.
+SAMPLING_MASK_TENSORS = ("vllm.v1.worker.gpu.sample.output", "SamplingMaskTensors",
+                         ("token_ids", "packed_mask", "counts", "vocab_size", "rows_per_request"))
 V2_CALLED = (
     # __init__ sets sampler, num_speculative_steps, synthetic_conditional_rates, use_block_verification,
     # watermark_key, which the replacement reads.
@@ -140,3 +150,14 @@ def check_targets(targets: tuple[Target, ...]) -> None:
     for target in targets:
         _, fn = resolve(target)
         check_signature(fn, target)
+
+
+def check_fields(module: str, name: str, fields: tuple[str, ...]) -> None:
+    """Refuse a NamedTuple ``module.name`` whose fields differ from ``fields``."""
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except Exception as exc:
+        raise UnsupportedVLLMError(f"cannot import {module}.{name}: {exc!r}") from exc
+    if tuple(getattr(cls, "_fields", ())) != fields:
+        raise UnsupportedVLLMError(f"{module}.{name} has fields {getattr(cls, '_fields', None)}, expected {fields}; "
+                                   "this vLLM changed the contract specdec-kernels patches")

@@ -51,14 +51,25 @@ def apply(v2_required: bool = False) -> list[str]:
     if compat.V2_VERIFY not in _active:
         try:
             compat.check_targets(compat.V2_CALLED)
+            compat.check_fields(*compat.SAMPLING_MASK_TENSORS)
             _install(compat.V2_VERIFY, v2._verify, v2.ORIGINAL)
+            _install(compat.V2_VERIFY_IN_CHUNKS, v2._verify_in_chunks, v2.ORIGINAL_IN_CHUNKS)
         except compat.UnsupportedVLLMError:
+            _uninstall(compat.V2_VERIFY, compat.V2_VERIFY_IN_CHUNKS)
             if v2_required:
                 revert()
                 raise
     if compat.V2_VERIFY in _active:
-        names.append(compat.V2_VERIFY.qualname)
+        names += [compat.V2_VERIFY.qualname, compat.V2_VERIFY_IN_CHUNKS.qualname]
     return names
+
+
+def _uninstall(*targets: compat.Target) -> None:
+    """Restore the objects these targets replaced (those not patched are skipped)."""
+    for target in targets:
+        if target in _active:
+            owner, original = _active.pop(target)
+            setattr(owner, target.name, original)
 
 
 def revert() -> None:
@@ -70,6 +81,7 @@ def revert() -> None:
     v1.ORIGINAL_BUILD.clear()
     v1.ORIGINAL_VALIDATE.clear()
     v2.ORIGINAL.clear()
+    v2.ORIGINAL_IN_CHUNKS.clear()
 
 
 def is_applied() -> bool:
