@@ -45,6 +45,8 @@ def train_on_batch(
     pipeline, lag 1); the old log-probs, hence the importance ratio, are taken under it. None: ``policy``.
     """
     t0 = time.perf_counter()
+    dev = next(policy.parameters()).device
+    ids, mask, adv = ids.to(dev), mask.to(dev), adv.to(dev)
     policy.eval()
     with torch.no_grad():
         old = policy_log_probs(policy if behaviour is None else behaviour, ids, cfg.temperature)

@@ -77,8 +77,9 @@ class Autoregressive:
     def verify(self, logits: torch.Tensor, proposal: Proposal, temperature: torch.Tensor, seed: torch.Tensor,
                position: torch.Tensor, backend: str) -> Verified:
         r = logits.shape[0]
-        res = sk.verify_chain(logits.reshape(r, -1), torch.zeros(0, dtype=torch.long),
-                              torch.zeros(r + 1, dtype=torch.long), temperature=temperature, seed=seed,
+        dev = logits.device
+        res = sk.verify_chain(logits.reshape(r, -1), torch.zeros(0, dtype=torch.long, device=dev),
+                              torch.zeros(r + 1, dtype=torch.long, device=dev), temperature=temperature, seed=seed,
                               position=position, backend=backend, max_draft_len=0, validate=False)
         return Verified(res.output_token_ids, res.num_accepted, None)
 
@@ -115,8 +116,10 @@ class _Drafting:
         ids = torch.zeros(len(prompts), width, dtype=torch.long)
         for i, p in enumerate(prompts):
             ids[i, : len(p) - 1] = torch.tensor(p[:-1])
-        self.drafter.admit(torch.tensor(slots), ids, torch.tensor([len(p) - 1 for p in prompts]),
-                           torch.tensor([p[-1] for p in prompts]), self.features(features))
+        dev = self.drafter.head.lm_head.weight.device
+        self.drafter.admit(torch.tensor(slots, device=dev), ids.to(dev),
+                           torch.tensor([len(p) - 1 for p in prompts], device=dev),
+                           torch.tensor([p[-1] for p in prompts], device=dev), self.features(features))
 
     def draft_args(self, temperature: torch.Tensor, seed: torch.Tensor, position: torch.Tensor) -> tuple:
         """(temperature, seed, position) for the drafter: None for greedy requests (deterministic drafts)."""
@@ -125,7 +128,7 @@ class _Drafting:
     def commit(self, rows: torch.Tensor, verified: Verified, features: list[torch.Tensor]) -> None:
         feats = self.features(features)
         if feats is not None and verified.path is not None:  # the policy features along the accepted path
-            feats = feats[torch.arange(feats.shape[0])[:, None], verified.path.clamp(min=0)]
+            feats = feats[torch.arange(feats.shape[0], device=feats.device)[:, None], verified.path.clamp(min=0)]
         self.drafter.commit(verified.num_accepted, verified.output_token_ids, feats, rows=rows)
 
 

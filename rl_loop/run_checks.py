@@ -12,6 +12,7 @@ from dataclasses import replace
 from importlib.util import find_spec
 
 from .config import RunConfig
+from .device import check_device
 from .resume import read_checkpoint
 from .rollouts import TreeShape
 from .usage import UsageError, check_out_dir
@@ -60,19 +61,19 @@ def check_context(cfg: RunConfig) -> None:
                          f"max_position_embeddings ({cfg.model.max_position_embeddings})")
 
 
-def check_verify_backend(name: str) -> None:
-    """``--verify-backend``: ``default`` or a specdec_kernels backend that runs on CPU tensors here."""
+def check_verify_backend(name: str, device: str = "cpu") -> None:
+    """``--verify-backend``: ``default`` or a specdec_kernels backend that runs on ``device``'s tensors here."""
     import specdec_kernels as sk
     from specdec_kernels.api import BACKENDS
 
     names = ("default", *(b for b in BACKENDS if b != "auto"))
     if name not in names:
         raise UsageError(f"--verify-backend must be one of {', '.join(names)}, got {name!r}")
-    available = sk.available_backends("cpu")
+    available = sk.available_backends(device)
     if name != "default" and name not in available:
         hint = {"triton": " (on CPU Triton runs only through its interpreter: set TRITON_INTERPRET=1)",
                 "cpu": " (the native extension is not built: python setup.py build_ext --inplace)",
-                "cuda": " (rollouts run on CPU tensors)"}.get(name, "")
+                "cuda": " (rollouts run on CPU tensors: --device cuda)"}.get(name, "")
         raise UsageError(f"--verify-backend {name} is not available here{hint}; available: {', '.join(available)}")
 
 
@@ -94,7 +95,8 @@ def check_backend(cfg: RunConfig) -> None:
 def check_run(cfg: RunConfig) -> None:
     """Every check above, cheapest first; with ``cfg.resume`` the checkpoint too (``resume.read_checkpoint``)."""
     check_values(cfg.k, cfg.steps, cfg.temperature, cfg.seed)
-    check_verify_backend(cfg.verify_backend)
+    check_device(cfg.device)
+    check_verify_backend(cfg.verify_backend, cfg.device)
     check_backend(cfg)
     check_context(cfg)
     if cfg.resume:  # before check_out_dir, which would create a mistyped --out
