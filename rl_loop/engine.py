@@ -171,8 +171,7 @@ class RolloutEngine:
             t0 = time.perf_counter()
             prop = strategy.propose(rows, last[rows], temp_r, seed_r, position)
             t1 = time.perf_counter()
-            logits, hidden = self.round_step(prop.tokens, cache, None if every else rows, start, kv_len,
-                                             depth=prop.depth, tree_mask=prop.tree_mask, capture=strategy.capture)
+            logits, hidden = self._forward(prop, cache, rows, every, start, kv_len, length, strategy.capture)
             t2 = time.perf_counter()
             ver = strategy.verify(logits, prop, temp_r, seed_r, position, backend)
             strategy.compact(cache, rows, start, ver)
@@ -183,6 +182,22 @@ class RolloutEngine:
             self._record_round(stats, (t0, t1, t2, t3), active, out, num_acc, req, config.max_new_tokens)
             strategy.commit(rows, ver, hidden)
         return req.rollouts(stats, t_start)
+
+    def _forward(self, prop, cache: KVCache, rows: torch.Tensor, every: bool, start: torch.Tensor, kv_len: int,
+                 length: torch.Tensor, capture: tuple[int, ...]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """The round's policy forward: logits [R, n, V] and captured hidden states of the active ``rows``.
+
+        With graphs, a causal round of a partial batch still runs every slot (the captured shape): an idle
+        slot's row reads its stale last token and writes keys/values past its own dead prefix, which the next
+        request admitted there overwrites before attending to them; its outputs are dropped."""
+        causal = prop.depth is None and prop.tree_mask is None
+        if every or self.graphed is None or not causal:
+            return self.round_step(prop.tokens, cache, None if every else rows, start, kv_len, depth=prop.depth,
+                                   tree_mask=prop.tree_mask, capture=capture)
+        tokens = torch.zeros((cache.batch, prop.tokens.shape[1]), dtype=prop.tokens.dtype, device=self.device)
+        tokens[rows] = prop.tokens
+        logits, hidden = self.round_step(tokens, cache, None, length, kv_len, capture=capture)
+        return logits[rows], [h[rows] for h in hidden]
 
     def _cache(self, num_slots: int, max_len: int) -> KVCache:
         """The policy's KV cache of a call: fresh on cpu; with graphs one per slot count, as long as the

@@ -13,7 +13,8 @@ def policy_log_probs(policy: Qwen3, ids: torch.Tensor, temperature: float = 1.0)
     """[N, T - 1] log-probability of each next token under the policy at ``temperature`` (> 0).
 
     The trainer scores rollouts under the same tempered distribution they were sampled from, so the
-    GRPO ratio is on-policy for the rollout temperature.
+    GRPO ratio is on-policy for the rollout temperature. On the policy's device (``ids`` moved there).
     """
+    ids = ids.to(next(policy.parameters()).device)
     logits, _ = policy(ids)
     return grpo.token_log_probs(logits[:, :-1] / temperature, ids[:, 1:])

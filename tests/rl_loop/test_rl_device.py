@@ -63,20 +63,31 @@ def test_device_specific_choices():
     assert weight_dtype("cuda") == torch.bfloat16 and weight_dtype("cpu") == torch.float32
 
 
+class CountingGraph(EagerGraph):
+    replays = 0
+
+    def replay(self) -> None:
+        CountingGraph.replays += 1
+        super().replay()
+
+
 @pytest.mark.parametrize("spec", ["none", "chain"])
 def test_graphed_round_forward_gives_the_eager_tokens(spec):
-    """A full batch replays the captured forward over the whole cache (kv_len = max_len, static shapes);
-    partial batches run eagerly; weight sync drops the graphs. Tokens match the eager engine's."""
+    """Every round replays the captured forward over the whole cache (kv_len = max_len, static shapes), the
+    tail of the call too, when idle slots ride along; weight sync drops the graphs. Tokens match the eager
+    engine's."""
     policy = spread_qwen3(ModelConfig(num_hidden_layers=3, intermediate_size=96, max_position_embeddings=96))
     drafter = build_drafter("eagle3", policy, seed=1) if spec == "chain" else None
     eager = RolloutEngine(policy, drafter, eos_id=2, check_sync=False)
-    graphed = RolloutEngine(policy, drafter, eos_id=2, check_sync=False, graphs=True, graph_capture=EagerGraph)
+    graphed = RolloutEngine(policy, drafter, eos_id=2, check_sync=False, graphs=True, graph_capture=CountingGraph)
+    CountingGraph.replays = 0
     prompts = [[1, 5 + i % 3, 7, 9 + i % 2] for i in range(6)]
     seeds = list(range(100, 106))
     gen = GenerationConfig(max_new_tokens=12, spec=spec, k=3, max_batch=4)
     want = eager.generate(prompts, seeds, gen)
     got = graphed.generate(prompts, seeds, gen)
     assert got.response_ids == want.response_ids and got.finished == want.finished
+    assert CountingGraph.replays == got.stats.forwards  # every round, the partial batches of the tail too
     shapes = {key[0] for key in graphed.graphed.graphs}
     assert shapes == {(4, 1 if spec == "none" else 4)}  # one graph per batch shape, reused every round
     cache = graphed.caches[4]
