@@ -159,12 +159,13 @@ class RolloutEngine:
         length, last = req.length, req.last
         temp = torch.full((num_slots,), float(config.temperature), device=self.device)
         backend = resolve_verify_backend(config.backend, self.device.type)
+        all_rows = torch.arange(num_slots, device=self.device)
         while True:
             active = self._admit(req, cache, strategy, stats)
             if not active:
                 break
             every = len(active) == num_slots  # the policy reads the cache as views, without a gather
-            rows = torch.tensor(active, device=self.device)
+            rows = all_rows if every else torch.tensor(active, device=self.device)  # (a copy from the host)
             start = length[rows]
             kv_len = max(req.length_host[s] for s in active) + width
             temp_r, seed_r, position = temp[rows], req.seed_t[rows], start + 1

@@ -68,7 +68,7 @@ def measure(cfg: RunConfig, seeds: int, repeats: int) -> dict:
     _sync(cfg.device)
     warm_s = time.perf_counter() - t0
     spec, ar = cfg.generation(), cfg.generation(spec="none")
-    problems = s.train[: cfg.prompts_per_step]
+    problems = s.val[: cfg.prompts_per_step]  # prompts the warm starts never saw
     prompts = [s.tok.encode(p.prompt, bos=True) for p in problems for _ in range(cfg.group_size)]
     for gen in (ar, spec):  # captures each arm's graphs (and warms caches) outside the timed pairs
         s.engine.generate(prompts, request_seeds(cfg.seed, -1, len(prompts)), gen)
