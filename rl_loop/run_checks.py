@@ -77,6 +77,19 @@ def check_verify_backend(name: str, device: str = "cpu") -> None:
         raise UsageError(f"--verify-backend {name} is not available here{hint}; available: {', '.join(available)}")
 
 
+def check_device_run(cfg: RunConfig) -> None:
+    """``--device cuda`` runs the in-process engine of the sync pipeline (Ray workers, the async pipeline and
+    vLLM place their own models) with the torch decode path (``--decode native`` is a CPU kernel)."""
+    check_device(cfg.device)
+    if cfg.device == "cpu":
+        return
+    if cfg.backend != "own" or cfg.pipeline != "sync" or cfg.rollout_workers != 1:
+        raise UsageError("--device cuda runs --backend own --pipeline sync --rollout-workers 1, got "
+                         f"--backend {cfg.backend} --pipeline {cfg.pipeline} --rollout-workers {cfg.rollout_workers}")
+    if cfg.decode == "native":
+        raise UsageError("--decode native is a CPU kernel; --device cuda takes --decode auto or torch")
+
+
 def check_backend(cfg: RunConfig) -> None:
     """``--backend vllm`` needs vLLM installed and a configuration it can serve."""
     if cfg.backend != "vllm":
@@ -95,7 +108,7 @@ def check_backend(cfg: RunConfig) -> None:
 def check_run(cfg: RunConfig) -> None:
     """Every check above, cheapest first; with ``cfg.resume`` the checkpoint too (``resume.read_checkpoint``)."""
     check_values(cfg.k, cfg.steps, cfg.temperature, cfg.seed)
-    check_device(cfg.device)
+    check_device_run(cfg)
     check_verify_backend(cfg.verify_backend, cfg.device)
     check_backend(cfg)
     check_context(cfg)

@@ -17,6 +17,7 @@ from rl_loop.device import check_device, weight_dtype
 from rl_loop.drafting import build_drafter
 from rl_loop.engine import RolloutEngine
 from rl_loop.rollouts import GenerationConfig, resolve_verify_backend
+from rl_loop.run_checks import check_device_run
 from rl_loop.session import setup
 from rl_loop.usage import UsageError
 from specdec_kernels.models import ModelConfig
@@ -52,6 +53,14 @@ def test_device_cuda_without_a_gpu_is_one_line_exit_2(monkeypatch, capsys):
     with pytest.raises(UsageError, match="--device must be one of"):
         check_device("tpu")
     check_device("cuda", cuda_available=True)
+
+
+def test_cuda_runs_refuse_what_places_its_own_models(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for flags in (["--pipeline", "async"], ["--rollout-workers", "2"], ["--decode", "native"]):
+        with pytest.raises(UsageError, match="--device cuda|CPU kernel"):
+            check_device_run(parse_args(["--device", "cuda", "--tiny", *flags]))
+    check_device_run(parse_args(["--device", "cuda", "--tiny"]))
 
 
 def test_device_specific_choices():
