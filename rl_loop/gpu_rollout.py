@@ -10,8 +10,8 @@ speculative over AR, pooled over all pairs, with a percentile bootstrap interval
 
 Budget (``--device cuda``, unmeasured: no GPU was available when this was written): warm start ~60-90 s
 (300 SFT steps of 32 sequences x ~45 tokens and 300 drafter steps of the 0.6B bf16 policy, overhead-bound
-at this batch), graph captures and 3 seeds x 4 pairs of 128-request rollouts ~60 s: about 3 minutes of the
-4-minute device budget. ``--device cpu --tiny`` is the same path at hidden 64 x 3 layers (same V), a dry
+at this batch), graph captures and 3 seeds x 8 pairs of 128-request rollouts (~1 s a pair: ~48 AR rounds
+of a graphed 0.6B forward) ~30-60 s, CUDA and model start-up ~20 s: about 2.5 of the 4 minutes. ``--device cpu --tiny`` is the same path at hidden 64 x 3 layers (same V), a dry
 run the tests execute.
 
 Writes ``OUT/gpu_rollout.json``: the figure, the regime (policy size, vocabulary, batch, k, T), every
@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="runs/gpu_rollout", help="output directory (writes gpu_rollout.json)")
     p.add_argument("--tiny", action="store_true", help="the V = 151936 CPU variant, seconds-long (a dry run)")
     p.add_argument("--seeds", type=int, default=3, help="request-seed sets")
-    p.add_argument("--repeats", type=int, default=4, help="interleaved AR / speculative pairs per seed")
+    p.add_argument("--repeats", type=int, default=8, help="interleaved AR / speculative pairs per seed")
     p.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
     a = p.parse_args(argv)
     try:
