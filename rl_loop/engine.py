@@ -197,7 +197,9 @@ class RolloutEngine:
                                    tree_mask=prop.tree_mask, capture=capture)
         tokens = torch.zeros((cache.batch, prop.tokens.shape[1]), dtype=prop.tokens.dtype, device=self.device)
         tokens[rows] = prop.tokens
-        logits, hidden = self.round_step(tokens, cache, None, length, kv_len, capture=capture)
+        # an idle slot's length may run past the context by a round's overshoot; active ones never do
+        start_all = length.clamp(max=cache.max_len - tokens.shape[1])
+        logits, hidden = self.round_step(tokens, cache, None, start_all, kv_len, capture=capture)
         return logits[rows], [h[rows] for h in hidden]
 
     def _cache(self, num_slots: int, max_len: int) -> KVCache:
