@@ -9,6 +9,7 @@ from dataclasses import replace
 
 from .config import POLICY_PRESETS, REQUIRED_SUMMARY_KEYS, WORKLOADS, RunConfig, tiny_config, with_workload
 from .decode import DECODE_PATHS
+from .device import DEVICES, check_device
 from .rollouts import VERIFY_METHODS
 from .run_checks import check_values
 from .train import run
@@ -54,12 +55,16 @@ def parse_args(argv: list[str] | None = None) -> RunConfig:
                         "reference, cpu, triton, cuda")
     p.add_argument("--policy", choices=tuple(POLICY_PRESETS), default=None,
                    help="policy shape preset: default (12 layers x hidden 96), wide (4 x 256), stream (4 x 1024, "
-                        "weights beyond the last-level cache); default: the configuration's own")
+                        "weights beyond the last-level cache), llm (Qwen3-0.6B's shape and 151936-token vocabulary; a GPU policy), "
+                        "llm-tiny (that vocabulary at hidden 64 x 3 layers); default: the configuration's own")
     p.add_argument("--workload", choices=tuple(WORKLOADS), default=d.workload,
                    help="task mix: default (add / mul / countdown scratchpads), search (countdown as search "
                         "traces: less templated, lower draft acceptance)")
     p.add_argument("--decode", choices=DECODE_PATHS, default=d.decode,
                    help="the policy's decode path for both arms (auto: native fused layer step when built)")
+    p.add_argument("--device", choices=DEVICES, default=d.device,
+                   help="where policy, drafter, KV cache and verification run: cpu (float32, native CPU kernels) "
+                        "or cuda (bf16 weights, verify_chain backend auto, CUDA graphs for both arms)")
     p.add_argument("--threads", type=int, default=d.num_threads, help="torch intra-op threads (both arms)")
     p.add_argument("--rollout-workers", type=int, default=d.rollout_workers,
                    help="rollout workers as Ray actors, groups split across them (sync: 1 = in-process); "
@@ -77,6 +82,7 @@ def parse_args(argv: list[str] | None = None) -> RunConfig:
     a = p.parse_args(argv)
     try:
         check_values(a.k, a.steps, a.temperature, a.seed)
+        check_device(a.device)
     except UsageError as e:
         p.error(str(e))
     if a.rollout_workers < 1:
@@ -90,7 +96,7 @@ def parse_args(argv: list[str] | None = None) -> RunConfig:
         base, pipeline=a.pipeline, spec=a.spec, drafter=a.drafter, k=a.k, backend=a.backend, steps=steps,
         verify=a.verify,
         seed=a.seed, out=a.out, temperature=a.temperature, verify_backend=a.verify_backend, resume=a.resume,
-        decode=a.decode, num_threads=a.threads, rollout_workers=a.rollout_workers, dump_rollouts=a.dump_rollouts,
+        decode=a.decode, device=a.device, num_threads=a.threads, rollout_workers=a.rollout_workers, dump_rollouts=a.dump_rollouts,
         equivalence=not a.no_equivalence, plots=base.plots and not a.no_plots,
         record_mask=a.record_mask or a.mask_logprobs, mask_logprobs=a.mask_logprobs,
     )

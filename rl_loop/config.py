@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 from specdec_kernels.models import ModelConfig
 
 from .decode import DECODE_PATHS
+from .device import DEVICES
 from .rollouts import VERIFY_METHODS, VERIFY_SPEC, GenerationConfig, TreeShape, resolve_verify_backend
 from .task import TaskConfig
 
@@ -46,7 +47,30 @@ def stream_policy() -> ModelConfig:
                        num_attention_heads=16, num_key_value_heads=8, head_dim=64, max_position_embeddings=256)
 
 
-POLICY_PRESETS = {"default": default_policy, "wide": wide_policy, "stream": stream_policy}
+QWEN3_VOCAB_SIZE = 151936  # Qwen3's vocabulary (every size of the family)
+
+
+def llm_policy() -> ModelConfig:
+    """Qwen3-0.6B's proportions and vocabulary (0.6B parameters, 1.2 GB in bf16): V = 151936, hidden 1024,
+    MLP 3072, 28 layers, 16 query / 8 key-value heads of 128, tied embeddings, RoPE theta 1e6. The task's
+    tokens are the first ``task.VOCAB_SIZE`` rows; the other 151904 rows are random-initialised and the
+    warm start teaches the policy never to produce them. A GPU policy: the CPU tests run
+    :func:`llm_tiny_policy`."""
+    return ModelConfig(vocab_size=QWEN3_VOCAB_SIZE, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                       num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=256,
+                       rope_theta=1_000_000.0)
+
+
+def llm_tiny_policy() -> ModelConfig:
+    """:func:`llm_policy`'s vocabulary at a CPU test's width (hidden 64, 3 layers: EAGLE-3 needs three
+    feature layers; 9.8M parameters, nearly all of them the 151936-row embedding): verification and the
+    drafter run at the real V."""
+    return replace(llm_policy(), hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=2,
+                   num_key_value_heads=1, head_dim=64)
+
+
+POLICY_PRESETS = {"default": default_policy, "wide": wide_policy, "stream": stream_policy, "llm": llm_policy,
+                  "llm-tiny": llm_tiny_policy}
 
 # Task mixes (``--workload``): the problems and the response budget they need.
 # default: add / mul / countdown at difficulty 1-2 (templated scratchpads; responses ~10-30 tokens).
@@ -148,6 +172,8 @@ class RunConfig:
     equivalence_samples: int = 160
     checkpoint_every: int = 8
     resume: bool = False
+    # where policy, drafter, KV cache and verification run (``device.py``): cpu (float32) | cuda (bf16)
+    device: str = "cpu"
     num_threads: int = 2  # torch intra-op threads (both cores of the 2-core target machine)
     # Ray rollout workers (ray_rollout.py): sync with 1 generates in-process; async always runs on Ray
     rollout_workers: int = 1
@@ -161,7 +187,8 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         choices = {"pipeline": PIPELINES, "spec": SPECS, "drafter": DRAFTERS, "backend": BACKENDS,
-                   "decode": DECODE_PATHS, "verify": VERIFY_METHODS, "workload": tuple(WORKLOADS)}
+                   "decode": DECODE_PATHS, "verify": VERIFY_METHODS, "workload": tuple(WORKLOADS),
+                   "device": DEVICES}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
@@ -187,7 +214,7 @@ class RunConfig:
         return GenerationConfig(
             max_new_tokens=self.max_new_tokens, spec=self.spec if spec is None else spec, k=self.k,
             temperature=self.temperature if temperature is None else temperature, max_batch=self.max_batch,
-            backend=resolve_verify_backend(self.verify_backend), tree=TreeShape.for_k(self.k), verify=self.verify,
+            backend=resolve_verify_backend(self.verify_backend, self.device), tree=TreeShape.for_k(self.k), verify=self.verify,
             record_mask=self.record_mask or self.mask_logprobs,
         )
 

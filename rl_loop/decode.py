@@ -27,11 +27,16 @@ from specdec_kernels.models import KVCache, Qwen3
 DECODE_PATHS = ("auto", "torch", "native")
 
 
-def resolve_decode_path(name: str, qk_norm: bool = True) -> str:
-    """``name`` with ``"auto"`` resolved (module docstring); raises ValueError for an unknown path and for
-    ``"native"`` without the built extension or for a policy without q/k norms (the kernel runs Qwen3)."""
+def resolve_decode_path(name: str, qk_norm: bool = True, device: str = "cpu") -> str:
+    """``name`` with ``"auto"`` resolved (module docstring; on cuda ``"torch"``, which ``cuda_graphs.py``
+    graphs); raises ValueError for an unknown path and for ``"native"`` without the built extension, on a
+    cuda policy (the kernel is a CPU op) or for a policy without q/k norms (the kernel runs Qwen3)."""
     if name not in DECODE_PATHS:
         raise ValueError(f"decode path must be one of {DECODE_PATHS}, got {name!r}")
+    if device != "cpu":
+        if name == "native":
+            raise ValueError(f"decode path 'native' is a CPU kernel; the policy is on {device}")
+        return "torch"
     built = native.has_op("decoder_step", "cpu")
     if name == "auto":
         return "native" if built and qk_norm else "torch"
@@ -57,7 +62,7 @@ class PolicyStep:
 
     def __init__(self, policy: Qwen3, path: str = "auto") -> None:
         self.policy = policy
-        self.path = resolve_decode_path(path, policy.config.qk_norm)
+        self.path = resolve_decode_path(path, policy.config.qk_norm, next(policy.parameters()).device.type)
         self.weights: list[list[torch.Tensor]] = []
         self.rope: torch.Tensor | None = None
         self.rows_all: torch.Tensor | None = None

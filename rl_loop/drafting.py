@@ -34,22 +34,27 @@ from specdec_kernels.drafters.features import capture_target_features
 from specdec_kernels.drafters.training import DrafterTrainer, TrainConfig, head_features
 from specdec_kernels.models import Qwen3
 
+from .device import module_device, place
 from .task import CharTokenizer, Problem
 from .warm_start import sft_batch
 
 DRAFTER_INTERMEDIATE = 256  # the heads' (and the draft model's) MLP width
 
 
-def build_drafter(kind: str, policy: Qwen3, seed: int = 0, native: bool | None = None) -> CachedDrafter:
-    """A fresh, untrained drafter of ``kind`` ("eagle3", "mtp" or "draft_model") for ``policy``."""
+def build_drafter(kind: str, policy: Qwen3, seed: int = 0, native: bool | None = None, device: str = "cpu"
+                  ) -> CachedDrafter:
+    """A fresh, untrained drafter of ``kind`` ("eagle3", "mtp" or "draft_model") for ``policy``, its weights
+    on ``device`` in the device's dtype (``device.place``: the policy's)."""
     torch.manual_seed(seed)
     if kind == "eagle3":
-        return Eagle3Drafter(Eagle3Head.for_target(policy, intermediate_size=DRAFTER_INTERMEDIATE), native=native)
+        head = Eagle3Head.for_target(policy, intermediate_size=DRAFTER_INTERMEDIATE)
+        return Eagle3Drafter(place(head, device), native=native)
     if kind == "mtp":
-        return MtpDrafter(MtpHead.from_target(policy, intermediate_size=DRAFTER_INTERMEDIATE), native=native)
+        return MtpDrafter(place(MtpHead.from_target(policy, intermediate_size=DRAFTER_INTERMEDIATE), device),
+                          native=native)
     if kind == "draft_model":
         cfg = replace(policy.config, num_hidden_layers=1, intermediate_size=DRAFTER_INTERMEDIATE)
-        return DraftModelDrafter(Qwen3(cfg), native=native)
+        return DraftModelDrafter(place(Qwen3(cfg), device), native=native)
     raise ValueError(f"drafter must be 'eagle3', 'mtp' or 'draft_model', got {kind!r}")
 
 
@@ -63,9 +68,11 @@ def distill_step(trainer: DrafterTrainer, policy: Qwen3, ids: torch.Tensor, mask
     """One drafter update on sequences ``ids`` [B, T]: the policy's logits and features there (no grad),
     matched on the positions ``mask`` [B, T - 1] marks (logits row j predicts token j + 1)."""
     head = trainer.head
+    dev = module_device(policy)
+    ids, mask = ids.to(dev), mask.to(dev)
     with torch.no_grad():
         cap = capture_target_features(policy, ids, head.feature_layers if hasattr(head, "fc") else None)
-    lengths = torch.full((ids.shape[0],), ids.shape[1], dtype=torch.long)
+    lengths = torch.full((ids.shape[0],), ids.shape[1], dtype=torch.long, device=dev)
     target_mask = torch.cat([mask, torch.zeros_like(mask[:, :1])], 1)
     return trainer.step(ids, head_features(head, cap), cap.logits, lengths, target_mask)
 

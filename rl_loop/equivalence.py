@@ -74,13 +74,19 @@ def _two_sample(a: np.ndarray, b: np.ndarray) -> tuple[float, int]:
 def _sequence_log_probs(engine: Engine, prompts: list[list[int]], out: Rollouts, tok: CharTokenizer) -> np.ndarray:
     ids, mask = build_batch(prompts, out.response_ids, out.finished, tok)
     with torch.no_grad():
-        lp = policy_log_probs(engine.policy, ids)
+        lp = policy_log_probs(engine.policy, ids).cpu()
     return (lp * mask).sum(1).numpy()
 
 
-def _features(out: Rollouts, problems: list[Problem], tok: CharTokenizer, positions: int) -> dict:
-    v = tok.vocab_size
-    end = v  # extra cell: the sequence already ended at this position (EOS or cap)
+def vocab_size(engine: Engine, tok: CharTokenizer) -> int:
+    """The token histograms' cells: the policy's vocabulary (an LLM-shape policy's 151936 rows; its
+    tokens past the task's are rare but countable), else the tokenizer's."""
+    policy = getattr(engine, "policy", None)
+    return max(tok.vocab_size, policy.config.vocab_size if policy is not None else 0)
+
+
+def _features(out: Rollouts, problems: list[Problem], tok: CharTokenizer, positions: int, vocab: int) -> dict:
+    end = vocab  # extra cell: the sequence already ended at this position (EOS or cap)
     tokens = np.full((len(out.response_ids), positions), end)
     for i, (r, f) in enumerate(zip(out.response_ids, out.finished, strict=True)):
         seq = (r + ([tok.eos_id] if f else []))[:positions]
@@ -180,18 +186,19 @@ def check_equivalence(
     sample_cfg = replace(cfg.generation, temperature=1.0)
     ar = engine.generate(prompts, seeds[0], replace(sample_cfg, spec="none"))
     sp = engine.generate(prompts, seeds[1], sample_cfg)
-    fa, fs = (_features(x, many, tok, cfg.positions) for x in (ar, sp))
+    vocab = vocab_size(engine, tok)
+    fa, fs = (_features(x, many, tok, cfg.positions, vocab) for x in (ar, sp))
     lp_a, lp_s = (_sequence_log_probs(engine, prompts, x, tok) for x in (ar, sp))
-    main = compare_laws(fa, fs, lp_a, lp_s, cfg.positions, tok.vocab_size)
+    main = compare_laws(fa, fs, lp_a, lp_s, cfg.positions, vocab)
     n_tests = len(main["pvalues"])
     alpha_each = cfg.alpha / n_tests
     min_p = min(main["pvalues"].values())
     law_pass = min_p >= alpha_each
 
     def control_of(out: Rollouts) -> dict:
-        f = _features(out, many, tok, cfg.positions)
+        f = _features(out, many, tok, cfg.positions, vocab)
         lp = _sequence_log_probs(engine, prompts, out, tok)
-        return _control_report(compare_laws(fa, f, lp_a, lp, cfg.positions, tok.vocab_size), alpha_each)
+        return _control_report(compare_laws(fa, f, lp_a, lp, cfg.positions, vocab), alpha_each)
 
     lossy = None
     control_engine = _control_engine(engine)

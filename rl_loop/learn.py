@@ -47,6 +47,8 @@ def train_on_batch(
     over the recorded kept sets (``logprobs.kept_batch``).
     """
     t0 = time.perf_counter()
+    dev = next(policy.parameters()).device
+    ids, mask, adv = ids.to(dev), mask.to(dev), adv.to(dev)
     policy.eval()
     with torch.no_grad():
         old = policy_log_probs(policy if behaviour is None else behaviour, ids, cfg.temperature, kept)

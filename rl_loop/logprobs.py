@@ -16,8 +16,10 @@ def policy_log_probs(policy: Qwen3, ids: torch.Tensor, temperature: float = 1.0,
 
     The trainer scores rollouts under the same tempered distribution they were sampled from, so the
     GRPO ratio is on-policy for the rollout temperature. ``kept`` [N, T - 1, V] bool (:func:`kept_batch`):
-    restrict each row's log-softmax to the ids the sampler kept there (``--mask-logprobs``).
+    restrict each row's log-softmax to the ids the sampler kept there (``--mask-logprobs``). On the policy's
+    device (``ids`` moved there).
     """
+    ids = ids.to(next(policy.parameters()).device)
     logits, _ = policy(ids)
     return grpo.token_log_probs(logits[:, :-1] / temperature, ids[:, 1:], kept)
 

@@ -91,12 +91,15 @@ class GenerationConfig:
         return self.tree or TreeShape.for_k(self.k)
 
 
-def resolve_verify_backend(name: str) -> str:
-    """The verification backend: "default" = the fastest CPU backend (native when built, else the
-    reference; ``available_backends`` never ranks the Triton interpreter first); any explicit
-    specdec_kernels backend name is passed through."""
+def resolve_verify_backend(name: str, device: str = "cpu") -> str:
+    """The verification backend: "default" = on cpu the fastest CPU backend (native when built, else the
+    reference; ``available_backends`` never ranks the Triton interpreter first), on cuda ``"auto"`` (the
+    library picks its Triton / CUDA kernels per call); any explicit specdec_kernels backend name is passed
+    through."""
     if name != "default":
         return name
+    if device == "cuda":
+        return "auto"
     return sk.available_backends("cpu")[0]
 
 

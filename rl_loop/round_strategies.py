@@ -58,10 +58,11 @@ class Verified(NamedTuple):
     mask: sk.SamplingMask | None = None  # per emitted token the ids its row kept (``record_mask`` strategies)
 
 
-def _truncation(strategy, num_requests: int) -> dict:
-    """``verify_*``'s top_k / top_p for ``num_requests`` requests of ``strategy`` (None where off)."""
-    top_k = torch.full((num_requests,), strategy.top_k, dtype=torch.int32) if strategy.top_k > 0 else None
-    top_p = torch.full((num_requests,), strategy.top_p) if strategy.top_p < 1.0 else None
+def _truncation(strategy, num_requests: int, device: torch.device) -> dict:
+    """``verify_*``'s top_k / top_p for ``num_requests`` requests of ``strategy`` on ``device`` (None where off)."""
+    top_k = (torch.full((num_requests,), strategy.top_k, dtype=torch.int32, device=device) if strategy.top_k > 0
+             else None)
+    top_p = torch.full((num_requests,), strategy.top_p, device=device) if strategy.top_p < 1.0 else None
     return {"top_k": top_k, "top_p": top_p}
 
 
@@ -92,10 +93,11 @@ class Autoregressive:
     def verify(self, logits: torch.Tensor, proposal: Proposal, temperature: torch.Tensor, seed: torch.Tensor,
                position: torch.Tensor, backend: str) -> Verified:
         r = logits.shape[0]
-        res = sk.verify_chain(logits.reshape(r, -1), torch.zeros(0, dtype=torch.long),
-                              torch.zeros(r + 1, dtype=torch.long), temperature=temperature, seed=seed,
+        dev = logits.device
+        res = sk.verify_chain(logits.reshape(r, -1), torch.zeros(0, dtype=torch.long, device=dev),
+                              torch.zeros(r + 1, dtype=torch.long, device=dev), temperature=temperature, seed=seed,
                               position=position, backend=backend, max_draft_len=0, validate=False,
-                              return_mask=self.record_mask, **_truncation(self, r))
+                              return_mask=self.record_mask, **_truncation(self, r, logits.device))
         res, mask = _result(res, self.record_mask)
         return Verified(res.output_token_ids, res.num_accepted, None, mask)
 
@@ -135,8 +137,10 @@ class _Drafting:
         ids = torch.zeros(len(prompts), width, dtype=torch.long)
         for i, p in enumerate(prompts):
             ids[i, : len(p) - 1] = torch.tensor(p[:-1])
-        self.drafter.admit(torch.tensor(slots), ids, torch.tensor([len(p) - 1 for p in prompts]),
-                           torch.tensor([p[-1] for p in prompts]), self.features(features))
+        dev = self.drafter.head.lm_head.weight.device
+        self.drafter.admit(torch.tensor(slots, device=dev), ids.to(dev),
+                           torch.tensor([len(p) - 1 for p in prompts], device=dev),
+                           torch.tensor([p[-1] for p in prompts], device=dev), self.features(features))
 
     def draft_args(self, temperature: torch.Tensor, seed: torch.Tensor, position: torch.Tensor) -> tuple:
         """(temperature, seed, position) for the drafter: None for greedy requests (deterministic drafts)."""
@@ -145,7 +149,7 @@ class _Drafting:
     def commit(self, rows: torch.Tensor, verified: Verified, features: list[torch.Tensor]) -> None:
         feats = self.features(features)
         if feats is not None and verified.path is not None:  # the policy features along the accepted path
-            feats = feats[torch.arange(feats.shape[0])[:, None], verified.path.clamp(min=0)]
+            feats = feats[torch.arange(feats.shape[0], device=feats.device)[:, None], verified.path.clamp(min=0)]
         self.drafter.commit(verified.num_accepted, verified.output_token_ids, feats, rows=rows)
 
 
@@ -173,7 +177,7 @@ class ChainSpeculation(_Drafting):
         res = sk.verify_chain(logits.reshape(r * n, v), tokens, cu, draft_probs=probs, temperature=temperature,
                               seed=seed, position=position, backend=backend, method=self.method,
                               max_draft_len=self.depth, validate=False, return_mask=self.record_mask,
-                              **_truncation(self, r))
+                              **_truncation(self, r, logits.device))
         res, mask = _result(res, self.record_mask)
         return Verified(res.output_token_ids, res.num_accepted, None, mask)
 
@@ -210,7 +214,7 @@ class TreeSpeculation(_Drafting):
                              temperature=temperature, seed=seed, position=position,
                              sibling_sampling="iid" if probs is None else "without_replacement", backend=backend,
                              method=self.method, max_depth=self.depth, validate=False, return_mask=self.record_mask,
-                             **_truncation(self, r))
+                             **_truncation(self, r, logits.device))
         res, mask = _result(res, self.record_mask)
         return Verified(res.output_token_ids, res.num_accepted, res.accepted_nodes.long(), mask)
 

@@ -12,6 +12,7 @@ from dataclasses import replace
 from importlib.util import find_spec
 
 from .config import RunConfig
+from .device import check_device
 from .resume import read_checkpoint
 from .rollouts import TreeShape
 from .usage import UsageError, check_out_dir
@@ -60,20 +61,33 @@ def check_context(cfg: RunConfig) -> None:
                          f"max_position_embeddings ({cfg.model.max_position_embeddings})")
 
 
-def check_verify_backend(name: str) -> None:
-    """``--verify-backend``: ``default`` or a specdec_kernels backend that runs on CPU tensors here."""
+def check_verify_backend(name: str, device: str = "cpu") -> None:
+    """``--verify-backend``: ``default`` or a specdec_kernels backend that runs on ``device``'s tensors here."""
     import specdec_kernels as sk
     from specdec_kernels.api import BACKENDS
 
     names = ("default", *(b for b in BACKENDS if b != "auto"))
     if name not in names:
         raise UsageError(f"--verify-backend must be one of {', '.join(names)}, got {name!r}")
-    available = sk.available_backends("cpu")
+    available = sk.available_backends(device)
     if name != "default" and name not in available:
         hint = {"triton": " (on CPU Triton runs only through its interpreter: set TRITON_INTERPRET=1)",
                 "cpu": " (the native extension is not built: python setup.py build_ext --inplace)",
-                "cuda": " (rollouts run on CPU tensors)"}.get(name, "")
+                "cuda": " (rollouts run on CPU tensors: --device cuda)"}.get(name, "")
         raise UsageError(f"--verify-backend {name} is not available here{hint}; available: {', '.join(available)}")
+
+
+def check_device_run(cfg: RunConfig) -> None:
+    """``--device cuda`` runs the in-process engine of the sync pipeline (Ray workers, the async pipeline and
+    vLLM place their own models) with the torch decode path (``--decode native`` is a CPU kernel)."""
+    check_device(cfg.device)
+    if cfg.device == "cpu":
+        return
+    if cfg.backend != "own" or cfg.pipeline != "sync" or cfg.rollout_workers != 1:
+        raise UsageError("--device cuda runs --backend own --pipeline sync --rollout-workers 1, got "
+                         f"--backend {cfg.backend} --pipeline {cfg.pipeline} --rollout-workers {cfg.rollout_workers}")
+    if cfg.decode == "native":
+        raise UsageError("--decode native is a CPU kernel; --device cuda takes --decode auto or torch")
 
 
 def check_backend(cfg: RunConfig) -> None:
@@ -94,7 +108,8 @@ def check_backend(cfg: RunConfig) -> None:
 def check_run(cfg: RunConfig) -> None:
     """Every check above, cheapest first; with ``cfg.resume`` the checkpoint too (``resume.read_checkpoint``)."""
     check_values(cfg.k, cfg.steps, cfg.temperature, cfg.seed)
-    check_verify_backend(cfg.verify_backend)
+    check_device_run(cfg)
+    check_verify_backend(cfg.verify_backend, cfg.device)
     check_backend(cfg)
     check_context(cfg)
     if cfg.resume:  # before check_out_dir, which would create a mistyped --out

@@ -16,6 +16,7 @@ from specdec_kernels.models import Qwen3, save_pretrained
 
 from .accounting import summary_figures
 from .config import RunConfig
+from .device import place
 from .drafting import adapter, build_drafter, problem_batches, warm_start
 from .engine import RolloutEngine
 from .evaluation import validate
@@ -74,7 +75,7 @@ def setup(cfg: RunConfig, log: Callable[[dict], None]) -> Session:
     tok = CharTokenizer()
     train_set, val_set = make_splits(replace(cfg.task, seed=cfg.seed))
     test_set = make_test_split(replace(cfg.task, seed=cfg.seed), cfg.num_test, train_set + val_set)
-    policy = Qwen3(cfg.model)
+    policy = place(Qwen3(cfg.model), cfg.device)
     ckpt = load_checkpoint(cfg)
     state = RunState() if ckpt is None else RunState.from_dict(ckpt["state"])
     if ckpt is None:
@@ -89,7 +90,7 @@ def setup(cfg: RunConfig, log: Callable[[dict], None]) -> Session:
     policy.eval()
     drafter, trainer = None, None
     if cfg.spec != "none":
-        drafter = build_drafter(cfg.drafter, policy, cfg.seed)
+        drafter = build_drafter(cfg.drafter, policy, cfg.seed, device=cfg.device)
         if ckpt is None:
             t0 = time.perf_counter()
             with _frozen(policy):
@@ -110,7 +111,7 @@ def setup(cfg: RunConfig, log: Callable[[dict], None]) -> Session:
         opt.load_state_dict(ckpt["opt"])
     ref = None
     if cfg.kl_coef > 0:
-        ref = Qwen3(cfg.model)
+        ref = place(Qwen3(cfg.model), cfg.device)
         ref.load_state_dict(policy.state_dict() if ckpt is None else ckpt["ref"])
         ref.eval()
     return Session(cfg=cfg, tok=tok, train=train_set, val=val_set[: cfg.num_val], policy=policy, drafter=drafter,

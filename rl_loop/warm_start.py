@@ -52,11 +52,13 @@ def supervised_warm_start(
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, betas=(0.9, 0.98))
     losses: list[float] = []
     t0 = time.perf_counter()
+    device = next(model.parameters()).device
     model.train()
     for step in range(steps):
         for g in opt.param_groups:
             g["lr"] = lr * 0.5 * (1 + math.cos(math.pi * step / steps)) * min(1.0, (step + 1) / 20)
-        ids, mask = sft_batch(rng.sample(problems, min(batch_size, len(problems))), tokenizer)
+        ids, mask = (t.to(device) for t in sft_batch(rng.sample(problems, min(batch_size, len(problems))),
+                                                      tokenizer))
         logits, _ = model(ids)
         loss = F.cross_entropy(logits[:, :-1][mask], ids[:, 1:][mask])
         opt.zero_grad(set_to_none=True)
