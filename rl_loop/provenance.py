@@ -57,7 +57,10 @@ def provenance(command: str | None = None) -> dict:
     except OSError:
         pass
     status = _git("status", "--porcelain", "--untracked-files=no")
-    return {"commit": _git("rev-parse", "HEAD"), "dirty": None if status is None else bool(status),
+    commit = _git("rev-parse", "HEAD")
+    if commit is None:  # a copy of the tree without .git (a lent GPU machine): the commit the caller passes
+        commit = os.environ.get("SPECDEC_GIT_COMMIT") or None
+    return {"commit": commit, "dirty": None if status is None else bool(status),
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "cpu": cpu,
             "cores": os.cpu_count(), "threads": torch and torch.get_num_threads(), "torch": torch and torch.__version__,
             "command": command or command_line()}

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# The one command of a GPU device lease (about 7-8 minutes on an H100): machine record, builds, identity
-# check, the chain sweep against FlashInfer / vLLM / torch, the peers' audits. Everything lands in $OUT as it
+# The one command of a GPU device lease (at most about 8.5 minutes on an H100): machine record, builds,
+# identity check, the chain sweep against FlashInfer / vLLM / torch, the peers' audits, rl_loop's GPU rollout
+# figure (AR against speculative rollouts of the LLM-shape policy). Everything lands in $OUT as it
 # goes (a phase cut by its timeout keeps what it wrote):
 #   run.log               this script's whole output (phases, each phase's tail, the sweep's summary)
 #   chain_sweep.csv       one row per (case, provider), flushed as measured (benchmarks/gpu/sweep.py)
 #   chain_sweep.env.json  the run's provenance: command, commit, GPU / driver / clocks, versions
 #   artefacts.tar.gz      $WORK re-packed after every phase: machine.txt, build logs, identity_<backend>.log,
-#                         audit/<target>.{md,json}
-# (four files: a device run brings back at most eight.)
+#                         audit/<target>.{md,json}, rl_rollout.log
+#   gpu_rollout.json      rl_loop's rollout figure (python -m rl_loop.gpu_rollout), written at its end
+# (five files: a device run brings back at most eight.)
 #
 # Before the lease, here:   python -m benchmarks.gpu.prepare     (fills the ignored .cache/peers)
 # On the device, from the repository root, carrying .cache/peers (the copy there has no .git: pass the commit):
@@ -17,9 +19,9 @@
 # Knobs: OUT (default results/benchmarks/gpu_device_run), WORK (default a fresh mktemp -d: outside $OUT),
 # SPECDEC_GIT_COMMIT (the commit the CSV, env.json and audit reports record where git cannot tell),
 # PYTHON (default python3), SWEEP_ARGS (extra sweep arguments, e.g. "--max-cases 6"), IDENTITY_N (requests
-# per identity case; default 4096 GPU, 8 CPU); timeouts in seconds: BUILD_TIMEOUT (120), IDENTITY_TIMEOUT
-# (30 per backend; 60 on CPU), SWEEP_TIMEOUT (200), AUDIT_TIMEOUT (50, both audits in parallel). The
-# defaults add up to about 7.5 minutes.
+# per identity case; default 4096 GPU, 8 CPU); timeouts in seconds: BUILD_TIMEOUT (90), IDENTITY_TIMEOUT
+# (25 per backend; 60 on CPU), SWEEP_TIMEOUT (150), AUDIT_TIMEOUT (40, both audits in parallel),
+# ROLLOUT_TIMEOUT (170). The defaults add up to 500 s, about 8.5 minutes with the start-up.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/results/benchmarks/gpu_device_run}
@@ -61,10 +63,10 @@ if [ "$DEV" = cuda ]; then
   read -r torch_arch cmake_arch < <("$PY" -c "import torch; a, b = torch.cuda.get_device_capability(); print(f'{a}.{b}a {a}{b}a')")
   echo "target: TORCH_CUDA_ARCH_LIST=$torch_arch CUDAARCHS=$cmake_arch"
   ( export TORCH_CUDA_ARCH_LIST="$torch_arch" CUDAARCHS="$cmake_arch" CMAKE_BUILD_PARALLEL_LEVEL=12
-    timeout "${BUILD_TIMEOUT:-120}" "$PY" setup.py -q build_ext --inplace > "$WORK/build_ours.log" 2>&1
+    timeout "${BUILD_TIMEOUT:-90}" "$PY" setup.py -q build_ext --inplace > "$WORK/build_ours.log" 2>&1
     echo "ours: exit $? after ${SECONDS}s" >> "$WORK/build_ours.log" ) &
   pids=($!)
-  ( timeout "${BUILD_TIMEOUT:-120}" "$PY" -m benchmarks.gpu.flashinfer_ext > "$WORK/build_flashinfer.log" 2>&1
+  ( timeout "${BUILD_TIMEOUT:-90}" "$PY" -m benchmarks.gpu.flashinfer_ext > "$WORK/build_flashinfer.log" 2>&1
     echo "flashinfer: exit $? after ${SECONDS}s" >> "$WORK/build_flashinfer.log" ) &
   pids+=($!)
   wait "${pids[@]}"  # not a bare wait: that would also wait for the tee of run.log
@@ -74,7 +76,7 @@ fi
 "$PY" -c "import specdec_kernels as sk; print('backends on $DEV:', sk.available_backends('$DEV'))"
 
 step "identity: our GPU backends' tokens vs the reference's, request by request (tests.harness.identity)"
-if [ "$DEV" = cuda ]; then backends="cuda triton"; args="--n ${IDENTITY_N:-4096} --workers 4"; limit=${IDENTITY_TIMEOUT:-30}
+if [ "$DEV" = cuda ]; then backends="cuda triton"; args="--n ${IDENTITY_N:-4096} --workers 4"; limit=${IDENTITY_TIMEOUT:-25}
 else backends="cpu"; args="--n ${IDENTITY_N:-8} --workers 1 --methods token"; limit=${IDENTITY_TIMEOUT:-60}; fi
 for backend in $backends; do
   # shellcheck disable=SC2086  # args is a list of arguments
@@ -87,12 +89,12 @@ pack
 
 step "chain sweep -> $OUT/chain_sweep.csv"
 # shellcheck disable=SC2086  # SWEEP_ARGS is a list of arguments
-timeout "${SWEEP_TIMEOUT:-200}" "$PY" -m benchmarks.gpu.sweep --device "$DEV" --out "$OUT/chain_sweep.csv" ${SWEEP_ARGS:-}
+timeout "${SWEEP_TIMEOUT:-150}" "$PY" -m benchmarks.gpu.sweep --device "$DEV" --out "$OUT/chain_sweep.csv" ${SWEEP_ARGS:-}
 echo "sweep exit code: $? (124 = timed out; rows are flushed one by one)"
 pack
 
 step "audits of FlashInfer's kernel and vLLM V2's kernels (short budget, in parallel)"
-budget=${AUDIT_TIMEOUT:-50}
+budget=${AUDIT_TIMEOUT:-40}
 pids=()
 for target in flashinfer vllm_v2; do
   timeout "$budget" "$PY" -m specdec_kernels.audit "benchmarks.gpu.audit_targets:$target" --out "$WORK/audit" \
@@ -102,6 +104,16 @@ for target in flashinfer vllm_v2; do
 done
 wait "${pids[@]}"
 for target in flashinfer vllm_v2; do tail -n 2 "$WORK/audit/$target.log"; done
+pack
+
+step "rl_loop GPU rollout figure -> $OUT/gpu_rollout.json"
+if [ "$DEV" = cuda ]; then rollout_args="--device cuda"; else rollout_args="--device cpu --tiny --seeds 3 --repeats 2"; fi
+# shellcheck disable=SC2086  # rollout_args is a list of arguments
+timeout "${ROLLOUT_TIMEOUT:-170}" "$PY" -m rl_loop.gpu_rollout $rollout_args --out "$WORK/rl_rollout" \
+  > "$WORK/rl_rollout.log" 2>&1
+echo "rollout exit code: $? (124 = timed out)"
+tail -n 3 "$WORK/rl_rollout.log"
+cp "$WORK/rl_rollout/gpu_rollout.json" "$OUT/" 2>/dev/null || echo "no gpu_rollout.json written"
 pack
 
 step "summary"

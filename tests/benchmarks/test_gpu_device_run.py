@@ -7,6 +7,7 @@ breaking in between (CI has no GPU).
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -34,8 +35,8 @@ def test_cpu_dry_run_writes_every_provider_with_provenance(tmp_path):
     proc = subprocess.run(["bash", "benchmarks/gpu/device_run.sh"], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
-    assert sorted(p.name for p in out.iterdir()) == ["artefacts.tar.gz", "chain_sweep.csv", "chain_sweep.env.json",
-                                                     "run.log"]  # a device run brings back at most 8 files
+    names = sorted(p.name for p in out.iterdir())  # a device run brings back at most 8 files
+    assert names == ["artefacts.tar.gz", "chain_sweep.csv", "chain_sweep.env.json", "gpu_rollout.json", "run.log"]
     rows = read_csv([out / "chain_sweep.csv"])
     assert {r["provider"] for r in rows} == set(sweep.PROVIDERS)
     for row in rows:
@@ -52,7 +53,10 @@ def test_cpu_dry_run_writes_every_provider_with_provenance(tmp_path):
         assert ok if carried else all("not carried" in r["status"] for r in by_provider[name]), name
     with tarfile.open(out / "artefacts.tar.gz") as tar:
         names = {os.path.normpath(n) for n in tar.getnames()}
-    assert {"machine.txt", "identity_cpu.log", "audit/flashinfer-ext.json", "audit/vllm-v2-kernel.json"} <= names
+    assert {"machine.txt", "identity_cpu.log", "audit/flashinfer-ext.json", "audit/vllm-v2-kernel.json",
+            "rl_rollout.log"} <= names
+    rollout = json.loads((out / "gpu_rollout.json").read_text())
+    assert rollout["provenance"]["commit"] and rollout["regime"]["vocab_size"] == 151936
     log = (out / "run.log").read_text()
     assert "cannot run here" in log and "== [" in log and "done:" in log
 

@@ -282,3 +282,15 @@ def test_default_policy_is_the_documented_shape():
     assert (POLICY_PRESETS["wide"]().num_hidden_layers, POLICY_PRESETS["wide"]().hidden_size) == (4, 256)
     stream = Qwen3(POLICY_PRESETS["stream"]())
     assert sum(p.numel() for p in stream.parameters()) * 4 > 4 * 32 * 2**20  # far beyond a 32 MB last-level cache
+
+
+def test_provenance_takes_the_passed_commit_where_git_cannot_tell(monkeypatch):
+    """A copy of the tree without .git (a lent GPU machine): the commit is $SPECDEC_GIT_COMMIT, never made up."""
+    from rl_loop import provenance
+
+    monkeypatch.setattr(provenance, "_git", lambda *args: None)
+    monkeypatch.delenv("SPECDEC_GIT_COMMIT", raising=False)
+    assert provenance.provenance("x")["commit"] is None
+    monkeypatch.setenv("SPECDEC_GIT_COMMIT", "abc123def456")
+    record = provenance.provenance("x")
+    assert record["commit"] == "abc123def456" and record["dirty"] is None
