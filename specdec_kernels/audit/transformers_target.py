@@ -27,7 +27,7 @@ import torch
 from ..exactness.chain_mutants import mutant_verifier
 from ..exactness.markov_models import Verifier
 from .audit_target import AuditTarget, reference_verifier
-from .peer_common import check_parameters, effective_lengths, group_seed, row_target_probs
+from .peer_common import check_parameters, group_chains, group_seed
 
 __all__ = ["adapter", "contract_double", "target", "PARAMETERS"]
 
@@ -42,35 +42,27 @@ def adapter(speculative_sampling) -> Verifier:
 
     def verify(target_logits, draft_token_ids, cu_num_draft_tokens, draft_probs=None, temperature=None,
                top_k=None, top_p=None, seed=None, position=None):
-        from ..reference.chain import ChainResult
-
         vocab = target_logits.shape[-1]
-        num_reqs = cu_num_draft_tokens.numel() - 1
-        cu = cu_num_draft_tokens.to(torch.int64)
-        seed = torch.zeros(num_reqs, dtype=torch.int64) if seed is None else seed
-        position = torch.zeros(num_reqs, dtype=torch.int64) if position is None else position
-        probs = row_target_probs(target_logits.float(), cu, temperature, top_k, top_p)
-        ks = effective_lengths(draft_token_ids, cu, vocab)
-        width = int((cu[1:] - cu[:-1]).max()) + 1 if num_reqs else 1
-        out = torch.full((num_reqs, width), -1, dtype=torch.int32)
-        accepted = torch.zeros(num_reqs, dtype=torch.int32)
-        for b, n in enumerate(ks):
-            first = int(cu[b])
-            rows = probs[first + b:first + b + n + 1]
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(group_seed(seed, position, [b]))
-                if n == 0:  # no candidate: generate samples the next token from p alone
-                    out[b, 0] = int(torch.multinomial(rows[0], 1))
-                    continue
-                drafts = draft_token_ids[first:first + n].long()
-                q = (torch.nn.functional.one_hot(drafts, vocab).float() if draft_probs is None
-                     else draft_probs[first:first + n].float())
-                context = torch.cat([torch.zeros(1, dtype=torch.long), drafts])[None]  # one prompt token
-                tokens, matches = speculative_sampling(context, torch.log(q)[None], n, torch.log(rows)[None])
-            m = int(matches)
-            out[b, :m + 1] = tokens[0, :m + 1].to(torch.int32)
-            accepted[b] = m
-        return ChainResult(out, accepted)
+        batch = group_chains(target_logits, draft_token_ids, cu_num_draft_tokens, temperature, top_k, top_p, seed,
+                             position)
+        for n, members in batch.groups:
+            for b in members:
+                first = int(batch.cu[b])
+                rows = batch.probs[first + b:first + b + n + 1]
+                with torch.random.fork_rng(devices=[]):
+                    torch.manual_seed(group_seed(batch.seed, batch.position, [b]))
+                    if n == 0:  # no candidate: generate samples the next token from p alone
+                        batch.out[b, 0] = int(torch.multinomial(rows[0], 1))
+                        continue
+                    drafts = draft_token_ids[first:first + n].long()
+                    q = (torch.nn.functional.one_hot(drafts, vocab).float() if draft_probs is None
+                         else draft_probs[first:first + n].float())
+                    context = torch.cat([torch.zeros(1, dtype=torch.long), drafts])[None]  # one prompt token
+                    tokens, matches = speculative_sampling(context, torch.log(q)[None], n, torch.log(rows)[None])
+                m = int(matches)
+                batch.out[b, :m + 1] = tokens[0, :m + 1].to(torch.int32)
+                batch.accepted[b] = m
+        return batch.result()
 
     return verify
 
