@@ -190,8 +190,15 @@ def _vllm_v2(inputs: ChainInputs) -> Callable[[], object]:
         from vllm.v1.worker.gpu.spec_decode.rejection_sampler_utils import rejection_sample
     except ImportError as exc:
         raise Skip(f"vllm V2 sampler not importable: {exc}") from None
+    return vllm_v2_step(inputs, rejection_sample, apply_temperature)
+
+
+def vllm_v2_step(inputs: ChainInputs, rejection_sample: Callable, apply_temperature: Callable) -> Callable[[], object]:
+    """One call of vLLM V2's verification on ``inputs`` as its sampler makes it: for random sampling a float32
+    copy of the logits with the temperature applied in place (``rejection_sample`` applies none), then
+    ``rejection_sample`` (the functions are passed in: the installed vLLM's, or the carried sources')."""
+    case, device = inputs.case, inputs.target_logits.device
     b, k, v = case.batch, case.k, case.vocab
-    num_logits = b * (k + 1)
     local = torch.arange(k + 1, device=device).repeat(b)
     request = torch.arange(b, device=device).repeat_interleave(k + 1)
     # V2 reads the draft checked by logit row i at draft_sampled[i + 1]: per request, the last accepted
@@ -202,19 +209,18 @@ def _vllm_v2(inputs: ChainInputs) -> Callable[[], object]:
     if inputs.draft_probs is not None:  # V2 takes softmax(draft_logits / T) as q: pass T * log q
         t = torch.where(inputs.temperature > 0, inputs.temperature, torch.ones_like(inputs.temperature))
         draft_logits = (torch.log(inputs.draft_probs).view(b, k, v) * t[:, None, None]).contiguous()
-    idx_mapping = torch.arange(b, dtype=torch.int32, device=device)
     expanded = request.to(torch.int32)
     args = (
         draft_logits, verify.view(-1), (torch.arange(b + 1, device=device) * (k + 1)).to(torch.int32),
-        (inputs.position[request] + local), idx_mapping, expanded, local.to(torch.int32),
-        inputs.temperature, inputs.seed, k,
+        (inputs.position[request] + local), torch.arange(b, dtype=torch.int32, device=device), expanded,
+        local.to(torch.int32), inputs.temperature, inputs.seed, k,
     )
-    assert num_logits == inputs.target_logits.shape[0]
+    assert b * (k + 1) == inputs.target_logits.shape[0]
     logits = inputs.target_logits
-    if case.sampling == "greedy":
+    if case.sampling == "greedy":  # V2's sampler leaves the logits alone when no request needs processing
         return lambda: rejection_sample(logits, *args)
 
-    def step():  # V2's sampler first: a float32 copy, the temperature in place (rejection_sample applies none)
+    def step():  # V2's sampler first: a float32 copy, the temperature in place
         x = torch.empty_like(logits, dtype=torch.float32).copy_(logits)
         apply_temperature(x, expanded, inputs.temperature)
         return rejection_sample(x, *args)

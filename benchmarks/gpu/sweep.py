@@ -49,7 +49,7 @@ import torch
 
 import specdec_kernels as sk
 
-from ..bench_chain import ChainCase, ChainInputs, Skip, make_inputs
+from ..bench_chain import ChainCase, ChainInputs, Skip, make_inputs, vllm_v2_step
 from ..bench_native_cpu import torch_verify
 from ..common import CsvWriter, provenance
 from ..roofline import chain_min_bytes
@@ -187,31 +187,7 @@ def _vllm_fn(version: str):
 def _vllm_v2(inputs: ChainInputs) -> Callable[[], object]:
     _no_top_k_top_p(inputs, "vLLM V2 rejection_sample")
     v2 = _vllm_fn("v2")
-    case, device = inputs.case, inputs.target_logits.device
-    b, k, v = case.batch, case.k, case.vocab
-    local = torch.arange(k + 1, device=device).repeat(b)
-    request = torch.arange(b, device=device).repeat_interleave(k + 1)
-    # The draft checked at row i is draft_sampled[i + 1]: per request, its last token (0 here), then its k drafts.
-    verify = torch.zeros(b, k + 1, dtype=torch.int64, device=device)
-    verify[:, 1:] = inputs.draft_token_ids.view(b, k)
-    draft_logits = None
-    if inputs.draft_probs is not None:  # V2 takes softmax(draft_logits / T) as q: pass T * log q
-        t = torch.where(inputs.temperature > 0, inputs.temperature, torch.ones_like(inputs.temperature))
-        draft_logits = (torch.log(inputs.draft_probs).view(b, k, v) * t[:, None, None]).contiguous()
-    expanded = request.to(torch.int32)
-    args = (draft_logits, verify.view(-1), (torch.arange(b + 1, device=device) * (k + 1)).to(torch.int32),
-            inputs.position[request] + local, torch.arange(b, dtype=torch.int32, device=device), expanded,
-            local.to(torch.int32), inputs.temperature, inputs.seed, k)
-    logits = inputs.target_logits
-    if case.sampling == "greedy":  # V2's sampler leaves the logits alone when no request needs processing
-        return lambda: v2.rejection_sample(logits, *args)
-
-    def step():  # what V2's Sampler.apply_sampling_params does first: a float32 copy, the temperature in place
-        x = torch.empty_like(logits, dtype=torch.float32).copy_(logits)
-        v2.apply_temperature(x, expanded, inputs.temperature)
-        return v2.rejection_sample(x, *args)
-
-    return step
+    return vllm_v2_step(inputs, v2.rejection_sample, v2.apply_temperature)
 
 
 def _vllm_v1(inputs: ChainInputs) -> Callable[[], object]:
