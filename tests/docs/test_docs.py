@@ -426,6 +426,8 @@ def test_rl_loop_page_figures_match_their_artefacts():
     assert (f"the default sample is {run.equivalence_prompts} prompts x {run.equivalence_samples} = {n:,} per arm, "
             f"power >= {math.floor(power * 10) / 10:g} at total variation {tv:g} per test") in text
     assert f"sample ({tiny.equivalence_prompts * tiny.equivalence_samples} per arm) is underpowered" in text
+    ray = json.loads((ROOT / "results/rl_loop/ray_workers.json").read_text())
+    assert f"under-predicts a step's generation by up to {100 * ray['max_relative_error']:.0f} %" in text
     for shown in (f"**{default['verify_over_decode']:.2f}** one-token decodes",
                   f"**{repeat['rollout_speedup']['median']:.2f}x**",
                   f"**{repeat['mean_accepted_length']['median']:.2f}**",

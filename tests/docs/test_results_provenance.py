@@ -47,9 +47,6 @@ ALLOWED = {
     "benchmarks/ab_history.csv#ab_cpu_854ef69_vs_b0b95ce_stoch": _AB_DIRTY,
     "audit/vllm-v2-triton.json": "audit run from a tree with uncommitted changes (commit 6f5ff0120acb+modified); "
                                  "a full-power vLLM V2 audit needs a GPU",
-    # written before its script recorded its commit and machine: to be regenerated
-    "rl_loop/ray_workers.json": "needs regeneration: a timing run that needs an unloaded machine; its command "
-                                "is recorded, its commit and machine are not",
 }
 
 
