@@ -68,6 +68,7 @@ Usage (the committed CSV)::
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -460,7 +461,9 @@ def main(argv: list[str] | None = None) -> None:
     if not native.has_device("cpu"):
         raise SystemExit("specdec_kernels._C is not built: pip install --no-build-isolation -e .")
     torch.set_num_threads(args.threads)
-    command = "python -m benchmarks.bench_native_cpu " + " ".join(sys.argv[1:] if argv is None else argv)
+    isa = os.environ.get("SPECDEC_CPU_ISA")  # part of the command: it picks the build that runs
+    command = (f"SPECDEC_CPU_ISA={isa} " if isa else "") + "python -m benchmarks.bench_native_cpu " + \
+        " ".join(sys.argv[1:] if argv is None else argv)
     evict_mib = args.evict_mib or evict_bytes(largest_cache_bytes()) >> 20
     _evict_caches(evict_mib << 20)
     info = {**provenance(torch.device("cpu")), "command": command.strip(), "evict_mib": evict_mib}
