@@ -75,6 +75,12 @@ def parse_args(argv: list[str] | None = None) -> RunConfig:
                    help="record per rollout token the ids the sampler kept (its sampling mask)")
     p.add_argument("--mask-logprobs", action="store_true",
                    help="GRPO log-probabilities over the recorded kept sets (implies --record-mask)")
+    p.add_argument("--top-k", type=int, default=d.top_k,
+                   help="keep the k most likely tokens when sampling, in both arms (0: all; the kept sets are "
+                        "what --record-mask records)")
+    p.add_argument("--top-p", type=float, default=d.top_p,
+                   help="keep the smallest set of most likely tokens holding this probability, in both arms "
+                        "(1.0: all)")
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
     p.add_argument("--no-equivalence", action="store_true", help="skip the AR-vs-speculative equivalence check")
     p.add_argument("--no-plots", action="store_true")
@@ -98,7 +104,7 @@ def parse_args(argv: list[str] | None = None) -> RunConfig:
         seed=a.seed, out=a.out, temperature=a.temperature, verify_backend=a.verify_backend, resume=a.resume,
         decode=a.decode, device=a.device, num_threads=a.threads, rollout_workers=a.rollout_workers, dump_rollouts=a.dump_rollouts,
         equivalence=not a.no_equivalence, plots=base.plots and not a.no_plots,
-        record_mask=a.record_mask or a.mask_logprobs, mask_logprobs=a.mask_logprobs,
+        record_mask=a.record_mask or a.mask_logprobs, mask_logprobs=a.mask_logprobs, top_k=a.top_k, top_p=a.top_p,
     )
 
 

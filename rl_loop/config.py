@@ -182,6 +182,9 @@ class RunConfig:
     # (implies record_mask) takes GRPO's log-probabilities over those kept sets (``logprobs.kept_batch``)
     record_mask: bool = False
     mask_logprobs: bool = False
+    # the target's truncation in both arms (verify_chain / verify_tree top_k, top_p): 0 / 1.0 keep every token
+    top_k: int = 0
+    top_p: float = 1.0
     plots: bool = True
     progress: bool = True
 
@@ -204,6 +207,10 @@ class RunConfig:
             raise ValueError("steps >= 0, k >= 1, group_size >= 2 and prompts_per_step >= 1 are required")
         if self.rollout_workers < 1:
             raise ValueError(f"--rollout-workers must be >= 1, got {self.rollout_workers}")
+        if self.top_k < 0 or not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"--top-k must be >= 0 and --top-p in (0, 1], got {self.top_k} and {self.top_p}")
+        if (self.top_k > 0 or self.top_p < 1.0) and self.backend != "own":
+            raise ValueError("--top-k / --top-p need --backend own: rl_loop's vLLM backend does not pass them on")
         if (self.record_mask or self.mask_logprobs) and self.backend != "own":
             raise ValueError("--record-mask / --mask-logprobs need --backend own: the vLLM CPU engine (V1 model "
                              "runner) cannot return sampling masks (vLLM's return_sampling_mask needs Model Runner V2)")
@@ -215,7 +222,7 @@ class RunConfig:
             max_new_tokens=self.max_new_tokens, spec=self.spec if spec is None else spec, k=self.k,
             temperature=self.temperature if temperature is None else temperature, max_batch=self.max_batch,
             backend=resolve_verify_backend(self.verify_backend, self.device), tree=TreeShape.for_k(self.k), verify=self.verify,
-            record_mask=self.record_mask or self.mask_logprobs,
+            record_mask=self.record_mask or self.mask_logprobs, top_k=self.top_k, top_p=self.top_p,
         )
 
 

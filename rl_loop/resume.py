@@ -29,7 +29,7 @@ REQUIRED_KEYS = frozenset({"state", "config", "policy", "opt", "drafter", "draft
 RESUMABLE = frozenset({"out", "steps", "resume", "verify_backend", "checkpoint_every", "equivalence",
                        "equivalence_prompts", "equivalence_samples", "plots", "progress", "dump_rollouts"})
 # Trajectory fields added since checkpoints were first written, with the value every earlier run had.
-ADDED_FIELDS = {"verify": "token"}
+ADDED_FIELDS = {"verify": "token", "top_k": 0, "top_p": 1.0}
 
 
 def checkpoint_path(cfg: RunConfig) -> str:

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from rl_loop import grpo, learn
+from rl_loop.__main__ import main as rl_main
 from rl_loop.__main__ import parse_args
 from rl_loop.batch import build_batch
 from rl_loop.config import tiny_config
@@ -163,9 +164,30 @@ def test_truncation_arguments_are_checked():
         GenerationConfig(top_p=0.0)
 
 
+def test_top_k_top_p_flags_reach_both_arms_generation():
+    cfg = parse_args(["--tiny", "--top-k", "5", "--top-p", "0.9", "--mask-logprobs"])
+    for gen in (cfg.generation(), cfg.generation(spec="none")):
+        assert (gen.top_k, gen.top_p) == (5, 0.9)
+    default = parse_args(["--tiny"]).generation()
+    assert (default.top_k, default.top_p) == (0, 1.0)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--top-k", "-1"], "--top-k must be >= 0 and --top-p in (0, 1], got -1 and 1.0"),
+    (["--top-p", "0"], "--top-k must be >= 0 and --top-p in (0, 1], got 0 and 0.0"),
+    (["--top-p", "nan"], "--top-k must be >= 0 and --top-p in (0, 1], got 0 and nan"),
+    (["--top-k", "5", "--backend", "vllm"], "--top-k / --top-p need --backend own"),
+])
+def test_bad_truncation_flags_give_one_line(flags, message, capsys):
+    assert rl_main(["--tiny", *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err
+
+
 @pytest.mark.slow
 def test_a_grpo_step_runs_with_mask_logprobs(tmp_path, monkeypatch):
-    """A whole tiny run: the step's rollouts carry masks and its log-probabilities are taken over them."""
+    """A whole tiny run at top_k = 5: the step's rollouts carry masks and its log-probabilities are taken over
+    them (five ids per response row)."""
     built = []
 
     def spy(prompts, masks, width, vocab_size):
@@ -173,7 +195,9 @@ def test_a_grpo_step_runs_with_mask_logprobs(tmp_path, monkeypatch):
         return built[-1]
 
     monkeypatch.setattr(learn, "kept_batch", spy)
-    run(tiny_config(out=str(tmp_path), steps=1, mask_logprobs=True, equivalence=False, compare_every=0,
+    run(tiny_config(out=str(tmp_path), steps=1, mask_logprobs=True, top_k=5, equivalence=False, compare_every=0,
                     dynamic_sampling=False))  # train on every group, even all-equal rewards
     assert built and built[0].shape[-1] == tiny_config().model.vocab_size
+    sizes = built[0].sum(-1)
+    assert (sizes == 5).any() and ((sizes == 5) | (sizes == built[0].shape[-1])).all()
     assert (tmp_path / "summary.json").exists()
