@@ -34,17 +34,8 @@ MACHINE_KEYS = ("device", "cpu", "platform")
 CONTAINERS = ("provenance", "environment")
 CSV_COLUMNS = ("command", "git_commit", "device")
 
-_AB_DIRTY = ("A/B run from a harness checkout with uncommitted changes, recorded as such; the two builds it "
-             "compares are named by their commits, and rerunning needs both old checkouts built")
 # artefact (path under results/, "#pair" for one run of the A/B history) -> why it stays as it is
 ALLOWED = {
-    "benchmarks/ab_history.csv#ab_cpu_7e4fe84_vs_d19a9dc": _AB_DIRTY,
-    "benchmarks/ab_history.csv#ab_cpu_51ec5fe_vs_bf65727": _AB_DIRTY,
-    "benchmarks/ab_history.csv#ab_cpu_6277cdf_vs_868f348": _AB_DIRTY,
-    "benchmarks/ab_history.csv#ab_cpu_98ca20f_vs_e519299": _AB_DIRTY,
-    "benchmarks/ab_history.csv#ab_cpu_854ef69_vs_bb29e2c": _AB_DIRTY,
-    "benchmarks/ab_history.csv#ab_cpu_98ca20f_vs_4b09d49_stoch": _AB_DIRTY,
-    "benchmarks/ab_history.csv#ab_cpu_854ef69_vs_b0b95ce_stoch": _AB_DIRTY,
     "audit/vllm-v2-triton.json": "audit run from a tree with uncommitted changes (commit 6f5ff0120acb+modified); "
                                  "a full-power vLLM V2 audit needs a GPU",
 }
