@@ -7,7 +7,9 @@ over tokens ``t0 .. t{V-1}`` saved as ``tokenizer.json``, and a randomly initial
 ``Qwen3ForCausalLM`` saved with safetensors. The output head is scaled up so next-token distributions are
 peaked (a uniform 512-way distribution would make every law test powerless and every draft rejected),
 and the draft model is the target with Gaussian noise on its weights, so drafts are often accepted
-without being identical to the target.
+without being identical to the target. A spec with ``draft_layers`` makes the draft the target's first
+layers instead (same embedding, final norm and output head): a smaller model that agrees with the target
+often, as :data:`QWEN3_0_6B` does at a real model's shapes.
 """
 
 from __future__ import annotations
@@ -34,6 +36,21 @@ class TinyQwen3Spec:
     logit_scale: float = 30.0  # multiplies the output head: larger = more peaked next-token laws
     draft_noise: float = 0.1  # relative std of the noise added to every draft weight
     seed: int = 0
+    num_kv_heads: int | None = None  # None: num_heads (no grouped-query attention)
+    draft_layers: int | None = None  # None: the draft is the noisy target; n: the target's first n layers
+    rope_theta: float = 10000.0
+    embed_std: float = 1.0  # std of the token embedding: larger = later layers move the next-token law less
+
+
+# Qwen3-0.6B's shapes (its config.json: V = 151936, hidden 1024, 16 query / 8 KV heads of 128, MLP 3072,
+# 28 layers, rope_theta 1e6), random weights; the output head is untied (the real model ties it) so that
+# the head's scale, not the embedding's, sets how peaked the next-token laws are (logit_scale 10: the top
+# token holds about half the mass at T = 1). The draft is the target's first 2 layers; embed_std 4 keeps it
+# close enough to the target that about half its sampled drafts are accepted (measured on 8 target layers).
+# Callers reduce num_layers with dataclasses.replace and say so.
+QWEN3_0_6B = TinyQwen3Spec(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_layers=28,
+                           num_heads=16, num_kv_heads=8, head_dim=128, max_position=2048, logit_scale=10.0,
+                           draft_layers=2, rope_theta=1_000_000.0, embed_std=4.0)
 
 
 def spread_qwen3(config, generator: torch.Generator | None = None, std: float = 0.12) -> torch.nn.Module:
@@ -104,8 +121,9 @@ def _config(spec: TinyQwen3Spec, num_layers: int):
 
     return Qwen3Config(
         vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
-        num_hidden_layers=num_layers, num_attention_heads=spec.num_heads, num_key_value_heads=spec.num_heads,
-        head_dim=spec.head_dim, max_position_embeddings=spec.max_position, tie_word_embeddings=False,
+        num_hidden_layers=num_layers, num_attention_heads=spec.num_heads,
+        num_key_value_heads=spec.num_kv_heads or spec.num_heads, head_dim=spec.head_dim,
+        max_position_embeddings=spec.max_position, tie_word_embeddings=False, rope_theta=spec.rope_theta,
         bos_token_id=1, eos_token_id=1, torch_dtype="float32",
     )
 
@@ -126,15 +144,22 @@ def build_target_and_draft(directory: Path, spec: TinyQwen3Spec = TinyQwen3Spec(
     torch.manual_seed(spec.seed)
     target = Qwen3ForCausalLM(_config(spec, spec.num_layers)).float().eval()
     with torch.no_grad():
-        target.model.embed_tokens.weight.normal_(0.0, 1.0)
+        target.model.embed_tokens.weight.normal_(0.0, spec.embed_std)
         target.lm_head.weight.mul_(spec.logit_scale)
-    draft = Qwen3ForCausalLM(_config(spec, spec.num_layers)).float().eval()
-    generator = torch.Generator().manual_seed(spec.seed + 1)
-    with torch.no_grad():
-        for (name, p_draft), p_target in zip(draft.named_parameters(), target.parameters(), strict=True):
-            noise = torch.randn(p_target.shape, generator=generator) * spec.draft_noise
-            scale = p_target.abs().mean() if "norm" not in name else 0.0
-            p_draft.copy_(p_target + noise * scale)
+    if spec.draft_layers is not None:
+        if not 1 <= spec.draft_layers < spec.num_layers:
+            raise ValueError(f"draft_layers must be in [1, {spec.num_layers}), got {spec.draft_layers}")
+        draft = Qwen3ForCausalLM(_config(spec, spec.draft_layers)).float().eval()
+        # strict: the draft's every tensor is the target's of the same name (its first layers)
+        draft.load_state_dict({k: v for k, v in target.state_dict().items() if k in draft.state_dict()})
+    else:
+        draft = Qwen3ForCausalLM(_config(spec, spec.num_layers)).float().eval()
+        generator = torch.Generator().manual_seed(spec.seed + 1)
+        with torch.no_grad():
+            for (name, p_draft), p_target in zip(draft.named_parameters(), target.parameters(), strict=True):
+                noise = torch.randn(p_target.shape, generator=generator) * spec.draft_noise
+                scale = p_target.abs().mean() if "norm" not in name else 0.0
+                p_draft.copy_(p_target + noise * scale)
     for model, path in ((target, target_dir), (draft, draft_dir)):
         model.save_pretrained(str(path), safe_serialization=True)
         build_tokenizer(path, spec.vocab_size)

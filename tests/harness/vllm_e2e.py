@@ -25,21 +25,11 @@ import argparse
 import json
 import math
 import os
-import random
 import time
 from pathlib import Path
 
+from benchmarks.vllm_e2e_cpu import prompts
 from specdec_kernels.models.tiny_qwen3 import build_target_and_draft, token_text
-
-
-def prompts(num: int, length: int, vocab_size: int, seed: int) -> list[list[int]]:
-    """Random prompts with a repeated half, so that n-gram lookup has something to match."""
-    rng = random.Random(seed)
-    out = []
-    for _ in range(num):
-        half = [rng.randrange(2, vocab_size) for _ in range(length // 2)]
-        out.append(half + half)
-    return out
 
 
 # Sampling parameters of the truncated groups: vLLM's sampler truncates with min-p, top-k and top-p, and
