@@ -435,6 +435,29 @@ def test_rl_loop_page_figures_match_their_artefacts():
         assert shown in page, f"docs/rl_loop.md should show {shown} from its artefact"
 
 
+def test_vllm_page_end_to_end_table_is_the_artefacts():
+    """docs/vllm.md shows results/benchmarks/vllm_e2e_cpu.md's table verbatim, beside the command recorded in
+    its CSV, and every row of that table is its CSV row (tokens/s median [min, max], tokens per step)."""
+    page = (DOCS / "vllm.md").read_text()
+    table = [line for line in (ROOT / "results/benchmarks/vllm_e2e_cpu.md").read_text().splitlines()
+             if line.startswith("|")]
+    assert "\n".join(table) in page, "docs/vllm.md's end-to-end table differs from results/benchmarks/vllm_e2e_cpu.md"
+    rows = _csv_rows("vllm_e2e_cpu.csv")
+    (command,) = {r["command"] for r in rows}
+    assert f"`{command}`" in page
+    shown = {tuple(c.strip() for c in line.strip("|").split("|")[:3]): line for line in table[2:]}
+    assert len(shown) == len(rows)
+    for r in rows:  # the table rounds the run's values to 0.1 / 0.01, the CSV to 0.01 / 0.001
+        cells = [c.strip() for c in shown[(r["batch"], r["spec"], r["verifier"] or "—")].strip("|").split("|")]
+        rate = [float(x) for x in re.fullmatch(r"([\d.]+) \[([\d.]+), ([\d.]+)\]", cells[3]).groups()]
+        csv_rate = [float(r[c]) for c in ("tok_s_median", "tok_s_min", "tok_s_max")]
+        assert all(abs(a - b) <= 0.051 for a, b in zip(rate, csv_rate)), (cells, csv_rate)
+        if r["tokens_per_step"] == "—":
+            assert cells[5] == "—", cells
+        else:
+            assert abs(float(cells[5]) - float(r["tokens_per_step"])) <= 0.0051, (cells, r["tokens_per_step"])
+
+
 # (e) -------------------------------------------------------------------------------------------------
 
 DOC_EXAMPLES = [(p, i) for p in sorted(DOCS.glob("**/*.md")) for i in range(len(python_examples(p)))]
