@@ -381,6 +381,12 @@ def test_audit_findings_counts_are_the_reports():
               f"{c['greedy', 'pass']} greedy and {c['batch', 'pass']} batch; {c['mutants', 'caught']} planted bugs "
               f"are caught",
               f"FAIL only through {c['bad-input', 'FAIL']} bad-input rows"]
+    hf, c = counts("transformers")
+    assert hf["complete"] and "mutants" not in hf["families"]
+    shown += [f"{c['first-token', 'pass']} first-token, {c['sequence', 'pass']} sequence, {c['greedy', 'pass']} greedy, "
+              f"{c['batch', 'pass']} batch and {c['narrow', 'pass']} narrow cases pass; the "
+              f"{c['first-token', 'n/a'] + c['sequence', 'n/a']} min-p cases are not applicable",
+              f"so are the {c['bad-input', 'n/a']} bad-input rows"]
     missing = [x for x in shown if x not in text]
     assert not missing, f"docs/exactness-and-audit.md should say, from results/audit: {missing}"
 
