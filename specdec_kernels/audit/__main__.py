@@ -2,8 +2,15 @@
 
 TARGET is a built-in name (``reference``, ``cpu``, ``triton``, ``cuda``, ``cuda-emulated`` (our CUDA kernels
 through the CUDA host emulation, on CPU), ``vllm-v1-cpu``, ``vllm-v1-triton``,
-``vllm-v1-cpu-expand-fixed``, ``vllm-v1-cpu-fixed`` (diagnostics), ``vllm-v1-plugin``, ``vllm-v2-triton``, ``flashinfer``, ``sglang``, ``transformers``) or ``package.module:function`` naming a
-verifier with ``specdec_kernels.verify_chain``'s positional signature (or an ``AuditTarget``).
+``vllm-v1-cpu-expand-fixed``, ``vllm-v1-cpu-fixed`` (diagnostics), ``vllm-v1-plugin``, ``vllm-v2-triton``
+(``-block``, ``-synthetic``: V2's other rejection methods), ``flashinfer``, ``sglang``, ``transformers``) or
+``package.module:function`` naming a verifier with ``specdec_kernels.verify_chain``'s positional signature (or an
+``AuditTarget``).
+
+``--vllm-src DIR`` audits a V2 target against the vLLM Python sources unpacked in DIR (a release's wheel without
+its ``.so`` files) instead of the installed vLLM: the audit reruns itself in a subprocess with DIR first on
+PYTHONPATH and ``VLLM_TARGET_DEVICE=cpu`` (as ``tests/vllm/test_vllm_033.py`` imports 0.33), and names its report
+``<target>-<version>``.
 
 Exit status: 0 every check passed (and every planted bug was caught), 1 a check failed or a planted bug
 was missed, 2 bad arguments or a target that cannot run here (one line on stderr; the report then records
@@ -14,12 +21,17 @@ records the command without those two options: every case is seeded, so a resume
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shlex
+import subprocess
 import sys
+from pathlib import Path
 
 FAMILY_NAMES = ("first-token", "sequence", "greedy", "batch", "bad-input", "mutants", "narrow")
-INTERPRETED = ("triton", "vllm-v1-triton", "vllm-v2-triton")
+VLLM_V2 = ("vllm-v2-triton", "vllm-v2-triton-block", "vllm-v2-triton-synthetic")  # targets.VLLM_V2
+INTERPRETED = ("triton", "vllm-v1-triton", *VLLM_V2)
+VLLM_SRC_ENV = "SPECDEC_AUDIT_VLLM_SRC"  # set in the subprocess that --vllm-src starts: the sources it imports
 MAX_NARROW_TRIALS = 10_000_000  # 2 x 10^7 target rows of V = 16: about 1.3 GB of float32 logits
 
 
@@ -51,6 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "--power)")
     p.add_argument("--method", default="token", choices=("token", "block", "traversal"),
                    help="verification method passed to our own backends (default token)")
+    p.add_argument("--vllm-src", default=None, metavar="DIR",
+                   help=f"audit a V2 target ({', '.join(VLLM_V2)}) against the vLLM Python sources in DIR (an "
+                   "unpacked release wheel, e.g. .cache/vllm-0.28.0) instead of the installed vLLM; the report is "
+                   "named <target>-<version>")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     p.add_argument("--max-seconds", type=float, default=None,
                    help="start no new case after this many seconds; the report is then INCOMPLETE (exit 3)")
@@ -74,6 +90,11 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         parser.error(f"--power must be in (0, 1), got {args.power}")
     if args.narrow_trials is not None and not 1 <= args.narrow_trials <= MAX_NARROW_TRIALS:
         parser.error(f"--narrow-trials must be in [1, {MAX_NARROW_TRIALS:,}], got {args.narrow_trials}")
+    if args.vllm_src is not None:
+        if args.target not in VLLM_V2:
+            parser.error(f"--vllm-src applies to {', '.join(VLLM_V2)}, not {args.target}")
+        if not (Path(args.vllm_src) / "vllm" / "__init__.py").is_file():
+            parser.error(f"--vllm-src: no vllm package in {args.vllm_src} (unpack a wheel there)")
     args.families = families
     args.cases = tuple(c.strip() for c in args.cases.split(",") if c.strip()) if args.cases else None
     return args
@@ -92,6 +113,8 @@ def _progress(outcome) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = _parse(argv)
+    if args.vllm_src is not None and os.environ.get(VLLM_SRC_ENV) != os.path.abspath(args.vllm_src):
+        return _rerun_on_vllm_sources(argv, os.path.abspath(args.vllm_src))
     if args.target in INTERPRETED:
         import torch
 
@@ -107,6 +130,15 @@ def main(argv: list[str] | None = None) -> int:
     except TargetError as exc:
         print(f"audit: error: {exc}", file=sys.stderr)
         return 2
+    if args.vllm_src is not None:
+        source = Path(args.vllm_src).resolve()
+        imported = Path(sys.modules["vllm"].__file__).resolve() if "vllm" in sys.modules else None
+        if imported is not None and not imported.is_relative_to(source):
+            print(f"audit: error: --vllm-src: this process imported vLLM from {imported.parent}, not {source}",
+                  file=sys.stderr)
+            return 2
+        if "vllm" in target.versions:
+            target = dataclasses.replace(target, name=f"{target.name}-{target.versions['vllm']}")
     command = "python -m specdec_kernels.audit " + shlex.join(_canonical(argv))
     options = AuditOptions(tv=args.tv, power=args.power, cases=args.cases, mutant_tv=args.mutant_tv,
                            narrow_trials=args.narrow_trials)
@@ -129,6 +161,15 @@ def main(argv: list[str] | None = None) -> int:
     if not report.complete:
         return 3
     return 0 if report.verdict() == "PASS" and not report.missed_mutants else 1
+
+
+def _rerun_on_vllm_sources(argv: list[str], source: str) -> int:
+    """This audit in a subprocess that imports vLLM from ``source`` (and this specdec_kernels); its exit status."""
+    repo = Path(__file__).resolve().parents[2]
+    path = [source, str(repo), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(path), VLLM_TARGET_DEVICE="cpu")
+    env[VLLM_SRC_ENV] = source
+    return subprocess.run([sys.executable, "-m", "specdec_kernels.audit", *argv], env=env).returncode
 
 
 def _canonical(argv: list[str]) -> list[str]:

@@ -14,7 +14,7 @@ import os
 import pytest
 
 FAMILIES = "first-token,sequence,greedy,batch,bad-input,mutants,narrow"
-INTERPRETED = ("triton", "vllm-v1-triton", "vllm-v2-triton")
+INTERPRETED = ("triton", "vllm-v1-triton", "vllm-v2-triton", "vllm-v2-triton-block", "vllm-v2-triton-synthetic")
 AUDIT_TESTS = "specdec_kernels.audit.test_audit"
 ENTRY_POINT = "specdec_kernels_audit"  # pyproject.toml [project.entry-points.pytest11]
 

@@ -89,10 +89,13 @@ def _vllm_v1(name: str) -> Callable[[], AuditTarget]:
     return build
 
 
-def _vllm_v2_triton() -> AuditTarget:
-    from . import vllm_v2
+def _vllm_v2_triton(method: str) -> Callable[[], AuditTarget]:
+    def build() -> AuditTarget:
+        from . import vllm_v2
 
-    return vllm_v2.v2_triton_target()
+        return vllm_v2.v2_triton_target(method)
+
+    return build
 
 
 def _flashinfer() -> AuditTarget:
@@ -124,7 +127,9 @@ BUILTIN_TARGETS: dict[str, Callable[[], AuditTarget]] = {
     "vllm-v1-cpu-fixed": _vllm_v1("vllm-v1-cpu-fixed"),
     "vllm-v1-triton": _vllm_v1("vllm-v1-triton"),
     "vllm-v1-plugin": _vllm_v1("vllm-v1-plugin"),
-    "vllm-v2-triton": _vllm_v2_triton,
+    "vllm-v2-triton": _vllm_v2_triton("standard"),
+    "vllm-v2-triton-block": _vllm_v2_triton("block"),
+    "vllm-v2-triton-synthetic": _vllm_v2_triton("synthetic"),
     "flashinfer": _flashinfer,
     "sglang": _sglang,
     "transformers": _transformers,
@@ -132,6 +137,8 @@ BUILTIN_TARGETS: dict[str, Callable[[], AuditTarget]] = {
 """Built-in TARGET names (anything with a colon is ``module:function``)."""
 OURS = ("reference", "cpu", "triton", "cuda", "cuda-emulated")
 """The built-in targets that are our own backends (they take ``--method``)."""
+VLLM_V2 = ("vllm-v2-triton", "vllm-v2-triton-block", "vllm-v2-triton-synthetic")
+"""The built-in targets over vLLM's V2 ``_verify`` (they take ``--vllm-src``)."""
 
 
 def _from_object(spec: str, obj) -> AuditTarget:

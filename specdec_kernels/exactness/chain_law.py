@@ -12,9 +12,10 @@ from :mod:`specdec_kernels.exactness.chain_mutants`. Two families of cases:
   (:func:`markov_models.run_speculative`) must generate sequences whose law equals the enumerated
   autoregressive law.
 - :class:`NarrowCase`: vLLM's narrow design (PR #54282): V = 16, the draft law the target's ranking reversed,
-  one draft per request sampled *inside the system under test* (Philox Gumbel-max on the system's draft
-  stream, keyed like the verifier's draws); the law of (rejected first token | accepted draft's bonus token)
-  must be exact. It is the case that sees one uniform shared between drafting, acceptance and resampling.
+  one draft per request sampled *inside the system under test* (the system's own draft sampler where the
+  verifier declares one, else Philox Gumbel-max on the system's draft stream, keyed like the verifier's draws);
+  the law of (rejected first token | accepted draft's bonus token) must be exact. It is the case that sees one
+  uniform shared between drafting, acceptance and resampling.
 
 Each check draws the sample size from the power calculation (:func:`gof.sample_size`: detect any
 total-variation error of 0.02 with power 0.999 at the given alpha), runs the verifier with seeded
@@ -60,6 +61,7 @@ __all__ = [
     "NARROW_CASES",
     "narrow_law",
     "draft_stream",
+    "draft_proposals",
     "sample_narrow",
     "check_narrow_law",
     "law_check_for",
@@ -314,10 +316,9 @@ class NarrowCase:
     assigned in reverse rank order (q's largest value on p's least likely token).
 
     Every request has one draft row and one bonus row, both with the case's target logits, at a random
-    ``position`` with key ``seed * 2**32 + n``. The draft ``x ~ q`` is drawn as our drafters draw it
-    (``reference/drafter.logits_sample``): Gumbel-max with ``philox.uniform_rows(key, position, stream, V)``
-    on the system's draft stream (:func:`draft_stream`). ``drafts``: "stochastic" (q handed to the verifier)
-    or "deterministic" (x alone, a point-mass draft).
+    ``position`` with key ``seed * 2**32 + n``. The draft ``x ~ q`` is drawn by the system under test
+    (:func:`draft_proposals`). ``drafts``: "stochastic" (q handed to the verifier) or "deterministic" (x alone,
+    a point-mass draft).
     """
 
     name: str
@@ -367,6 +368,22 @@ def draft_stream(verify: Verifier) -> int:
     return int(getattr(verify, "draft_stream", philox.STREAM_DRAFT))
 
 
+def draft_proposals(verify: Verifier, q: torch.Tensor, seed: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+    """[N] int64 drafts ``x ~ q`` (q [V] at temperature 1), request n keyed by ``(seed[n], position[n])``, drawn
+    as the system under test draws its drafts: by ``verify.draft_sampler(draft_logits [N, V] float32,
+    temperature [N], seed [N] int64, position [N] int64)`` where the verifier declares one (a peer whose drafter
+    samples its own proposals, e.g. vLLM V2's ``gumbel_sample(is_drafting=True)``), else as our drafters draw
+    (``reference/drafter.logits_sample``): Gumbel-max with ``philox.uniform_rows(key, position, stream, V)`` on
+    :func:`draft_stream`."""
+    n, v = seed.numel(), q.numel()
+    sampler = getattr(verify, "draft_sampler", None)
+    if sampler is not None:
+        drafts = sampler(torch.log(q).float().expand(n, v).contiguous(), torch.ones(n), seed, position)
+        return drafts.to(torch.int64).cpu()
+    u = philox.uniform_rows(seed, position, draft_stream(verify), v)
+    return torch.argmax(torch.log(q)[None, :] - torch.log(-torch.log(u)), dim=-1)
+
+
 def sample_narrow(verify: Verifier, case: NarrowCase, num_requests: int) -> torch.Tensor:
     """Run ``num_requests`` one-draft requests; return each one's cell of :func:`narrow_law` [N] (2V: an
     invalid outcome: a token outside [0, V), or an accepted token that is not the draft)."""
@@ -377,8 +394,7 @@ def sample_narrow(verify: Verifier, case: NarrowCase, num_requests: int) -> torc
     g = torch.Generator().manual_seed(case.seed)
     seed = case.seed * (1 << 32) + torch.arange(n, dtype=torch.int64)
     position = torch.randint(0, 1 << 20, (n,), generator=g)
-    u = philox.uniform_rows(seed, position, draft_stream(verify), v)
-    drafts = torch.argmax(torch.log(q)[None, :] - torch.log(-torch.log(u)), dim=-1)
+    drafts = draft_proposals(verify, q, seed, position)
     draft_probs = q.expand(n, v).contiguous() if case.drafts == "stochastic" else None
     res = verify(logits.expand(2 * n, v).contiguous(), drafts, torch.arange(n + 1), draft_probs,
                  torch.ones(n), None, None, seed, position)
