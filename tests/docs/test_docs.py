@@ -376,11 +376,16 @@ def test_audit_findings_counts_are_the_reports():
               f"{c['greedy', 'pass']} greedy and {c['batch', 'pass']} batch cases pass; the only rejected law cases "
               f"are the {c['first-token', 'FAIL'] + c['sequence', 'FAIL']} with min-p",
               f"all {c['mutants', 'caught']} planted bugs are caught"]
-    _, c = counts("vllm-v2-triton")
-    shown += [f"({c['first-token', 'pass']} first-token, min-p included, and {c['sequence', 'pass']} sequence), "
-              f"{c['greedy', 'pass']} greedy and {c['batch', 'pass']} batch; {c['mutants', 'caught']} planted bugs "
-              f"are caught",
-              f"FAIL only through {c['bad-input', 'FAIL']} bad-input rows"]
+    old, _ = counts("vllm-v2-triton-0.28.0")
+    narrow = {o["name"]: o for o in old["outcomes"] if o["family"] == "narrow"}
+    deter, stoch = narrow["narrow-deter-V16-reversed"], narrow["narrow-stoch-V16-reversed"]
+    assert old["verdict"] == "LOSSY" and deter["verdict"] == "FAIL" and stoch["verdict"] == "pass"
+    shown += [f"rejects at chi2 {deter['statistic']:.0f} (df {deter['df']}, {deter['num_samples']:,} trials)",
+              f"reaches p = {stoch['pvalue']:.1e} on 0.28.0"]
+    for fixed in ("0.29.0", "0.32.0", "0.33.0", "block-0.33.0"):
+        assert counts(f"vllm-v2-triton-{fixed}")[0]["verdict"] == "PASS", fixed
+    synthetic, c = counts("vllm-v2-triton-synthetic-0.33.0")
+    assert synthetic["verdict"] == "LOSSY" and set(c) <= {(f, "FAIL") for f in synthetic["families"]}, c
     hf, c = counts("transformers")
     assert hf["complete"] and "mutants" not in hf["families"]
     shown += [f"{c['first-token', 'pass']} first-token, {c['sequence', 'pass']} sequence, {c['greedy', 'pass']} greedy, "
