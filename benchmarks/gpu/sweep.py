@@ -185,14 +185,14 @@ def _vllm_fn(version: str):
 
 
 def _vllm_v2(inputs: ChainInputs) -> Callable[[], object]:
+    v2 = _vllm_fn("v2")  # first: a peer that is not carried says so on every case
     _no_top_k_top_p(inputs, "vLLM V2 rejection_sample")
-    v2 = _vllm_fn("v2")
     return vllm_v2_step(inputs, v2.rejection_sample, v2.apply_temperature)
 
 
 def _vllm_v1(inputs: ChainInputs) -> Callable[[], object]:
-    _no_top_k_top_p(inputs, "the V1 path timed here (its top-k / top-p runs in torch before it)")
     rejection_sample = _vllm_fn("v1")
+    _no_top_k_top_p(inputs, "the V1 path timed here (its top-k / top-p runs in torch before it)")
     case, device = inputs.case, inputs.target_logits.device
     b, k = case.batch, case.k
     rows = (torch.arange(b, device=device)[:, None] * (k + 1) + torch.arange(k, device=device)).flatten()
