@@ -8,13 +8,13 @@ import sys
 from dataclasses import replace
 
 from .config import POLICY_PRESETS, REQUIRED_SUMMARY_KEYS, WORKLOADS, RunConfig, tiny_config, with_workload
-from .decode import DECODE_PATHS
-from .device import DEVICES, check_device
-from .rollouts import VERIFY_METHODS
-from .run_checks import check_values
+from .run.checks import check_values
+from .run.usage import UsageError
+from .step.decode import DECODE_PATHS
+from .step.device import DEVICES, check_device
+from .step.rollouts import VERIFY_METHODS
+from .step.weight_fingerprint import WeightSyncError
 from .train import run
-from .usage import UsageError
-from .weight_fingerprint import WeightSyncError
 
 PROG = "python -m rl_loop"
 

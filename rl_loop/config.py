@@ -6,9 +6,9 @@ from dataclasses import dataclass, field, replace
 
 from specdec_kernels.models import ModelConfig
 
-from .decode import DECODE_PATHS
-from .device import DEVICES
-from .rollouts import VERIFY_METHODS, VERIFY_SPEC, GenerationConfig, TreeShape, resolve_verify_backend
+from .step.decode import DECODE_PATHS
+from .step.device import DEVICES
+from .step.rollouts import VERIFY_METHODS, VERIFY_SPEC, GenerationConfig, TreeShape, resolve_verify_backend
 from .task import TaskConfig
 
 REQUIRED_SUMMARY_KEYS = (

@@ -17,16 +17,16 @@ pieces (``batch``, ``learn``, ``accounting``, ``evaluation``, ``session``).
 from __future__ import annotations
 
 from .config import RunConfig
-from .run_checks import check_run
+from .run.checks import check_run
 
 
 def run(cfg: RunConfig) -> dict:
     """Run the whole pipeline; returns the summary dict (also written to ``OUT/summary.json``)."""
     check_run(cfg)  # user mistakes fail here, before any work, as one-line UsageErrors
     if cfg.pipeline == "async":
-        from .async_pipeline import run_async
+        from .pipelines.async_pipeline import run_async
 
         return run_async(cfg)
-    from .sync_pipeline import run_sync
+    from .pipelines.sync_pipeline import run_sync
 
     return run_sync(cfg)

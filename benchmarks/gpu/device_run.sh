@@ -8,7 +8,7 @@
 #   chain_sweep.env.json  the run's provenance: command, commit, GPU / driver / clocks, versions
 #   artefacts.tar.gz      $WORK re-packed after every phase: machine.txt, build logs, identity_<backend>.log,
 #                         audit/<target>.{md,json}, rl_rollout.log
-#   gpu_rollout.json      rl_loop's rollout figure (python -m rl_loop.gpu_rollout), written at its end
+#   gpu_rollout.json      rl_loop's rollout figure (python -m rl_loop.experiments.gpu_rollout), written at its end
 # (five files: a device run brings back at most eight.)
 #
 # Before the lease, here:   python -m benchmarks.gpu.prepare     (fills the ignored .cache/peers)
@@ -109,7 +109,7 @@ pack
 step "rl_loop GPU rollout figure -> $OUT/gpu_rollout.json"
 if [ "$DEV" = cuda ]; then rollout_args="--device cuda"; else rollout_args="--device cpu --tiny --seeds 3 --repeats 2"; fi
 # shellcheck disable=SC2086  # rollout_args is a list of arguments
-timeout "${ROLLOUT_TIMEOUT:-170}" "$PY" -m rl_loop.gpu_rollout $rollout_args --out "$WORK/rl_rollout" \
+timeout "${ROLLOUT_TIMEOUT:-170}" "$PY" -m rl_loop.experiments.gpu_rollout $rollout_args --out "$WORK/rl_rollout" \
   > "$WORK/rl_rollout.log" 2>&1
 echo "rollout exit code: $? (124 = timed out)"
 tail -n 3 "$WORK/rl_rollout.log"

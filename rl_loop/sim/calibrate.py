@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from ..provenance import provenance
+from ..run.provenance import provenance
 from .engine_costs import cpu_time
 from .generation import Parallelism, Speculation, Workload, forward_time, simulate_generation
 from .hardware import Hardware

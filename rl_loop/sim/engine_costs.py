@@ -1,7 +1,7 @@
 """rl_loop's own rollout engine, priced component by component, and its measured speedups.
 
 (a) Micro-measurements on the real policy and drafter, each called alone exactly as the engine calls it:
-    the policy forward (on the engine's decode path, ``rl_loop/decode.py``: the fused native layer step
+    the policy forward (on the engine's decode path, ``rl_loop/step/decode.py``: the fused native layer step
     when built) against the number of requests and tokens per request, the
     drafter's ``propose`` (k drafts) and ``commit``, and ``verify_chain`` (``validate=False``, as the
     engine calls it). Linear fits of these give a
@@ -102,7 +102,7 @@ def build_engine(drafter: str = "eagle3", seed: int = 0, state_path: str | None 
     import os
 
     from rl_loop.config import POLICY_PRESETS, RunConfig, with_workload
-    from rl_loop.session import setup
+    from rl_loop.run.session import setup
 
     if policy not in POLICY_PRESETS:
         raise ValueError(f"policy must be one of {tuple(POLICY_PRESETS)}, got {policy!r}")
@@ -130,7 +130,7 @@ def requests(cfg, s: dict, num_prompts: int, group: int, seed: int = 0) -> tuple
     """``num_prompts x group`` prompts (token ids) from the training split and their Philox seeds."""
     import random
 
-    from rl_loop.batch import request_seeds
+    from rl_loop.step.batch import request_seeds
 
     rng = random.Random(f"sim/{seed}")
     problems = [p for p in rng.sample(s.train, num_prompts) for _ in range(group)]
@@ -143,13 +143,13 @@ def measure_components(cfg, s: dict, prompts: list[list[int]], batches=(2, 8, 16
                        repeats: int = 7) -> tuple[MeasuredCosts, list[dict]]:
     """(a): time each engine component alone over ``batches`` x tokens / k; returns the fits and rows."""
     import specdec_kernels as sk
-    from rl_loop.rollouts import resolve_verify_backend
-    from rl_loop.round_strategies import ChainSpeculation
+    from rl_loop.step.rollouts import resolve_verify_backend
+    from rl_loop.step.strategies import ChainSpeculation
     from specdec_kernels.models import KVCache
 
     torch.set_num_threads(1)
     policy, drafter = s.policy, s.drafter
-    step = s.engine.policy_step  # the engine's decode path for both arms (``rl_loop/decode.py``)
+    step = s.engine.policy_step  # the engine's decode path for both arms (``rl_loop/step/decode.py``)
     layers = drafter.feature_layers
     V = policy.config.vocab_size
     backend = resolve_verify_backend(cfg.verify_backend)
@@ -310,11 +310,11 @@ def compare_engine(cfg, s: dict, ks=(1, 3, 5), rounds: int = 5, request_sets: in
     from dataclasses import asdict
 
     import specdec_kernels as sk
-    from rl_loop.rollouts import resolve_verify_backend
+    from rl_loop.step.rollouts import resolve_verify_backend
 
     ar_meas = float(np.median([sum(x.cpu_s for x in rr[0]) for rr in per_round]))
     ar_pred = sum(predict(costs, x, prompt_len, max_batch) for x in per_round[0][0])
-    return {"engine": "rl_loop.engine.RolloutEngine", "policy": asdict(s.policy.config),
+    return {"engine": "rl_loop.step.engine.RolloutEngine", "policy": asdict(s.policy.config),
             "decode_path": s.engine.policy_step.path, "workload": cfg.workload,
             "drafter": type(s.drafter).__name__, "temperature": cfg.temperature,
             "max_new_tokens": max_new_tokens, "verify_backend": resolve_verify_backend(cfg.verify_backend),

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..provenance import provenance
+from ..run.provenance import provenance
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,7 @@ def _median_time(fn, repeats: int) -> float:
 def _measure_call(engine, pool, costs: RayCosts, prompts: list[list[int]], seeds: list[int], gen, group: int,
                   repeats: int) -> dict:
     """One step's pool call against its prediction from the shares' in-process engine times."""
-    from ..ray_rollout import block_assignment
+    from ..pipelines.ray_rollout import block_assignment
 
     pool.generate(prompts, seeds, gen)  # warm
     share_s = []
@@ -107,11 +107,11 @@ def calibrate_and_measure(repeats: int = 5, steps: int = 2) -> dict:
 
     import ray
 
-    from ..batch import step_requests
     from ..config import tiny_config
-    from ..engine import RolloutEngine
-    from ..ray_rollout import RolloutPool, weights
-    from ..session import setup
+    from ..pipelines.ray_rollout import RolloutPool, weights
+    from ..run.session import setup
+    from ..step.batch import step_requests
+    from ..step.engine import RolloutEngine
 
     torch.set_num_threads(1)
     cfg = replace(tiny_config(prompts_per_step=4), num_threads=1)

@@ -28,7 +28,7 @@ import sys
 from dataclasses import replace
 
 from rl_loop.config import POLICY_PRESETS, WORKLOADS, RunConfig, tiny_config
-from rl_loop.provenance import provenance
+from rl_loop.run.provenance import provenance
 
 from .engine_costs import build_engine, compare_engine
 

@@ -19,8 +19,8 @@ import os
 import sys
 from dataclasses import replace
 
-from ..provenance import provenance, row_provenance
-from ..usage import UsageError, check_out_dir
+from ..run.provenance import provenance, row_provenance
+from ..run.usage import UsageError, check_out_dir
 from .presets import PRESETS, Scenario, evaluate
 from .step import async_split, simulate_async_fixed_split, simulate_step
 

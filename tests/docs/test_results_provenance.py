@@ -6,8 +6,8 @@ The convention (results/README.md, "Provenance"):
 - CSV: the columns ``command``, ``git_commit`` and ``device``, filled in every row;
 - JSON: ``command``, a commit and a machine, either at the top level or in a top-level ``provenance`` (or,
   for the audit reports, ``environment``) object. The commit is ``git_commit`` (``benchmarks.common``) or
-  ``commit`` (``rl_loop.provenance``, with ``dirty`` beside it; the audit's ``environment``); the machine
-  is ``device`` (``benchmarks.common``), ``cpu`` (``rl_loop.provenance``) or ``platform`` (the audit's
+  ``commit`` (``rl_loop.run.provenance``, with ``dirty`` beside it; the audit's ``environment``); the machine
+  is ``device`` (``benchmarks.common``), ``cpu`` (``rl_loop.run.provenance``) or ``platform`` (the audit's
   ``environment``, operating system and architecture, with ``torch_threads`` and ``cuda_available``).
 
 A commit ending ``+dirty`` / ``+modified``, or ``dirty: true``, is a run from a tree with uncommitted changes:

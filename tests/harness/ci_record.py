@@ -16,7 +16,7 @@ import json
 import re
 from pathlib import Path
 
-from rl_loop.provenance import provenance
+from rl_loop.run.provenance import provenance
 
 COUNT = re.compile(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed|deselected)\b")
 

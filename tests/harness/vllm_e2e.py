@@ -31,7 +31,6 @@ from pathlib import Path
 from benchmarks.vllm_e2e_cpu import prompts
 from specdec_kernels.models.tiny_qwen3 import build_target_and_draft, token_text
 
-
 # Sampling parameters of the truncated groups: vLLM's sampler truncates with min-p, top-k and top-p, and
 # speculative output must keep that law (temperature 1, so min-p's scaled probabilities are the logprobs').
 TRUNCATIONS = {"min_p": {"min_p": 0.5}, "top_k_top_p": {"top_k": 5, "top_p": 0.8}}

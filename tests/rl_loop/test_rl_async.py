@@ -8,15 +8,15 @@ from dataclasses import replace
 import pytest
 import torch
 
-from rl_loop import grpo
-from rl_loop.async_pipeline import GeneratorActor, check_async_config
-from rl_loop.batch import build_batch
 from rl_loop.config import REQUIRED_SUMMARY_KEYS, tiny_config
-from rl_loop.drafting import build_drafter
-from rl_loop.engine import RolloutEngine
-from rl_loop.learn import train_on_batch
-from rl_loop.logprobs import policy_log_probs
-from rl_loop.rollouts import GenerationConfig
+from rl_loop.pipelines.async_pipeline import GeneratorActor, check_async_config
+from rl_loop.step import grpo
+from rl_loop.step.batch import build_batch
+from rl_loop.step.drafting import build_drafter
+from rl_loop.step.engine import RolloutEngine
+from rl_loop.step.learn import train_on_batch
+from rl_loop.step.logprobs import policy_log_probs
+from rl_loop.step.rollouts import GenerationConfig
 from rl_loop.task import CharTokenizer
 from rl_loop.train import run
 from specdec_kernels.models import ModelConfig, Qwen3

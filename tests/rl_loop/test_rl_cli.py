@@ -13,8 +13,8 @@ import torch
 
 from rl_loop.__main__ import parse_args
 from rl_loop.config import REQUIRED_SUMMARY_KEYS, RunConfig, tiny_config
-from rl_loop.evaluation import evaluate, validate
-from rl_loop.session import setup
+from rl_loop.run.evaluation import evaluate, validate
+from rl_loop.run.session import setup
 from rl_loop.train import run
 from tests.conftest import REPO
 

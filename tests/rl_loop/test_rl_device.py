@@ -11,15 +11,15 @@ import pytest
 import torch
 
 from rl_loop.__main__ import main, parse_args
-from rl_loop.cuda_graphs import EagerGraph
-from rl_loop.decode import resolve_decode_path
-from rl_loop.device import check_device, weight_dtype
-from rl_loop.drafting import build_drafter
-from rl_loop.engine import RolloutEngine
-from rl_loop.rollouts import GenerationConfig, resolve_verify_backend
-from rl_loop.run_checks import check_device_run
-from rl_loop.session import setup
-from rl_loop.usage import UsageError
+from rl_loop.run.checks import check_device_run
+from rl_loop.run.session import setup
+from rl_loop.run.usage import UsageError
+from rl_loop.step.cuda_graphs import EagerGraph
+from rl_loop.step.decode import resolve_decode_path
+from rl_loop.step.device import check_device, weight_dtype
+from rl_loop.step.drafting import build_drafter
+from rl_loop.step.engine import RolloutEngine
+from rl_loop.step.rollouts import GenerationConfig, resolve_verify_backend
 from specdec_kernels.models import ModelConfig
 from specdec_kernels.models.tiny_qwen3 import spread_qwen3
 

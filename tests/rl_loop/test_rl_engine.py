@@ -1,4 +1,4 @@
-"""rl_loop.engine: speculative rollouts are lossless (token-identical at T=0, equal in law at T=1) and batch
+"""rl_loop.step.engine: speculative rollouts are lossless (token-identical at T=0, equal in law at T=1) and batch
 invariant (a request's tokens depend on its own prompt and seed only)."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from rl_loop.drafting import build_drafter
-from rl_loop.engine import RolloutEngine
-from rl_loop.rollouts import GenerationConfig, TreeShape
+from rl_loop.step.drafting import build_drafter
+from rl_loop.step.engine import RolloutEngine
+from rl_loop.step.rollouts import GenerationConfig, TreeShape
 from specdec_kernels.drafters import DraftModelDrafter, DraftProposal
 from specdec_kernels.exactness.goodness_of_fit import two_sample_chi2
 from specdec_kernels.models import ModelConfig, Qwen3

@@ -1,4 +1,4 @@
-"""rl_loop.equivalence at a tiny size: passes on the real engine, and its negative control rejects; a sample
+"""rl_loop.run.equivalence at a tiny size: passes on the real engine, and its negative control rejects; a sample
 too small to reject the control is "underpowered", on every engine."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ import os
 import pytest
 import torch
 
-from rl_loop import equivalence
-from rl_loop.engine import RolloutEngine
-from rl_loop.equivalence import EquivalenceConfig, check_equivalence, main, verdict
-from rl_loop.rollouts import GenerationConfig
-from rl_loop.run_statistics import two_sample_chi2_power
+from rl_loop.run import equivalence
+from rl_loop.run.equivalence import EquivalenceConfig, check_equivalence, main, verdict
+from rl_loop.run.intervals import two_sample_chi2_power
+from rl_loop.step.engine import RolloutEngine
+from rl_loop.step.rollouts import GenerationConfig
 from rl_loop.task import CharTokenizer, TaskConfig, make_splits
 from specdec_kernels.drafters import DraftModelDrafter
 from specdec_kernels.models import ModelConfig, Qwen3
@@ -63,7 +63,7 @@ def test_module_entry_point_writes_a_report(tmp_path):
     assert rc == (0 if report["equivalence"] == "pass" else 1)
     # 12 samples per arm cannot reject the planted control: underpowered, not failed
     assert report["equivalence"] == "underpowered" and report["pass"] is None
-    assert report["provenance"]["command"].startswith("python -m rl_loop.equivalence")
+    assert report["provenance"]["command"].startswith("python -m rl_loop.run.equivalence")
     assert report["provenance"]["commit"] and report["provenance"]["cpu"]
     assert report["greedy_identical"] is True
 

@@ -1,5 +1,5 @@
 """The LLM-shape policy (``config.llm_policy``: Qwen3-0.6B's vocabulary) at CPU width: GRPO verifies at
-V = 151936 and runs the equivalence check there; ``python -m rl_loop.gpu_rollout`` runs end to end as a
+V = 151936 and runs the equivalence check there; ``python -m rl_loop.experiments.gpu_rollout`` runs end to end as a
 dry run and writes its artefact."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import torch
 
 import specdec_kernels as sk
 from rl_loop.config import QWEN3_VOCAB_SIZE, llm_policy, llm_tiny_policy, tiny_config
-from rl_loop.gpu_rollout import ARTEFACT
-from rl_loop.gpu_rollout import main as gpu_rollout
+from rl_loop.experiments.gpu_rollout import ARTEFACT
+from rl_loop.experiments.gpu_rollout import main as gpu_rollout
 from rl_loop.train import run
 from specdec_kernels.models import Qwen3, num_parameters
 
@@ -58,7 +58,7 @@ def test_gpu_rollout_dry_run_writes_the_artefact(tmp_path, capsys):
     art = json.load(open(out / ARTEFACT))
     assert art["regime"]["vocab_size"] == QWEN3_VOCAB_SIZE and art["regime"]["k"] == 3
     assert art["regime"]["temperature"] == 1.0 and art["device"] == "cpu" and art["machine"]
-    assert art["command"].startswith("python -m rl_loop.gpu_rollout") and art["commit"]
+    assert art["command"].startswith("python -m rl_loop.experiments.gpu_rollout") and art["commit"]
     pairs = art["pairs"]
     assert len(pairs) == 6 and {p["seed"] for p in pairs} == {0, 1, 2}
     assert [p["first"] for p in pairs] == ["ar", "spec", "spec", "ar", "ar", "spec"]  # order alternated

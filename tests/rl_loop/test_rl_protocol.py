@@ -12,17 +12,12 @@ import numpy as np
 import pytest
 import torch
 
-from rl_loop import equivalence
 from rl_loop.config import POLICY_PRESETS, default_policy, tiny_config
-from rl_loop.decode import PolicyStep, resolve_decode_path
-from rl_loop.engine import RolloutEngine
-from rl_loop.equivalence import EquivalenceConfig, check_equivalence
-from rl_loop.heldout import heldout_report, make_test_split
-from rl_loop.protocol_figures import protocol_figures
-from rl_loop.provenance import provenance
-from rl_loop.repeat import aggregate, markdown, pooled_ci
-from rl_loop.rollouts import GenerationConfig, RolloutStats
-from rl_loop.run_statistics import (
+from rl_loop.experiments.repeat import aggregate, markdown, pooled_ci
+from rl_loop.run import equivalence
+from rl_loop.run.equivalence import EquivalenceConfig, check_equivalence
+from rl_loop.run.heldout import heldout_report, make_test_split
+from rl_loop.run.intervals import (
     bootstrap_ci,
     clustered_mean,
     paired_change,
@@ -31,7 +26,12 @@ from rl_loop.run_statistics import (
     two_sample_chi2_power,
     two_sample_size,
 )
-from rl_loop.state import Comparison, RunState, WarmStartTimes
+from rl_loop.run.protocol_figures import protocol_figures
+from rl_loop.run.provenance import provenance
+from rl_loop.run.state import Comparison, RunState, WarmStartTimes
+from rl_loop.step.decode import PolicyStep, resolve_decode_path
+from rl_loop.step.engine import RolloutEngine
+from rl_loop.step.rollouts import GenerationConfig, RolloutStats
 from rl_loop.task import CharTokenizer, TaskConfig, make_splits
 from specdec_kernels import native
 from specdec_kernels.drafters import DraftModelDrafter
@@ -234,8 +234,8 @@ def test_repeat_aggregate_median_range_and_pooled_interval():
 
 
 def test_provenance_names_commit_and_command_without_paths():
-    p = provenance("python -m rl_loop.repeat --seeds 0")
-    assert p["command"] == "python -m rl_loop.repeat --seeds 0"
+    p = provenance("python -m rl_loop.experiments.repeat --seeds 0")
+    assert p["command"] == "python -m rl_loop.experiments.repeat --seeds 0"
     assert p["threads"] == torch.get_num_threads() and p["cores"] >= 1 and p["date"]
 
 
@@ -286,7 +286,7 @@ def test_default_policy_is_the_documented_shape():
 
 def test_provenance_takes_the_passed_commit_where_git_cannot_tell(monkeypatch):
     """A copy of the tree without .git (a lent GPU machine): the commit is $SPECDEC_GIT_COMMIT, never made up."""
-    from rl_loop import provenance
+    from rl_loop.run import provenance
 
     monkeypatch.setattr(provenance, "_git", lambda *args: None)
     monkeypatch.delenv("SPECDEC_GIT_COMMIT", raising=False)

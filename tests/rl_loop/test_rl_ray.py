@@ -1,4 +1,4 @@
-"""Rollouts on N Ray workers (rl_loop/ray_rollout.py): the same tokens for any N and assignment, weights
+"""Rollouts on N Ray workers (rl_loop/pipelines/ray_rollout.py): the same tokens for any N and assignment, weights
 published once per update, a worker killed mid-step replaced with the same rollouts, dumps of whole runs."""
 
 from __future__ import annotations
@@ -23,14 +23,14 @@ import torch
 
 from rl_loop.__main__ import parse_args
 from rl_loop.config import tiny_config
-from rl_loop.drafting import build_drafter
-from rl_loop.engine import RolloutEngine
-from rl_loop.ray_rollout import RolloutPool, block_assignment
-from rl_loop.rollout_dump import read_dump
-from rl_loop.rollouts import GenerationConfig
+from rl_loop.pipelines.ray_rollout import RolloutPool, block_assignment
+from rl_loop.run.rollout_dump import read_dump
+from rl_loop.step.drafting import build_drafter
+from rl_loop.step.engine import RolloutEngine
+from rl_loop.step.rollouts import GenerationConfig
+from rl_loop.step.weight_fingerprint import WeightSyncError
 from rl_loop.task import CharTokenizer
 from rl_loop.train import run
-from rl_loop.weight_fingerprint import WeightSyncError
 from specdec_kernels.models import ModelConfig, Qwen3
 
 ray = pytest.importorskip("ray")

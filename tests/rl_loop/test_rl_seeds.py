@@ -1,4 +1,4 @@
-"""rl_loop.seeds: AR vs speculative training from one warm start per seed, paired tests, outputs."""
+"""rl_loop.experiments.seeds: AR vs speculative training from one warm start per seed, paired tests, outputs."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from rl_loop.seeds import main, paired_p
+from rl_loop.experiments.seeds import main, paired_p
 
 pytestmark = pytest.mark.rl
 

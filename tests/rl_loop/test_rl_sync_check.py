@@ -1,5 +1,5 @@
-"""Weight-sync check (rl_loop/weight_fingerprint.py) on the in-process engine, and the acceptance-collapse
-warning (rl_loop/accounting.py). Ray workers: test_rl_ray.py; vLLM: test_rl_vllm.py.
+"""Weight-sync check (rl_loop/step/weight_fingerprint.py) on the in-process engine, and the acceptance-collapse
+warning (rl_loop/run/accounting.py). Ray workers: test_rl_ray.py; vLLM: test_rl_vllm.py.
 
 - the fingerprint is exact for one dtype (one ulp, a swap of two elements, a shape all differ) and keeps
   the stated tolerance across a dtype conversion (bf16 of the same weights passes, a 1 % change fails);
@@ -20,18 +20,17 @@ from dataclasses import replace
 import pytest
 import torch
 
-from rl_loop import engine as engine_module
-from rl_loop import learn as learn_module
-from rl_loop import weight_fingerprint
 from rl_loop.__main__ import main
-from rl_loop.accounting import AcceptanceCollapseWarning, check_acceptance
 from rl_loop.config import tiny_config
-from rl_loop.decode import resolve_decode_path
-from rl_loop.drafting import build_drafter
-from rl_loop.engine import RolloutEngine
-from rl_loop.state import RunState
-from rl_loop.train import run
-from rl_loop.weight_fingerprint import (
+from rl_loop.run.accounting import AcceptanceCollapseWarning, check_acceptance
+from rl_loop.run.state import RunState
+from rl_loop.step import engine as engine_module
+from rl_loop.step import learn as learn_module
+from rl_loop.step import weight_fingerprint
+from rl_loop.step.decode import resolve_decode_path
+from rl_loop.step.drafting import build_drafter
+from rl_loop.step.engine import RolloutEngine
+from rl_loop.step.weight_fingerprint import (
     WeightSyncError,
     deinterleave_heads,
     differs,
@@ -41,6 +40,7 @@ from rl_loop.weight_fingerprint import (
     trainer_prints,
     verify,
 )
+from rl_loop.train import run
 from specdec_kernels.drafters import training as drafter_training
 from specdec_kernels.models import ModelConfig, Qwen3
 from specdec_kernels.reference.decoder_step import interleave_heads

@@ -1,4 +1,4 @@
-"""rl_loop.learn optimisation pieces: the policy optimizer's parameter groups and their learning rates."""
+"""rl_loop.step.learn optimisation pieces: the policy optimizer's parameter groups and their learning rates."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from dataclasses import replace
 import pytest
 import torch
 
-from rl_loop.batch import build_batch
 from rl_loop.config import tiny_config
-from rl_loop.learn import policy_optimizer, set_learning_rates, train_on_batch
+from rl_loop.step.batch import build_batch
+from rl_loop.step.learn import policy_optimizer, set_learning_rates, train_on_batch
 from rl_loop.task import CharTokenizer
 from specdec_kernels.models import ModelConfig, Qwen3
 

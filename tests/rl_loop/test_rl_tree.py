@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 import torch
 
-from rl_loop import bench, round_strategies, tree_bench
 from rl_loop.config import REQUIRED_SUMMARY_KEYS, tiny_config
-from rl_loop.drafting import build_drafter, distill_step
-from rl_loop.engine import RolloutEngine
-from rl_loop.rollouts import GenerationConfig, TreeShape
+from rl_loop.experiments import bench, tree_bench
+from rl_loop.step import strategies
+from rl_loop.step.drafting import build_drafter, distill_step
+from rl_loop.step.engine import RolloutEngine
+from rl_loop.step.rollouts import GenerationConfig, TreeShape
 from rl_loop.train import run
 from specdec_kernels.drafters.training import DrafterTrainer, TrainConfig
 from specdec_kernels.exactness.goodness_of_fit import two_sample_chi2
@@ -91,7 +92,7 @@ def test_wide_tree_and_planted_bugs_are_caught(policy_and_drafter, monkeypatch):
     assert wide.response_ids == ar.response_ids
     assert wide.stats.mean_accepted_length > 1.5
     with monkeypatch.context() as m:
-        m.setattr(round_strategies, "tree_attention_mask", _causal_mask)
+        m.setattr(strategies, "tree_attention_mask", _causal_mask)
         assert engine.generate(prompts, seeds, cfg).response_ids != ar.response_ids
     with monkeypatch.context() as m:
         m.setattr(KVCache, "gather_positions", lambda self, rows, src, dst: None)
@@ -116,7 +117,7 @@ def test_trees_verify_on_the_native_backend(policy_and_drafter, monkeypatch):
         seen.append(kwargs["backend"])
         return verify(*args, **kwargs)
 
-    monkeypatch.setattr(round_strategies.sk, "verify_tree", spy)
+    monkeypatch.setattr(strategies.sk, "verify_tree", spy)
     RolloutEngine(policy, drafter, EOS).generate(_prompts(2), [0, 1], GenerationConfig(spec="tree", max_new_tokens=4))
     assert seen and set(seen) == {sk.available_backends("cpu")[0]}
 

@@ -14,14 +14,14 @@ from dataclasses import replace
 import pytest
 import torch
 
-import rl_loop.sync_pipeline as sync_pipeline
-from rl_loop import run_checks
+import rl_loop.pipelines.sync_pipeline as sync_pipeline
 from rl_loop.__main__ import main
 from rl_loop.config import tiny_config
-from rl_loop.session import setup
+from rl_loop.run import checks
+from rl_loop.run.session import setup
+from rl_loop.run.usage import UsageError
 from rl_loop.sim.sweep import main as sweep_main
 from rl_loop.train import run
-from rl_loop.usage import UsageError
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.rl
@@ -86,7 +86,7 @@ def test_unavailable_backends_fail_in_one_line(capsys, no_work, tmp_path, monkey
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     err = _one_line_error(capsys, ["--tiny", "--verify-backend", "triton", "--out", str(tmp_path)])
     assert "TRITON_INTERPRET=1" in err
-    monkeypatch.setattr(run_checks, "find_spec", lambda name: None if name == "vllm" else object())
+    monkeypatch.setattr(checks, "find_spec", lambda name: None if name == "vllm" else object())
     assert "needs vLLM" in _one_line_error(capsys, ["--tiny", "--backend", "vllm", "--out", str(tmp_path)])
 
 
@@ -135,9 +135,9 @@ def _steps(out) -> list[int]:
 
 _KILL_AT = """
 import os, signal, sys
-import rl_loop.sync_pipeline as sp
+import rl_loop.pipelines.sync_pipeline as sp
 from rl_loop.config import tiny_config
-from rl_loop.session import setup
+from rl_loop.run.session import setup
 from rl_loop.train import run
 save = sp.save_checkpoint
 def save_or_die(s):  # SIGKILL once step 2's row is logged, before its checkpoint: the one of step 2 stays
@@ -234,7 +234,7 @@ def test_damaged_or_earlier_checkpoints_give_one_line(straight, tmp_path, capsys
 
 @pytest.mark.slow
 def test_benchmarks_load_a_finished_run_and_change_nothing(straight):
-    """``rl_loop.bench`` / ``tree_bench`` load a run's weights through ``setup`` with ``resume=True`` (and
+    """``rl_loop.experiments.bench`` / ``tree_bench`` load a run's weights through ``setup`` with ``resume=True`` (and
     tree_bench another spec): neither the continuation checks nor the log cut apply there."""
     log = os.path.join(straight, "metrics.jsonl")
     before = open(log).read()

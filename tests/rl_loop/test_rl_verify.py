@@ -1,7 +1,7 @@
 """``--verify token|block|traversal`` in rl_loop: the option reaches the kernels' ``method=``, every method
 runs end to end, block / traversal accept at least as many tokens as token level on the same snapshot and
 requests (and the comparison can fail), resume refuses another method, and the per-method snapshot
-benchmark (``rl_loop.verify_bench``) writes its report."""
+benchmark (``rl_loop.experiments.verify_bench``) writes its report."""
 
 from __future__ import annotations
 
@@ -16,16 +16,17 @@ import pytest
 import torch
 from scipy import stats as scipy_stats
 
-import rl_loop.sync_pipeline as sync_pipeline
+import rl_loop.pipelines.sync_pipeline as sync_pipeline
 import specdec_kernels as sk
-from rl_loop import round_strategies, verify_bench
 from rl_loop.__main__ import parse_args
 from rl_loop.config import RunConfig, tiny_config
-from rl_loop.engine import RolloutEngine
-from rl_loop.rollouts import GenerationConfig, TreeShape
-from rl_loop.round_strategies import ChainSpeculation, TreeSpeculation, Verified, strategy_for
+from rl_loop.experiments import verify_bench
+from rl_loop.run.usage import UsageError
+from rl_loop.step import strategies
+from rl_loop.step.engine import RolloutEngine
+from rl_loop.step.rollouts import GenerationConfig, TreeShape
+from rl_loop.step.strategies import ChainSpeculation, TreeSpeculation, Verified, strategy_for
 from rl_loop.train import run
-from rl_loop.usage import UsageError
 from specdec_kernels.drafters import DraftModelDrafter
 from specdec_kernels.exactness.exact_verify import chain_conditional_accepted
 from specdec_kernels.models import ModelConfig
@@ -64,13 +65,13 @@ def test_the_option_reaches_the_kernels_method(engine, monkeypatch):
     assert parse_args(["--spec", "tree", "--verify", "traversal"]).generation().verify == "traversal"
     seen: list[tuple[str, str]] = []
     for op in ("verify_chain", "verify_tree"):
-        real = getattr(round_strategies.sk, op)
+        real = getattr(strategies.sk, op)
 
         def spy(*args, _real=real, _op=op, **kw):
             seen.append((_op, kw.get("method", "token")))
             return _real(*args, **kw)
 
-        monkeypatch.setattr(round_strategies.sk, op, spy)
+        monkeypatch.setattr(strategies.sk, op, spy)
     prompts, seeds = _requests(4, 0)
     cases = [("chain", "token", "verify_chain"), ("chain", "block", "verify_chain"),
              ("tree", "token", "verify_tree"), ("tree", "traversal", "verify_tree")]
@@ -107,7 +108,7 @@ class _ShortBlock(ChainSpeculation):
         tokens = tokens.clone()
         tokens[cu[1:].long() - 1] = -1
         r, n, v = logits.shape
-        res = round_strategies.sk.verify_chain(logits.reshape(r * n, v), tokens, cu, draft_probs=probs,
+        res = strategies.sk.verify_chain(logits.reshape(r * n, v), tokens, cu, draft_probs=probs,
                                          temperature=temperature, seed=seed, position=position, backend=backend,
                                          method="block", max_draft_len=self.depth, validate=False)
         return Verified(res.output_token_ids, res.num_accepted, None)
@@ -248,7 +249,7 @@ def test_verify_bench_reports_every_method_on_one_snapshot(block_run, tmp_path, 
 def test_verify_bench_mistakes_fail_in_one_line(block_run, capsys, argv, named):
     assert verify_bench.main(["--run", block_run, *argv]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("python -m rl_loop.verify_bench: error: ") and named in err
+    assert err.count("\n") == 1 and err.startswith("python -m rl_loop.experiments.verify_bench: error: ") and named in err
 
 
 @pytest.mark.slow

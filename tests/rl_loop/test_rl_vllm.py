@@ -6,7 +6,7 @@ vLLM engines are started in subprocesses (one engine start per process keeps the
 - a tiny one-step GRPO run with the EAGLE-3 drafter writes ``summary.json`` with every required key and
   the method vLLM used (``eagle3``), passes the AR-vs-speculative equivalence check inside vLLM, accepts
   drafts, and the plugin's trace shows that our sampler verified them;
-- ``rl_loop.vllm_check`` with the EAGLE-3 head and the draft model: vLLM's greedy tokens equal our engine's,
+- ``rl_loop.backends.vllm_check`` with the EAGLE-3 head and the draft model: vLLM's greedy tokens equal our engine's,
   its acceptance counters equal our engine's on the same schedule (vLLM proposes with our drafter), a
   drafter-only push changes vLLM's acceptance (to ours with the new drafter) and a policy push its tokens
   (to ours with the new policy); every sync passes the weight-sync check, and planted missed syncs (the
@@ -26,12 +26,7 @@ from dataclasses import replace
 
 import pytest
 
-from rl_loop.config import REQUIRED_SUMMARY_KEYS, tiny_config
-from rl_loop.drafting import build_drafter
-from rl_loop.rollouts import GenerationConfig
-from rl_loop.task import CharTokenizer
-from rl_loop.train import run
-from rl_loop.vllm_backend import (
+from rl_loop.backends.vllm_backend import (
     VLLM_ENV,
     VllmOptions,
     VllmRolloutEngine,
@@ -40,6 +35,11 @@ from rl_loop.vllm_backend import (
     make_vllm_engine,
     spec_method,
 )
+from rl_loop.config import REQUIRED_SUMMARY_KEYS, tiny_config
+from rl_loop.step.drafting import build_drafter
+from rl_loop.step.rollouts import GenerationConfig
+from rl_loop.task import CharTokenizer
+from rl_loop.train import run
 from specdec_kernels.integrations.vllm import plugin, runtime
 from specdec_kernels.models import ModelConfig, Qwen3
 from tests.conftest import REPO
@@ -148,7 +148,7 @@ def test_tiny_vllm_run_serves_the_eagle3_head(tmp_path):
 def test_vllm_serves_our_drafters_and_follows_weight_syncs(tmp_path):
     pytest.importorskip("vllm")
     result_path = tmp_path / "check.json"
-    _run([sys.executable, "-m", "rl_loop.vllm_check", "--workdir", str(tmp_path / "weights"), "--drafter",
+    _run([sys.executable, "-m", "rl_loop.backends.vllm_check", "--workdir", str(tmp_path / "weights"), "--drafter",
           "eagle3", "draft_model", "--missed-sync", "--out", str(result_path)], _env(), str(tmp_path))
     results = json.loads(result_path.read_text())
     assert [r["method"] for r in results.values()] == ["eagle3", "draft_model"]

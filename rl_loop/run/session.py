@@ -1,0 +1,188 @@
+"""Opening, setting up and finishing a run (shared by the sync and async pipelines)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import asdict, replace
+
+import torch
+
+from specdec_kernels.drafters import CachedDrafter
+from specdec_kernels.models import Qwen3, save_pretrained
+
+from ..config import RunConfig
+from ..step.device import place
+from ..step.drafting import adapter, build_drafter, problem_batches, warm_start
+from ..step.engine import RolloutEngine
+from ..step.learn import policy_optimizer
+from ..step.warm_start import supervised_warm_start
+from ..task import CharTokenizer, make_splits
+from .accounting import summary_figures
+from .evaluation import validate
+from .heldout import evaluate_test, heldout_report, make_test_split
+from .protocol_figures import ar_baseline, protocol_figures
+from .provenance import provenance
+from .resume import cut_metrics, metrics_path, read_checkpoint
+from .state import Engine, RunState, Session, load_checkpoint, save_checkpoint
+
+
+def open_run(cfg: RunConfig) -> Callable[[dict], None]:
+    """Threads, OUT and ``metrics.jsonl`` (emptied, or cut back to the checkpoint when resuming); returns the
+    ``log(row)`` function."""
+    torch.set_num_threads(cfg.num_threads)
+    os.makedirs(cfg.out, exist_ok=True)
+    path = metrics_path(cfg.out)
+    if cfg.resume:
+        cut_metrics(cfg, read_checkpoint(cfg))  # no step logged twice after a kill
+    elif os.path.exists(path):
+        os.remove(path)
+
+    def log(row: dict) -> None:
+        with open(path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+    return log
+
+
+@contextmanager
+def _frozen(policy: Qwen3):
+    """The policy's parameters need no gradient while a drafter is distilled from it."""
+    for p in policy.parameters():
+        p.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for p in policy.parameters():
+            p.requires_grad_(True)
+
+
+def make_engine(cfg: RunConfig, policy: Qwen3, drafter: CachedDrafter | None, tok: CharTokenizer) -> Engine:
+    """The rollout engine of ``cfg.backend``: ours, or vLLM serving the policy and drafter."""
+    if cfg.backend == "vllm":
+        from ..backends.vllm_backend import make_vllm_engine
+
+        return make_vllm_engine(cfg, policy, drafter, tok)
+    return RolloutEngine(policy, drafter, tok.eos_id, cfg.decode)
+
+
+def setup(cfg: RunConfig, log: Callable[[dict], None]) -> Session:
+    """Tokenizer, splits, warm-started policy and drafter, engine and optimizers (or restored from OUT)."""
+    torch.manual_seed(cfg.seed)
+    tok = CharTokenizer()
+    train_set, val_set = make_splits(replace(cfg.task, seed=cfg.seed))
+    test_set = make_test_split(replace(cfg.task, seed=cfg.seed), cfg.num_test, train_set + val_set)
+    policy = place(Qwen3(cfg.model), cfg.device)
+    ckpt = load_checkpoint(cfg)
+    state = RunState() if ckpt is None else RunState.from_dict(ckpt["state"])
+    if ckpt is None:
+        t0 = time.perf_counter()
+        losses = supervised_warm_start(policy, train_set, tok, cfg.warm_start_steps, cfg.warm_start_batch,
+                                       cfg.warm_start_lr, cfg.seed)
+        state.times.warm_start_s = time.perf_counter() - t0
+        log({"event": "warm_start", "loss_first": losses[0] if losses else None,
+             "loss_last": losses[-1] if losses else None, "seconds": state.times.warm_start_s})
+    else:
+        policy.load_state_dict(ckpt["policy"])
+    policy.eval()
+    drafter, trainer = None, None
+    if cfg.spec != "none":
+        drafter = build_drafter(cfg.drafter, policy, cfg.seed, device=cfg.device)
+        if ckpt is None:
+            t0 = time.perf_counter()
+            with _frozen(policy):
+                losses = warm_start(drafter, policy, problem_batches(train_set, tok, cfg.warm_start_batch, cfg.seed + 1),
+                                    cfg.drafter_warm_steps, cfg.drafter_warm_lr, unroll=cfg.k - 1)
+            state.times.drafter_warm_s = time.perf_counter() - t0
+            log({"event": "drafter_warm_start", "loss_first": losses[0] if losses else None,
+                 "loss_last": losses[-1] if losses else None, "seconds": state.times.drafter_warm_s})
+        else:
+            drafter.trainable().load_state_dict(ckpt["drafter"])
+        trainer = adapter(drafter, cfg.drafter_adapt_lr, unroll=cfg.k - 1)
+        if ckpt is not None and ckpt.get("drafter_opt") is not None:
+            trainer.opt.load_state_dict(ckpt["drafter_opt"])
+    engine = make_engine(cfg, policy, drafter, tok)
+    engine.version = state.step  # the weights of the last update (version step); 0 for a fresh run
+    opt = policy_optimizer(policy, cfg)
+    if ckpt is not None:
+        opt.load_state_dict(ckpt["opt"])
+    ref = None
+    if cfg.kl_coef > 0:
+        ref = place(Qwen3(cfg.model), cfg.device)
+        ref.load_state_dict(policy.state_dict() if ckpt is None else ckpt["ref"])
+        ref.eval()
+    return Session(cfg=cfg, tok=tok, train=train_set, val=val_set[: cfg.num_val], policy=policy, drafter=drafter,
+                   engine=engine, opt=opt, drafter_trainer=trainer, ref=ref, state=state, log=log, test=test_set)
+
+
+def finish_run(s: Session, t_run: float, extra: dict | None = None) -> dict:
+    """Final evaluation, checkpoint, exported policy, equivalence check, ``summary.json`` (+ ``extra``), plots."""
+    cfg, st = s.cfg, s.state
+    gen = cfg.generation()
+    val_end = validate(s)
+    s.log({"event": "eval", "step": cfg.steps, **val_end})
+    save_checkpoint(s, finished=True)
+    save_pretrained(s.policy, os.path.join(cfg.out, "policy"), s.tok)
+
+    test = {}
+    if s.test and st.test_start is not None:
+        test = heldout_report(st.test_start, evaluate_test(s.engine, s.test, s.tok, gen, cfg.test_samples, cfg.seed))
+    eq = {"equivalence": None, "equivalence_pass": None, "equivalence_min_pvalue": None,
+          "equivalence_control_rejected": None}
+    t_eq = time.perf_counter()
+    if cfg.equivalence and s.drafter is not None:
+        from .equivalence import EquivalenceConfig, check_equivalence
+
+        eq_cfg = EquivalenceConfig(num_prompts=cfg.equivalence_prompts, samples_per_prompt=cfg.equivalence_samples,
+                                   seed=cfg.seed, generation=gen)
+        result = check_equivalence(s.engine, s.val, s.tok, eq_cfg)
+        with open(os.path.join(cfg.out, "equivalence.json"), "w") as f:
+            json.dump({**result, "provenance": provenance()}, f, indent=1)
+        eq = {"equivalence": result["equivalence"], "equivalence_pass": result["pass"],
+              "equivalence_min_pvalue": result["min_pvalue"],
+              "equivalence_control_rejected": result["control_rejected"],
+              "equivalence_power_tv": result["power"]["tv"],
+              "equivalence_power": result["power"]["two_sample_power"]}
+    equivalence_s = time.perf_counter() - t_eq
+
+    figures = summary_figures(cfg, st)
+    engine_info = s.engine.summary()
+    protocol = protocol_figures(st, time.perf_counter() - t_run, equivalence_s)
+    summary = {
+        **{k: figures.pop(k) for k in ("rollout_speedup", "step_speedup", "mean_accepted_length",
+                                       "acceptance_by_position")},
+        **{k: protocol.pop(k) for k in ("rollout_speedup_ci", "step_speedup_ci", "end_to_end_speedup",
+                                        "break_even_steps")},
+        "rollout_temperature": cfg.temperature,
+        "ar_baseline": ar_baseline(engine_info.get("decode_path", cfg.backend), gen.backend),
+        **eq,
+        **test,
+        "val_accuracy_start": st.val_accuracy_start,
+        "val_accuracy_end": val_end["val_accuracy"],
+        "val_greedy_accuracy_start": st.val_greedy_accuracy_start,
+        "val_greedy_accuracy_end": val_end["val_greedy_accuracy"],
+        "eval_samples": cfg.eval_samples,
+        "k": cfg.k,
+        "spec": cfg.spec, "drafter": cfg.drafter, "pipeline": cfg.pipeline, "backend": cfg.backend,
+        "workload": cfg.workload, "verify": cfg.verify,
+        "verify_backend": gen.backend, "steps": cfg.steps, "seed": cfg.seed,
+        **figures,
+        **protocol,
+        "equivalence_s": equivalence_s,
+        "output_gain_end": float(s.policy.model.norm.weight.detach().mean()),  # the policy's learned sharpness
+        **engine_info,
+        **(extra or {}),
+        "config": asdict(cfg),
+        "provenance": provenance(),
+        "wall_s": time.perf_counter() - t_run,
+    }
+    with open(os.path.join(cfg.out, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+    if cfg.plots:
+        from .plots import make_plots
+
+        make_plots(cfg.out)
+    return summary
