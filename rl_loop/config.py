@@ -1,8 +1,10 @@
-"""Every knob of a run in one frozen dataclass (:class:`RunConfig`); the CLI maps its flags onto it."""
+"""Every knob of a run in one frozen dataclass (:class:`RunConfig`): defaults, choices, help and value checks
+in one place; the CLI (``python -m rl_loop``) is generated from its fields."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+import math
+from dataclasses import dataclass, field, fields, replace
 
 from specdec_kernels.models import ModelConfig
 
@@ -95,33 +97,68 @@ def with_workload(cfg: RunConfig, name: str) -> RunConfig:
     return replace(cfg, workload=name, task=task, max_new_tokens=max_new)
 
 
+MAX_SEED = 2**62  # run seeds are offset (seed + 1, seed + 7) and fed to int64 / numpy generators
+
+
+def option(default, help: str, *, choices: tuple | None = None, check: tuple | None = None, flag: str | None = None):
+    """A :class:`RunConfig` field that is also a command-line flag: its default, help, allowed values
+    (``choices``) and value check (``check``: a predicate and what it demands, "must be ...") in one place.
+    The CLI (``rl_loop/__main__.py``) is generated from these; the flag is ``--name-with-dashes`` unless
+    ``flag`` names it (a bool that defaults to True is ``--no-name``)."""
+    return field(default=default, metadata={"help": help, "choices": choices, "check": check, "flag": flag})
+
+
+def flag_of(f) -> str:
+    """The command-line flag of a :class:`RunConfig` field ``f`` (a ``dataclasses.Field``)."""
+    if f.metadata.get("flag"):
+        return f.metadata["flag"]
+    name = f.name.replace("_", "-")
+    return f"--no-{name}" if f.default is True else f"--{name}"
+
+
+def _at_least(n):
+    return (lambda v: v >= n, f"must be >= {n}")
+
+
 @dataclass(frozen=True)
 class RunConfig:
-    """Every knob of a run (the CLI maps its flags onto these fields)."""
+    """Every knob of a run. The fields made with :func:`option` are the command-line flags; the others
+    (optimisation, warm starts, measurement sizes) are set in code, as ``tiny_config`` does."""
 
-    out: str = "runs/latest"
-    seed: int = 0
+    out: str = option("runs/latest", "output directory")
+    seed: int = option(0, "run seed (task splits, initialisation, every rollout's Philox keys)",
+                       check=(lambda v: 0 <= v <= MAX_SEED, "must be an integer in [0, 2**62]"))
     # ~1 s a step on the 2-core target (rollouts, training, every 4th step's AR comparison): the default run
     # takes ~420 s of the 10-minute budget, ~230 s of it warm starts, evaluation and the equivalence check.
-    steps: int = 192
-    pipeline: str = "sync"  # sync | async
-    spec: str = "chain"  # none | chain | tree
-    drafter: str = "eagle3"  # eagle3 | mtp | draft_model
-    k: int = 3
-    backend: str = "own"  # own | vllm
-    verify_backend: str = "default"  # specdec_kernels backend; "default": native if built, else reference
-    # verification method: token (either spec) | block (--spec chain) | traversal (--spec tree)
-    verify: str = "token"
-    # The policy's decode path for BOTH arms (``decode.py``); "auto": the fastest measured here (native).
-    decode: str = "auto"
+    steps: int = option(192, "GRPO steps", check=_at_least(0))
+    pipeline: str = option("sync", "sync: generate -> log-probs -> train; async: generation overlapped with "
+                           "training on a Ray actor (policy lag <= 1)", choices=PIPELINES)
+    spec: str = option("chain", "speculation mode for rollouts", choices=SPECS)
+    drafter: str = option("eagle3", "specdec_kernels.drafters head: EAGLE-3 (vLLM serves it as its eagle3 "
+                          "speculator), MTP, or a one-layer draft model", choices=DRAFTERS)
+    k: int = option(3, "draft tokens per verification round", check=(lambda v: v >= 1, "must be >= 1 (draft tokens "
+                                                                     "per round)"))
+    backend: str = option("own", "rollout engine: rl_loop's own, or vLLM with the specdec_kernels plugin",
+                          choices=BACKENDS)
+    verify_backend: str = option("default", "specdec_kernels backend for verification: default (native CPU if "
+                                 "built, else reference), reference, cpu, triton, cuda")
+    verify: str = option("token", "verification method: token (token level, chains and trees), block (block "
+                         "verification of --spec chain) or traversal (traversal verification of --spec tree); "
+                         "all lossless", choices=VERIFY_METHODS)
+    # The policy's decode path for BOTH arms (``step/decode.py``); "auto": the fastest measured here (native).
+    decode: str = option("auto", "the policy's decode path for both arms (auto: native fused layer step when built)",
+                         choices=DECODE_PATHS)
     model: ModelConfig = field(default_factory=default_policy)
     task: TaskConfig = field(default_factory=TaskConfig)
-    workload: str = "default"  # the task mix's name (``with_workload``); ``task`` holds its problems
+    workload: str = option("default", "task mix: default (add / mul / countdown scratchpads), search (countdown "
+                           "as search traces: less templated, lower draft acceptance)", choices=tuple(WORKLOADS))
     # rollouts
-    prompts_per_step: int = 16
-    group_size: int = 8
-    temperature: float = 1.0  # rollout temperature; the trainer's log-probs use the same tempered policy
-    max_new_tokens: int = 48
+    prompts_per_step: int = option(16, "prompts per GRPO step", check=_at_least(1))
+    group_size: int = option(8, "responses per prompt (a GRPO group)", check=_at_least(2))
+    temperature: float = option(1.0, "rollout sampling temperature (the trainer's log-probs use the same "
+                                "tempered policy)", check=(lambda v: math.isfinite(v) and v > 0,
+                                                           "must be a finite number > 0 (RL rollouts sample)"))
+    max_new_tokens: int = option(48, "response budget in tokens", check=_at_least(1))
     max_batch: int = 32
     # optimisation
     # Adam moves every coordinate by ~lr per step whatever the gradient's signal-to-noise ratio, and one
@@ -156,73 +193,71 @@ class RunConfig:
     drafter_adapt_every: int = 4  # ... every n RL steps (the policy drifts slowly; adaptation is not free)
     drafter_adapt_lr: float = 1e-3
     # measurement
-    compare_every: int = 4  # AR rollouts of the same requests side by side every n steps (0: never)
+    compare_every: int = option(4, "generate every n-th step's requests autoregressively too, side by side, "
+                                "arm order alternated (0: never)", check=_at_least(0))
     num_val: int = 512
     # val_accuracy: pass@1 of the policy as it samples rollouts (rollout temperature), averaged over this many
     # responses per problem with fixed Philox keys; 0: greedy. val_greedy_accuracy is always reported too.
-    eval_samples: int = 4
-    eval_every: int = 0  # 0: only at start and end
-    # held-out test split (``heldout.py``), scored at the start and the end only: test_samples responses per
-    # problem at the rollout temperature (pass@test_samples beside) and greedy
+    eval_samples: int = option(4, "sampled responses per validation problem (0: greedy only)", check=_at_least(0))
+    eval_every: int = option(0, "validate every n steps (0: at the start and the end only)", check=_at_least(0))
+    # held-out test split (``run/heldout.py``), scored at the start and the end only: test_samples responses
+    # per problem at the rollout temperature (pass@test_samples beside) and greedy
     num_test: int = 512
     test_samples: int = 4
-    equivalence: bool = True
-    # 16 x 160 = 2560 samples per arm: two-sample power >= 0.9 at TV 0.1 per test (``equivalence.py``)
+    equivalence: bool = option(True, "the AR-vs-speculative equivalence check on the final policy")
+    # 16 x 160 = 2560 samples per arm: two-sample power >= 0.9 at TV 0.1 per test (``run/equivalence.py``)
     equivalence_prompts: int = 16
     equivalence_samples: int = 160
-    checkpoint_every: int = 8
-    resume: bool = False
-    # where policy, drafter, KV cache and verification run (``device.py``): cpu (float32) | cuda (bf16)
-    device: str = "cpu"
-    num_threads: int = 2  # torch intra-op threads (both cores of the 2-core target machine)
-    # Ray rollout workers (ray_rollout.py): sync with 1 generates in-process; async always runs on Ray
-    rollout_workers: int = 1
-    dump_rollouts: bool = False  # OUT/rollouts.jsonl: every step's seeds and response token ids
-    # sampling masks (``rollouts.RolloutMask``): record per rollout token the ids the target kept; mask_logprobs
-    # (implies record_mask) takes GRPO's log-probabilities over those kept sets (``logprobs.kept_batch``)
-    record_mask: bool = False
-    mask_logprobs: bool = False
+    checkpoint_every: int = option(8, "write OUT/checkpoint.pt every n steps (0: never)", check=_at_least(0))
+    resume: bool = option(False, "continue from OUT/checkpoint.pt")
+    # where policy, drafter, KV cache and verification run (``step/device.py``): cpu (float32) | cuda (bf16)
+    device: str = option("cpu", "where policy, drafter, KV cache and verification run: cpu (float32, native CPU "
+                         "kernels) or cuda (bf16 weights, verify_chain backend auto, CUDA graphs for both arms)",
+                         choices=DEVICES)
+    num_threads: int = option(2, "torch intra-op threads (both arms)", check=_at_least(1), flag="--threads")
+    # Ray rollout workers (pipelines/ray_rollout.py): sync with 1 generates in-process; async always runs on Ray
+    rollout_workers: int = option(1, "rollout workers as Ray actors, groups split across them (sync: 1 = "
+                                  "in-process); RAY_ADDRESS attaches to an existing cluster", check=_at_least(1))
+    dump_rollouts: bool = option(False, "write OUT/rollouts.jsonl: every step's request seeds and response token ids")
+    # sampling masks (``step/rollouts.RolloutMask``): record per rollout token the ids the target kept;
+    # mask_logprobs (which sets record_mask) takes GRPO's log-probabilities over those kept sets
+    record_mask: bool = option(False, "record per rollout token the ids the sampler kept (its sampling mask)")
+    mask_logprobs: bool = option(False, "GRPO log-probabilities over the recorded kept sets (implies --record-mask)")
     # the target's truncation in both arms (verify_chain / verify_tree top_k, top_p): 0 / 1.0 keep every token
-    top_k: int = 0
-    top_p: float = 1.0
-    plots: bool = True
-    progress: bool = True
+    top_k: int = option(0, "keep the k most likely tokens when sampling, in both arms (0: all; the kept sets are "
+                        "what --record-mask records)", check=_at_least(0))
+    top_p: float = option(1.0, "keep the smallest set of most likely tokens holding this probability, in both "
+                          "arms (1.0: all)", check=(lambda v: 0.0 < v <= 1.0, "must be in (0, 1]"))
+    plots: bool = option(True, "plots of the run in OUT/")
+    progress: bool = option(True, "a progress bar over the steps")
 
     def __post_init__(self) -> None:
-        choices = {"pipeline": PIPELINES, "spec": SPECS, "drafter": DRAFTERS, "backend": BACKENDS,
-                   "decode": DECODE_PATHS, "verify": VERIFY_METHODS, "workload": tuple(WORKLOADS),
-                   "device": DEVICES}
-        for name, allowed in choices.items():
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        for f in fields(self):
+            value, choices, check = getattr(self, f.name), f.metadata.get("choices"), f.metadata.get("check")
+            if choices is not None and value not in choices:
+                raise ValueError(f"{flag_of(f)} must be one of {', '.join(choices)}, got {value!r}")
+            if check is not None and not check[0](value):
+                raise ValueError(f"{flag_of(f)} {check[1]}, got {value}")
         needs = VERIFY_SPEC.get(self.verify)
         if needs is not None and self.spec != needs:
             other = {"chain": "block", "tree": "traversal"}.get(self.spec)
             hint = f"; --spec {self.spec} takes --verify token or {other}" if other else ""
             raise ValueError(f"--verify {self.verify} verifies draft {'chains' if needs == 'chain' else 'trees'}: "
                              f"it needs --spec {needs}, got --spec {self.spec}{hint}")
-        if not self.temperature > 0:
-            raise ValueError(f"temperature must be > 0 for RL rollouts, got {self.temperature}")
-        if self.steps < 0 or self.k < 1 or self.group_size < 2 or self.prompts_per_step < 1:
-            raise ValueError("steps >= 0, k >= 1, group_size >= 2 and prompts_per_step >= 1 are required")
-        if self.rollout_workers < 1:
-            raise ValueError(f"--rollout-workers must be >= 1, got {self.rollout_workers}")
-        if self.top_k < 0 or not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"--top-k must be >= 0 and --top-p in (0, 1], got {self.top_k} and {self.top_p}")
         if (self.top_k > 0 or self.top_p < 1.0) and self.backend != "own":
             raise ValueError("--top-k / --top-p need --backend own: rl_loop's vLLM backend does not pass them on")
         if (self.record_mask or self.mask_logprobs) and self.backend != "own":
             raise ValueError("--record-mask / --mask-logprobs need --backend own: the vLLM CPU engine (V1 model "
                              "runner) cannot return sampling masks (vLLM's return_sampling_mask needs Model Runner V2)")
-        if self.eval_samples < 0:
-            raise ValueError(f"eval_samples must be >= 0, got {self.eval_samples}")
+        if self.mask_logprobs and not self.record_mask:
+            object.__setattr__(self, "record_mask", True)  # the log-probabilities need the recorded sets
 
     def generation(self, spec: str | None = None, temperature: float | None = None) -> GenerationConfig:
         return GenerationConfig(
             max_new_tokens=self.max_new_tokens, spec=self.spec if spec is None else spec, k=self.k,
             temperature=self.temperature if temperature is None else temperature, max_batch=self.max_batch,
             backend=resolve_verify_backend(self.verify_backend, self.device), tree=TreeShape.for_k(self.k), verify=self.verify,
-            record_mask=self.record_mask or self.mask_logprobs, top_k=self.top_k, top_p=self.top_p,
+            record_mask=self.record_mask, top_k=self.top_k, top_p=self.top_p,
         )
 
 

@@ -1,13 +1,14 @@
 """Checks of a run before any work starts: a user mistake fails at once, in one line naming the flag.
 
-``check_run(cfg)`` (called by ``train.run``) checks the values, the verification backend, the rollout
-backend, whether the draft rounds fit the policy's context, ``--out`` and, with ``--resume``, the checkpoint
-(``resume.read_checkpoint``). Everything it raises is a :class:`UsageError`; the CLIs print it as one line.
+The values of the flags are checked where they are defined, by :class:`~rl_loop.config.RunConfig`; here is
+what depends on this machine and on the files: ``check_run(cfg)`` (called by ``train.run``) checks the device,
+the verification backend, the rollout backend, whether the draft rounds fit the policy's context, ``--out``
+and, with ``--resume``, the checkpoint (``resume.read_checkpoint``). Everything it raises is a :class:`UsageError`; the CLIs print it as one
+line.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 from importlib.util import find_spec
 
@@ -16,20 +17,6 @@ from ..step.device import check_device
 from ..step.rollouts import TreeShape
 from .resume import read_checkpoint
 from .usage import UsageError, check_out_dir
-
-MAX_SEED = 2**62  # run seeds are offset (seed + 1, seed + 7) and fed to int64 / numpy generators
-
-
-def check_values(k: int, steps: int, temperature: float, seed: int) -> None:
-    """The numeric flags: ``--k >= 1``, ``--steps >= 0``, a finite ``--temperature > 0``, ``--seed`` in [0, 2**62]."""
-    if k < 1:
-        raise UsageError(f"--k must be >= 1 (draft tokens per round), got {k}")
-    if steps < 0:
-        raise UsageError(f"--steps must be >= 0, got {steps}")
-    if not (math.isfinite(temperature) and temperature > 0):
-        raise UsageError(f"--temperature must be a finite number > 0 (RL rollouts sample), got {temperature}")
-    if not 0 <= seed <= MAX_SEED:
-        raise UsageError(f"--seed must be an integer in [0, 2**62], got {seed}")
 
 
 def round_width(cfg: RunConfig) -> int:
@@ -107,7 +94,6 @@ def check_backend(cfg: RunConfig) -> None:
 
 def check_run(cfg: RunConfig) -> None:
     """Every check above, cheapest first; with ``cfg.resume`` the checkpoint too (``resume.read_checkpoint``)."""
-    check_values(cfg.k, cfg.steps, cfg.temperature, cfg.seed)
     check_device_run(cfg)
     check_verify_backend(cfg.verify_backend, cfg.device)
     check_backend(cfg)

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
+import pkgutil
 import subprocess
 import sys
-from dataclasses import replace
+from dataclasses import fields, replace
 
 import pytest
 import torch
 
-from rl_loop.__main__ import parse_args
-from rl_loop.config import REQUIRED_SUMMARY_KEYS, RunConfig, tiny_config
+import rl_loop
+from rl_loop.__main__ import build_parser, parse_args
+from rl_loop.config import REQUIRED_SUMMARY_KEYS, RunConfig, flag_of, tiny_config
 from rl_loop.run.evaluation import evaluate, validate
 from rl_loop.run.session import setup
 from rl_loop.train import run
@@ -44,6 +47,74 @@ def test_cli_defaults_match_the_issue():
         parse_args(["--spec", "beam"])
     with pytest.raises(ValueError, match="drafter"):
         RunConfig(drafter="ngram")
+
+
+def _option_fields():
+    return [f for f in fields(RunConfig) if "help" in f.metadata]
+
+
+def _other_value(f):
+    """A valid value of option field ``f`` other than its default, as a command-line string."""
+    if f.metadata["choices"]:
+        return next(c for c in f.metadata["choices"] if c != f.default)
+    if f.name == "top_p":
+        return "0.5"
+    if f.name in ("out", "verify_backend"):
+        return {"out": "elsewhere", "verify_backend": "reference"}[f.name]
+    return str(f.default + 1)
+
+
+def test_the_cli_is_generated_from_the_config():
+    """Every option field of RunConfig is one flag and sets exactly that field; the CLI declares nothing
+    that the config does not (beyond --policy and --tiny, which pick the configuration)."""
+    parser = build_parser()
+    flags = {a.dest: a for a in parser._actions if a.dest not in ("help", "policy", "tiny")}
+    assert set(flags) == {f.name for f in _option_fields()}
+    default = parse_args([])
+    for f in _option_fields():
+        if f.type == "bool":
+            cfg = parse_args([flag_of(f)])
+            changed = {g.name for g in fields(RunConfig) if getattr(cfg, g.name) != getattr(default, g.name)}
+            assert getattr(cfg, f.name) is (not f.default), f.name
+        else:
+            value = _other_value(f)
+            argv = [flag_of(f), value] + (["--spec", "tree"] if f.name == "verify" and value == "traversal" else [])
+            cfg = parse_args(argv)
+            changed = {g.name for g in fields(RunConfig) if getattr(cfg, g.name) != getattr(default, g.name)}
+            assert str(getattr(cfg, f.name)) == value, f.name
+        # the field itself, and what it is defined to carry along (a task mix, the mask it needs, a spec)
+        assert changed - ({"task", "max_new_tokens", "record_mask", "spec"} - {f.name}) == {f.name}, (f.name, changed)
+
+
+def test_every_value_check_names_its_flag():
+    """Each checked field rejects a bad value with its flag in the message (the one place values are checked)."""
+    checked = [f for f in _option_fields() if f.metadata["check"]]
+    assert {f.name for f in checked} >= {"k", "steps", "seed", "temperature", "top_k", "top_p", "rollout_workers"}
+    for f in checked:
+        rejected = []
+        for bad in ("-1", "0", "nan", str(2**70)):
+            try:
+                parse_args([flag_of(f), bad])
+            except ValueError as e:
+                rejected.append(str(e))
+            except SystemExit:  # not of the flag's type: argparse's own one-line error
+                continue
+        assert rejected and all(m.startswith(flag_of(f) + " ") for m in rejected), (f.name, rejected)
+
+
+def test_given_flags_override_the_tiny_configuration():
+    tiny = tiny_config()
+    cfg = parse_args(["--tiny", "--steps", str(tiny.steps + 2), "--compare-every", "0", "--no-equivalence"])
+    assert (cfg.steps, cfg.compare_every, cfg.equivalence) == (tiny.steps + 2, 0, False)
+    assert cfg.model == tiny.model and cfg.warm_start_steps == tiny.warm_start_steps
+    assert parse_args(["--tiny", "--policy", "llm-tiny"]).model.vocab_size == 151936
+
+
+def test_every_rl_loop_module_imports():
+    """A module that imports what does not exist fails here, not when someone runs it."""
+    for m in pkgutil.walk_packages(rl_loop.__path__, "rl_loop."):
+        if not m.name.endswith("__main__"):
+            importlib.import_module(m.name)
 
 
 @pytest.mark.slow

@@ -45,9 +45,7 @@ def test_device_cpu_gives_the_tokens_of_before(tmp_path):
 
 def test_device_cuda_without_a_gpu_is_one_line_exit_2(monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(SystemExit) as e:
-        main(["--device", "cuda", "--tiny"])
-    assert e.value.code == 2
+    assert main(["--device", "cuda", "--tiny"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--device cuda" in err and "torch.cuda is not available" in err
     with pytest.raises(UsageError, match="--device must be one of"):
