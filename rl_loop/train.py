@@ -1,32 +1,63 @@
-"""``run(cfg)``: a GRPO run with speculative rollouts, on the pipeline the config names.
+"""``run(cfg)``: a GRPO run with lossless speculative rollouts, top to bottom.
 
-1. build the task splits, tokenizer, policy (supervised warm start) and drafter (distilled from the policy);
-2. for each step: sample prompts, generate ``group_size`` responses per prompt with the rollout engine
-   (speculative by default), score them, compute group-normalised advantages, drop all-equal groups
-   (dynamic sampling), recompute old log-probs with the trainer's policy, take clipped GRPO gradient
-   steps, adapt the drafter on the fresh rollouts and push the new weights to the engine (weight sync);
-   every ``compare_every`` steps also generate the same requests autoregressively, side by side;
-3. evaluate validation accuracy at the start and the end, run the AR-vs-speculative equivalence check on
-   the final policy, write ``summary.json``, ``metrics.jsonl``, plots and a checkpoint.
+1. check the run (a user mistake fails here in one line, before any work);
+2. set up: task splits, tokenizer, policy (supervised warm start) and drafter (distilled from the policy),
+   the rollout engine (in-process, a Ray pool, or vLLM), or all of it from ``OUT/checkpoint.pt``;
+3. for each step (``step/grpo_step.py``): sample prompts, generate ``group_size`` responses per prompt
+   (speculative by default; every ``compare_every``-th step also autoregressively, side by side), score
+   them, compute group-normalised advantages, drop all-equal groups, recompute old log-probs, take clipped
+   GRPO gradient steps, adapt the drafter and sync the new weights into the engine (checked by fingerprint);
+   log the row, validate every ``eval_every`` steps, checkpoint every ``checkpoint_every`` steps;
+4. finish: validation and held-out accuracy at the end, the AR-vs-speculative equivalence check on the
+   final policy, ``summary.json``, plots and the policy in transformers' layout.
 
-The sync pipeline (``sync_pipeline.py``) runs the phases of a step one after the other; the async one
-(``async_pipeline.py``) overlaps generation with training on Ray. Both are thin loops over the same step
-pieces (``batch``, ``learn``, ``accounting``, ``evaluation``, ``session``).
+``--pipeline async`` runs the same pieces with generation overlapped on Ray
+(``pipelines/async_pipeline.py``).
 """
 
 from __future__ import annotations
 
+import time
+
 from .config import RunConfig
 from .run.checks import check_run
+from .run.evaluation import evaluate_start, validate
+from .run.rollout_dump import reset_dump
+from .run.session import finish_run, open_run, progress, setup
+from .run.state import save_checkpoint
+from .step.grpo_step import grpo_step
 
 
 def run(cfg: RunConfig) -> dict:
     """Run the whole pipeline; returns the summary dict (also written to ``OUT/summary.json``)."""
-    check_run(cfg)  # user mistakes fail here, before any work, as one-line UsageErrors
+    check_run(cfg)
     if cfg.pipeline == "async":
         from .pipelines.async_pipeline import run_async
 
         return run_async(cfg)
-    from .pipelines.sync_pipeline import run_sync
 
-    return run_sync(cfg)
+    t_run = time.perf_counter()
+    s = setup(cfg, open_run(cfg))
+    reset_dump(cfg)
+    pool = None
+    if cfg.rollout_workers > 1:  # every generation, evaluation included, split by group across Ray workers
+        from .pipelines.ray_rollout import start_pool, stop_pool
+
+        ray, pool, owns_ray = start_pool(s, max(1, cfg.num_threads // cfg.rollout_workers))
+        s.engine = pool
+    try:
+        evaluate_start(s)
+        st = s.state
+        for step in progress(range(st.step, cfg.steps), cfg.progress, desc="grpo", initial=st.step,
+                             total=cfg.steps):
+            row = grpo_step(s, step)
+            if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:
+                row.update(validate(s))
+            s.log(row)
+            st.step = step + 1
+            if cfg.checkpoint_every and st.step % cfg.checkpoint_every == 0:
+                save_checkpoint(s)
+        return finish_run(s, t_run)
+    finally:
+        if pool is not None:
+            stop_pool(ray, pool, owns_ray)

@@ -20,9 +20,9 @@ from dataclasses import replace
 import torch
 
 from ..config import RunConfig, tiny_config
-from ..pipelines.sync_pipeline import rl_step
 from ..run.evaluation import validate
 from ..run.session import setup
+from ..step.grpo_step import grpo_step
 
 
 def paired_p(a: list[float], b: list[float]) -> float:
@@ -42,7 +42,7 @@ def train_arm(cfg: RunConfig, spec: str, weights: dict) -> dict:
     if s.drafter is not None:
         s.drafter.trainable().load_state_dict(weights["drafter"])
     s.engine.sync()
-    rewards = [rl_step(s, step)["reward_mean"] for step in range(arm.steps)]
+    rewards = [grpo_step(s, step)["reward_mean"] for step in range(arm.steps)]
     return {"reward": rewards, **{f"{k}_end": v for k, v in validate(s).items()}}
 
 

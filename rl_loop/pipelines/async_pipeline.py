@@ -41,12 +41,11 @@ from ..config import RunConfig
 from ..run.accounting import account_step, compare_step, rollout_row
 from ..run.evaluation import evaluate_start, validate
 from ..run.rollout_dump import dump_rollouts, reset_dump
-from ..run.session import finish_run, open_run, setup
+from ..run.session import finish_run, open_run, progress, setup
 from ..run.state import save_checkpoint
 from ..step.batch import step_requests
 from ..step.learn import learn
 from .ray_rollout import GeneratorActor, RolloutPool, init_ray, weights
-from .sync_pipeline import progress
 
 
 def check_async_config(cfg: RunConfig) -> None:

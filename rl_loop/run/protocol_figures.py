@@ -1,7 +1,7 @@
 """The measurement protocol's figures of ``summary.json``: intervals of the speedups over comparison steps,
 the end-to-end speedup with warm starts included, the break-even step count and the AR baseline's line.
 
-Protocol (``sync_pipeline.rl_step``): every ``compare_every``-th step generates its requests twice, with
+Protocol (``step/grpo_step.py``): every ``compare_every``-th step generates its requests twice, with
 the same policy snapshot, prompts and Philox keys: speculatively (the rollouts that train) and
 autoregressively (timing only), in alternating order. Both arms run the policy on the same decode path
 (``decode.py``) and sample through the same kernels without per-call validation.

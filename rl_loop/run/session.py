@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from contextlib import contextmanager
 from dataclasses import asdict, replace
 
@@ -28,6 +28,15 @@ from .protocol_figures import ar_baseline, protocol_figures
 from .provenance import provenance
 from .resume import cut_metrics, metrics_path, read_checkpoint
 from .state import Engine, RunState, Session, load_checkpoint, save_checkpoint
+
+
+def progress(iterable: Iterable, enabled: bool, **kw) -> Iterable:
+    """``iterable``, with a tqdm progress bar when ``enabled``."""
+    if not enabled:
+        return iterable
+    from tqdm import tqdm
+
+    return tqdm(iterable, **kw)
 
 
 def open_run(cfg: RunConfig) -> Callable[[dict], None]:

@@ -14,7 +14,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-import rl_loop.pipelines.sync_pipeline as sync_pipeline
+import rl_loop.train as train_module
 from rl_loop.__main__ import main
 from rl_loop.config import tiny_config
 from rl_loop.run import checks
@@ -34,7 +34,7 @@ def no_work(monkeypatch):
     def started(cfg):
         raise AssertionError("the run started work")
 
-    monkeypatch.setattr(sync_pipeline, "run_sync", started)
+    monkeypatch.setattr(train_module, "open_run", started)
 
 
 def _one_line_error(capsys, argv: list[str]) -> str:
@@ -135,7 +135,7 @@ def _steps(out) -> list[int]:
 
 _KILL_AT = """
 import os, signal, sys
-import rl_loop.pipelines.sync_pipeline as sp
+import rl_loop.train as sp
 from rl_loop.config import tiny_config
 from rl_loop.run.session import setup
 from rl_loop.train import run

@@ -16,7 +16,7 @@ import pytest
 import torch
 from scipy import stats as scipy_stats
 
-import rl_loop.pipelines.sync_pipeline as sync_pipeline
+import rl_loop.train as train_module
 import specdec_kernels as sk
 from rl_loop.__main__ import parse_args
 from rl_loop.config import RunConfig, tiny_config
@@ -184,7 +184,7 @@ def test_resume_refuses_another_method(block_run, monkeypatch):
     def started(cfg):
         raise AssertionError("the run started work")
 
-    monkeypatch.setattr(sync_pipeline, "run_sync", started)
+    monkeypatch.setattr(train_module, "open_run", started)
     with pytest.raises(UsageError, match=r"verify \(checkpoint 'block', asked 'token'\)"):
         run(tiny_config(out=block_run, steps=2, resume=True, equivalence=False))
     with pytest.raises(AssertionError, match="started work"):  # the same method resumes
@@ -196,7 +196,7 @@ def test_resume_of_a_checkpoint_from_before_the_option_is_token_level(block_run,
     def started(cfg):
         raise AssertionError("the run started work")
 
-    monkeypatch.setattr(sync_pipeline, "run_sync", started)
+    monkeypatch.setattr(train_module, "open_run", started)
     old = tmp_path / "old"
     old.mkdir()
     ckpt = torch.load(os.path.join(block_run, "checkpoint.pt"), weights_only=False)
