@@ -38,16 +38,18 @@ def build_parser() -> OneLineParser:
     for f in fields(RunConfig):
         if "help" not in f.metadata:
             continue
+        text, choices = f.metadata["help"], f.metadata["choices"]
         if f.type == "bool":
             p.add_argument(flag_of(f), dest=f.name, action="store_false" if f.default else "store_true",
-                           help=f.metadata["help"] + (" (on by default; this flag turns it off)" if f.default else ""))
+                           help=text + (" (on by default; this flag turns it off)" if f.default else ""))
         else:
-            p.add_argument(flag_of(f), dest=f.name, type=_TYPES[f.type], choices=f.metadata["choices"],
-                           metavar=None if f.metadata["choices"] else f.name.upper(), help=f"{f.metadata['help']} (default: {f.default})")
+            p.add_argument(flag_of(f), dest=f.name, type=_TYPES[f.type], choices=choices,
+                           metavar=None if choices else f.name.upper(), help=f"{text} (default: {f.default})")
     p.add_argument("--policy", choices=tuple(POLICY_PRESETS),
                    help="policy shape preset: default (12 layers x hidden 96), wide (4 x 256), stream (4 x 1024, "
-                        "weights beyond the last-level cache), llm (Qwen3-0.6B's shape and 151936-token vocabulary; a "
-                        "GPU policy), llm-tiny (that vocabulary at hidden 64 x 3 layers); default: the configuration's own")
+                        "weights beyond the last-level cache), llm (Qwen3-0.6B's shape and 151936-token "
+                        "vocabulary; a GPU policy), llm-tiny (that vocabulary at hidden 64 x 3 layers); default: "
+                        "the configuration's own")
     p.add_argument("--tiny", action="store_true", help="seconds-long configuration (tests, smoke runs)")
     return p
 

@@ -38,7 +38,8 @@ def run(cfg: RunConfig) -> dict:
 
     t_run = time.perf_counter()
     s = setup(cfg, open_run(cfg))
-    reset_dump(cfg)
+    if cfg.dump_rollouts and not cfg.resume:
+        reset_dump(cfg.out)
     pool = None
     if cfg.rollout_workers > 1:  # every generation, evaluation included, split by group across Ray workers
         from .pipelines.ray_rollout import start_pool, stop_pool

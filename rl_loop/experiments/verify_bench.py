@@ -174,17 +174,17 @@ def measure(run_dir: str, rounds: int = 20, threads: int | None = None, verify_b
     s = setup(cfg, lambda row: None)
     configs = arm_configs(cfg.generation())
     order = list(configs)
-    _, prompts, seeds = step_requests(cfg, s.train, s.tok, FIRST_ROUND_STEP - 1)
+    _, prompts, seeds = step_requests(cfg.seed, cfg.prompts_per_step, cfg.group_size, s.train, s.tok, FIRST_ROUND_STEP - 1)
     for name in order:  # untimed warm-up: allocator, caches, lazily built kernels
         s.engine.generate(prompts[: cfg.max_batch], seeds[: cfg.max_batch], configs[name])
     stats: dict[str, list[RolloutStats]] = {name: [] for name in order}
     for r in range(rounds):
-        _, prompts, seeds = step_requests(cfg, s.train, s.tok, FIRST_ROUND_STEP + r)
+        _, prompts, seeds = step_requests(cfg.seed, cfg.prompts_per_step, cfg.group_size, s.train, s.tok, FIRST_ROUND_STEP + r)
         for name in order if r % 2 == 0 else order[::-1]:
             stats[name].append(s.engine.generate(prompts, seeds, configs[name]).stats)
     scored = []
     for r in range(rounds):  # untimed: the chain_token arm again, each stochastic verification scored exactly
-        _, prompts, seeds = step_requests(cfg, s.train, s.tok, FIRST_ROUND_STEP + r)
+        _, prompts, seeds = step_requests(cfg.seed, cfg.prompts_per_step, cfg.group_size, s.train, s.tok, FIRST_ROUND_STEP + r)
         recorder = ConditionalRecorder(sk.verify_chain)
         with mock.patch.object(sk, "verify_chain", recorder):
             s.engine.generate(prompts, seeds, configs["chain_token"])

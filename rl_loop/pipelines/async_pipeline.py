@@ -74,7 +74,8 @@ def run_async(cfg: RunConfig) -> dict:
     s = setup(cfg, log)
     st = s.state
     evaluate_start(s)
-    reset_dump(cfg)
+    if cfg.dump_rollouts and not cfg.resume:
+        reset_dump(cfg.out)
     ray, owns_ray = init_ray(num_cpus=max(2, cfg.rollout_workers))
     pool, pool_summary = None, {}
     try:
@@ -89,8 +90,10 @@ def run_async(cfg: RunConfig) -> dict:
         gen = cfg.generation()
 
         def submit(step: int):
-            problems, prompts, seeds = step_requests(cfg, s.train, s.tok, step)
-            return problems, prompts, seeds, pool.submit(prompts, seeds, gen, compare_step(cfg, step))
+            problems, prompts, seeds = step_requests(cfg.seed, cfg.prompts_per_step, cfg.group_size, s.train,
+                                                     s.tok, step)
+            compared = compare_step(cfg.spec, cfg.compare_every, step)
+            return problems, prompts, seeds, pool.submit(prompts, seeds, gen, compared)
 
         pending = submit(st.step) if st.step < cfg.steps else None
         lags, step_walls = [], []
@@ -104,12 +107,13 @@ def run_async(cfg: RunConfig) -> dict:
             lag = version - rollout_version
             if not 0 <= lag <= 1:
                 raise RuntimeError(f"policy lag {lag} at step {step}: the pipeline must keep it in [0, 1]")
-            dump_rollouts(cfg, step, seeds, rollouts)
+            if cfg.dump_rollouts:
+                dump_rollouts(cfg.out, step, seeds, rollouts)
             old = None
             if lag:
                 behaviour.load_state_dict(snapshots[rollout_version])
                 old = behaviour
-            row = rollout_row(cfg, st, step, rollouts, ar, rollout_version)
+            row = rollout_row(cfg.spec != "none", st, step, rollouts, ar, rollout_version)
             learn(s, step, problems, prompts, rollouts, row, behaviour=old)
             account_step(st, row, rollouts, ar)
             version += 1

@@ -4,20 +4,20 @@ from __future__ import annotations
 
 import warnings
 
-from ..config import RunConfig
 from ..step.rollouts import Rollouts, RolloutStats
 from .state import RunState
 
 
-def compare_step(cfg: RunConfig, step: int) -> bool:
-    """Whether ``step`` also generates its requests autoregressively for the side-by-side timing."""
-    return cfg.spec != "none" and cfg.compare_every > 0 and step % cfg.compare_every == 0
+def compare_step(spec: str, compare_every: int, step: int) -> bool:
+    """Whether ``step`` of a run with rollouts of ``spec`` also generates its requests autoregressively for
+    the side-by-side timing (every ``compare_every``-th step; 0: never)."""
+    return spec != "none" and compare_every > 0 and step % compare_every == 0
 
 
-def ar_first(cfg: RunConfig, step: int) -> bool:
+def ar_first(compare_every: int, step: int) -> bool:
     """Whether a compared step runs its autoregressive rollouts before the speculative ones: every other
     compared step, so neither arm always runs on a warm (or cold) cache and allocator."""
-    return cfg.compare_every > 0 and (step // cfg.compare_every) % 2 == 1
+    return compare_every > 0 and (step // compare_every) % 2 == 1
 
 
 COLLAPSE_FACTOR = 0.1  # a first-draft acceptance below this fraction of the previous step's is a collapse
@@ -45,15 +45,16 @@ def _rates(rates: list[float]) -> str:
     return "[" + ", ".join(f"{a:.3f}" for a in rates) + "]"
 
 
-def rollout_row(cfg: RunConfig, state: RunState, step: int, rollouts: Rollouts, ar: RolloutStats | None,
+def rollout_row(speculative: bool, state: RunState, step: int, rollouts: Rollouts, ar: RolloutStats | None,
                 version: int | None = None) -> dict:
-    """The generation part of a step's metrics row (``ar``: stats of the side-by-side AR rollouts; ``version``:
+    """The generation part of a step's metrics row (``speculative``: the rollouts were drafted and verified;
+    ``ar``: stats of the side-by-side AR rollouts; ``version``:
     the weights version that generated the rollouts); books the speculative counters into
     ``state.spec_stats`` and warns on an acceptance collapse (:func:`check_acceptance`)."""
     row: dict = {"step": step, "gen_s": rollouts.stats.time_s, "gen_tokens": rollouts.stats.tokens}
     if version is not None:
         row["weights_version"] = version
-    if cfg.spec != "none":
+    if speculative:
         state.spec_stats.merge(rollouts.stats)
         row.update(mean_accepted_length=rollouts.stats.mean_accepted_length,
                    acceptance_by_position=rollouts.stats.acceptance_by_position)
@@ -87,7 +88,7 @@ def account_step(state: RunState, row: dict, rollouts: Rollouts, ar: RolloutStat
         row["rollout_speedup"] = rollouts.stats.tokens_per_s / max(ar.tokens_per_s, 1e-9)
 
 
-def summary_figures(cfg: RunConfig, state: RunState) -> dict:
+def summary_figures(state: RunState) -> dict:
     """The speed and acceptance figures of ``summary.json`` from the run state."""
     stats, c = state.spec_stats, state.comparison
     return {

@@ -3,8 +3,8 @@
 The values of the flags are checked where they are defined, by :class:`~rl_loop.config.RunConfig`; here is
 what depends on this machine and on the files: ``check_run(cfg)`` (called by ``train.run``) checks the device,
 the verification backend, the rollout backend, whether the draft rounds fit the policy's context, ``--out``
-and, with ``--resume``, the checkpoint (``resume.read_checkpoint``). Everything it raises is a :class:`UsageError`; the CLIs print it as one
-line.
+and, with ``--resume``, the checkpoint (``resume.read_checkpoint``). Everything it raises is a
+:class:`UsageError`; the CLIs print it as one line.
 """
 
 from __future__ import annotations

@@ -32,8 +32,9 @@ RESUMABLE = frozenset({"out", "steps", "resume", "verify_backend", "checkpoint_e
 ADDED_FIELDS = {"verify": "token", "top_k": 0, "top_p": 1.0}
 
 
-def checkpoint_path(cfg: RunConfig) -> str:
-    return os.path.join(cfg.out, "checkpoint.pt")
+def checkpoint_path(out: str) -> str:
+    """The checkpoint of the run writing into ``out``."""
+    return os.path.join(out, "checkpoint.pt")
 
 
 def metrics_path(out: str) -> str:
@@ -55,10 +56,10 @@ def _differences(asked: dict, saved: dict, prefix: str = "") -> list[str]:
     return out
 
 
-def load_checkpoint_file(cfg: RunConfig) -> dict:
-    """``OUT/checkpoint.pt`` in a format this rl_loop reads; a :class:`UsageError` (one line) when there is
+def load_checkpoint_file(out: str) -> dict:
+    """``out/checkpoint.pt`` in a format this rl_loop reads; a :class:`UsageError` (one line) when there is
     none, it cannot be read, or its format is not one this rl_loop resumes."""
-    path = checkpoint_path(cfg)
+    path = checkpoint_path(out)
     if not os.path.isfile(path):
         cut = (" (only checkpoint.pt.tmp is there: the run was killed while writing its first checkpoint)"
                if os.path.exists(path + ".tmp") else "")
@@ -85,7 +86,7 @@ def read_checkpoint(cfg: RunConfig) -> dict:
     """``OUT/checkpoint.pt`` (:func:`load_checkpoint_file`), checked to continue the run ``cfg`` asks for: a
     :class:`UsageError` (one line) when its trajectory fields differ from ``cfg``'s (named) or it already holds
     ``cfg.steps`` steps."""
-    ckpt = load_checkpoint_file(cfg)
+    ckpt = load_checkpoint_file(cfg.out)
     diff = _differences(asdict(cfg), {**ADDED_FIELDS, **ckpt["config"]})
     if diff:
         raise UsageError(f"--resume: the run asked for differs from the checkpoint's in {'; '.join(diff)}")
@@ -108,17 +109,17 @@ def _before(line: str, step: int) -> bool:
     return "step" not in row or row["step"] < step or (row.get("event") == "eval" and row["step"] == 0)
 
 
-def cut_metrics(cfg: RunConfig, ckpt: dict) -> None:
-    """Cut ``OUT/metrics.jsonl`` back to the rows it held when ``ckpt`` was written, and ``OUT/rollouts.jsonl``
+def cut_metrics(out: str, ckpt: dict) -> None:
+    """Cut ``out/metrics.jsonl`` back to the rows it held when ``ckpt`` was written, and ``out/rollouts.jsonl``
     (``--dump-rollouts``) to the steps before the checkpoint's."""
     step = ckpt["state"]["step"]
-    dump = os.path.join(cfg.out, "rollouts.jsonl")
+    dump = os.path.join(out, "rollouts.jsonl")
     if os.path.exists(dump):
         with open(dump) as f:
             lines = [line for line in f.read().splitlines() if line.strip()]
         with open(dump, "w") as f:
             f.writelines(line + "\n" for line in lines if _before(line, step) and "step" in json.loads(line))
-    path = metrics_path(cfg.out)
+    path = metrics_path(out)
     if not os.path.exists(path):
         return
     size = ckpt.get("metrics_bytes")

@@ -9,26 +9,24 @@ from __future__ import annotations
 import json
 import os
 
-from ..config import RunConfig
 from ..step.rollouts import Rollouts
 
 
-def dump_path(cfg: RunConfig) -> str:
-    return os.path.join(cfg.out, "rollouts.jsonl")
+def dump_path(out: str) -> str:
+    """The dump of the run writing into ``out``."""
+    return os.path.join(out, "rollouts.jsonl")
 
 
-def reset_dump(cfg: RunConfig) -> None:
-    """A fresh run starts an empty dump; a resumed one appends to it."""
-    if cfg.dump_rollouts and not cfg.resume and os.path.exists(dump_path(cfg)):
-        os.remove(dump_path(cfg))
+def reset_dump(out: str) -> None:
+    """Start an empty dump (a fresh run does; a resumed one appends to its dump)."""
+    if os.path.exists(dump_path(out)):
+        os.remove(dump_path(out))
 
 
-def dump_rollouts(cfg: RunConfig, step: int, seeds: list[int], rollouts: Rollouts) -> None:
-    """Append step ``step``'s line when ``cfg.dump_rollouts``."""
-    if not cfg.dump_rollouts:
-        return
+def dump_rollouts(out: str, step: int, seeds: list[int], rollouts: Rollouts) -> None:
+    """Append step ``step``'s line to the dump in ``out``."""
     line = {"step": step, "seeds": seeds, "responses": rollouts.response_ids, "finished": rollouts.finished}
-    with open(dump_path(cfg), "a") as f:
+    with open(dump_path(out), "a") as f:
         f.write(json.dumps(line) + "\n")
 
 

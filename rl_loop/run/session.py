@@ -46,7 +46,7 @@ def open_run(cfg: RunConfig) -> Callable[[dict], None]:
     os.makedirs(cfg.out, exist_ok=True)
     path = metrics_path(cfg.out)
     if cfg.resume:
-        cut_metrics(cfg, read_checkpoint(cfg))  # no step logged twice after a kill
+        cut_metrics(cfg.out, read_checkpoint(cfg))  # no step logged twice after a kill
     elif os.path.exists(path):
         os.remove(path)
 
@@ -85,7 +85,7 @@ def setup(cfg: RunConfig, log: Callable[[dict], None]) -> Session:
     train_set, val_set = make_splits(replace(cfg.task, seed=cfg.seed))
     test_set = make_test_split(replace(cfg.task, seed=cfg.seed), cfg.num_test, train_set + val_set)
     policy = place(Qwen3(cfg.model), cfg.device)
-    ckpt = load_checkpoint(cfg)
+    ckpt = load_checkpoint(cfg.out, cfg.resume)
     state = RunState() if ckpt is None else RunState.from_dict(ckpt["state"])
     if ckpt is None:
         t0 = time.perf_counter()
@@ -115,7 +115,7 @@ def setup(cfg: RunConfig, log: Callable[[dict], None]) -> Session:
             trainer.opt.load_state_dict(ckpt["drafter_opt"])
     engine = make_engine(cfg, policy, drafter, tok)
     engine.version = state.step  # the weights of the last update (version step); 0 for a fresh run
-    opt = policy_optimizer(policy, cfg)
+    opt = policy_optimizer(policy, cfg.lr, cfg.output_gain_lr)
     if ckpt is not None:
         opt.load_state_dict(ckpt["opt"])
     ref = None
@@ -157,7 +157,7 @@ def finish_run(s: Session, t_run: float, extra: dict | None = None) -> dict:
               "equivalence_power": result["power"]["two_sample_power"]}
     equivalence_s = time.perf_counter() - t_eq
 
-    figures = summary_figures(cfg, st)
+    figures = summary_figures(st)
     engine_info = s.engine.summary()
     protocol = protocol_figures(st, time.perf_counter() - t_run, equivalence_s)
     summary = {

@@ -131,12 +131,12 @@ def save_checkpoint(s: Session, finished: bool = False) -> None:
         "drafter_opt": None if s.drafter_trainer is None else s.drafter_trainer.opt.state_dict(),
         "ref": None if s.ref is None else s.ref.state_dict(),
     }
-    tmp = checkpoint_path(s.cfg) + ".tmp"
+    tmp = checkpoint_path(s.cfg.out) + ".tmp"
     torch.save(ckpt, tmp)
-    os.replace(tmp, checkpoint_path(s.cfg))
+    os.replace(tmp, checkpoint_path(s.cfg.out))
 
 
-def load_checkpoint(cfg: RunConfig) -> dict | None:
-    """The checkpoint of ``OUT`` when resuming (``resume.load_checkpoint_file``: a missing or damaged one is an
+def load_checkpoint(out: str, resume: bool) -> dict | None:
+    """The checkpoint in ``out`` when resuming (``resume.load_checkpoint_file``: a missing or damaged one is an
     error), else None."""
-    return load_checkpoint_file(cfg) if cfg.resume else None
+    return load_checkpoint_file(out) if resume else None

@@ -118,7 +118,7 @@ def calibrate_and_measure(repeats: int = 5, steps: int = 2) -> dict:
     s = setup(cfg, lambda row: None)
     gen = cfg.generation()
     engine = RolloutEngine(s.policy, s.drafter, s.tok.eos_id)
-    requests = [step_requests(cfg, s.train, s.tok, step)[1:] for step in range(steps)]
+    requests = [step_requests(cfg.seed, cfg.prompts_per_step, cfg.group_size, s.train, s.tok, step)[1:] for step in range(steps)]
     p, d = weights(s.policy, s.drafter)
     weight_bytes = sum(t.numel() * t.element_size() for t in [*p.values(), *(d or {}).values()])
     ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False)  # pools of 1 and 2 workers, 1 CPU each

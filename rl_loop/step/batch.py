@@ -6,7 +6,6 @@ import random
 
 import torch
 
-from ..config import RunConfig
 from ..task import CharTokenizer, Problem, reward
 from .rollouts import Rollouts
 
@@ -17,13 +16,14 @@ def request_seeds(run_seed: int, step: int, n: int) -> list[int]:
     return [rng.getrandbits(63) for _ in range(n)]
 
 
-def step_requests(cfg: RunConfig, train: list[Problem], tok: CharTokenizer, step: int
-                  ) -> tuple[list[Problem], list[list[int]], list[int]]:
-    """The step's problems (each repeated ``group_size`` times), their token prompts and Philox seeds."""
-    rng = random.Random(f"prompts/{cfg.seed}/{step}")
-    problems = [p for p in rng.sample(train, cfg.prompts_per_step) for _ in range(cfg.group_size)]
+def step_requests(run_seed: int, prompts_per_step: int, group_size: int, train: list[Problem],
+                  tok: CharTokenizer, step: int) -> tuple[list[Problem], list[list[int]], list[int]]:
+    """Step ``step``'s problems (``prompts_per_step`` drawn from ``train``, each repeated ``group_size``
+    times), their token prompts and Philox seeds, all reproducible from the run seed."""
+    rng = random.Random(f"prompts/{run_seed}/{step}")
+    problems = [p for p in rng.sample(train, prompts_per_step) for _ in range(group_size)]
     prompts = [tok.encode(p.prompt, bos=True) for p in problems]
-    return problems, prompts, request_seeds(cfg.seed, step, len(prompts))
+    return problems, prompts, request_seeds(run_seed, step, len(prompts))
 
 
 def build_batch(

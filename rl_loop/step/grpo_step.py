@@ -13,17 +13,18 @@ def grpo_step(s: Session, step: int) -> dict:
     """Generate the step's rollouts (every ``compare_every``-th step also autoregressively, side by side, the
     arm that runs first alternating), learn from them, account the step; returns its metrics row."""
     cfg = s.cfg
-    problems, prompts, seeds = step_requests(cfg, s.train, s.tok, step)
+    problems, prompts, seeds = step_requests(cfg.seed, cfg.prompts_per_step, cfg.group_size, s.train, s.tok, step)
     ar = None
-    compared, first = compare_step(cfg, step), ar_first(cfg, step)
+    compared, first = compare_step(cfg.spec, cfg.compare_every, step), ar_first(cfg.compare_every, step)
     # the same requests, same policy snapshot, autoregressive: timing side by side, arm order alternated
     if compared and first:
         ar = s.engine.generate(prompts, seeds, cfg.generation(spec="none")).stats
     rollouts = s.engine.generate(prompts, seeds, cfg.generation())
-    dump_rollouts(cfg, step, seeds, rollouts)
+    if cfg.dump_rollouts:
+        dump_rollouts(cfg.out, step, seeds, rollouts)
     if compared and not first:
         ar = s.engine.generate(prompts, seeds, cfg.generation(spec="none")).stats
-    row = rollout_row(cfg, s.state, step, rollouts, ar, s.engine.version)
+    row = rollout_row(cfg.spec != "none", s.state, step, rollouts, ar, s.engine.version)
     if compared:
         row["ar_first"] = first
     learn(s, step, problems, prompts, rollouts, row)

@@ -18,20 +18,20 @@ from .logprobs import kept_batch, policy_log_probs
 from .rollouts import Rollouts
 
 
-def policy_optimizer(policy: Qwen3, cfg: RunConfig) -> torch.optim.AdamW:
-    """AdamW over the policy in two parameter groups: every parameter but the output gain (``cfg.lr``), then
-    the output gain, the final RMSNorm weight (``cfg.output_gain_lr``); :func:`set_learning_rates` sets both."""
+def policy_optimizer(policy: Qwen3, lr: float, output_gain_lr: float) -> torch.optim.AdamW:
+    """AdamW over the policy in two parameter groups: every parameter but the output gain (``lr``), then the
+    output gain, the final RMSNorm weight (``output_gain_lr``); :func:`set_learning_rates` sets both."""
     gain = policy.model.norm.weight
     rest = [p for p in policy.parameters() if p is not gain]
-    groups = [{"params": rest, "lr": cfg.lr}, {"params": [gain], "lr": cfg.output_gain_lr}]
-    return torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=0.0, betas=(0.9, 0.99))
+    groups = [{"params": rest, "lr": lr}, {"params": [gain], "lr": output_gain_lr}]
+    return torch.optim.AdamW(groups, lr=lr, weight_decay=0.0, betas=(0.9, 0.99))
 
 
-def set_learning_rates(opt: torch.optim.Optimizer, cfg: RunConfig, step: int) -> None:
-    """Step ``step``'s rates for the two groups of :func:`policy_optimizer`: ``cfg.lr`` and
-    ``cfg.output_gain_lr``, both linearly warmed up over ``cfg.lr_warmup_steps``."""
-    warm = min(1.0, (step + 1) / max(cfg.lr_warmup_steps, 1))
-    for group, lr in zip(opt.param_groups, (cfg.lr, cfg.output_gain_lr), strict=True):
+def set_learning_rates(opt: torch.optim.Optimizer, rates: tuple[float, float], warmup_steps: int, step: int) -> None:
+    """Step ``step``'s rates for the two groups of :func:`policy_optimizer`: ``rates`` (lr, output_gain_lr),
+    both linearly warmed up over ``warmup_steps``."""
+    warm = min(1.0, (step + 1) / max(warmup_steps, 1))
+    for group, lr in zip(opt.param_groups, rates, strict=True):
         group["lr"] = lr * warm
 
 
@@ -112,7 +112,7 @@ def learn(s: Session, step: int, problems: list[Problem], prompts: list[list[int
                 raise ValueError("--mask-logprobs needs rollouts recorded with their sampling masks (--record-mask)")
             kept = kept_batch([prompts[i] for i in idx], [rollouts.masks[i] for i in idx], mask.shape[1],
                               policy.config.vocab_size)
-        set_learning_rates(s.opt, cfg, step)
+        set_learning_rates(s.opt, (cfg.lr, cfg.output_gain_lr), cfg.lr_warmup_steps, step)
         train_stats = train_on_batch(policy, s.opt, ids, mask, adv[keep], cfg, s.ref, behaviour, kept)
     row.update(train_stats, output_gain=policy.model.norm.weight.mean().item())  # the policy's sharpness
     t0 = time.perf_counter()

@@ -114,7 +114,7 @@ def test_mask_logprobs_without_truncation_is_a_no_op_on_the_step(policy):
     results = []
     for k in (None, kept):
         model = copy.deepcopy(policy)
-        stats = train_on_batch(model, policy_optimizer(model, cfg), ids, mask, adv, cfg, copy.deepcopy(policy),
+        stats = train_on_batch(model, policy_optimizer(model, cfg.lr, cfg.output_gain_lr), ids, mask, adv, cfg, copy.deepcopy(policy),
                                kept=k)
         results.append(([stats[n] for n in ("loss", "ratio", "kl", "grad_norm")], model.state_dict()))
     assert results[0][0] == results[1][0]

@@ -23,13 +23,13 @@ def test_output_gain_learns_at_its_own_warmed_up_rate():
     torch.manual_seed(0)
     policy = Qwen3(CFG).eval()
     cfg = replace(tiny_config(), lr=1e-5, output_gain_lr=4e-3, lr_warmup_steps=4, minibatches=1)
-    opt = policy_optimizer(policy, cfg)
+    opt = policy_optimizer(policy, cfg.lr, cfg.output_gain_lr)
     gain = policy.model.norm.weight
     grouped = [id(p) for g in opt.param_groups for p in g["params"]]
     assert sorted(grouped) == sorted(id(p) for p in policy.parameters())  # every parameter, once
     assert [id(p) for p in opt.param_groups[1]["params"]] == [id(gain)]
 
-    set_learning_rates(opt, cfg, 0)  # first of 4 warm-up steps
+    set_learning_rates(opt, (cfg.lr, cfg.output_gain_lr), cfg.lr_warmup_steps, 0)  # first of 4 warm-up steps
     assert [g["lr"] for g in opt.param_groups] == pytest.approx([1e-5 / 4, 4e-3 / 4])
     before = {name: p.detach().clone() for name, p in policy.named_parameters()}
     ids, mask = build_batch([[1, 5, 6], [1, 7]], [[8, 9, 10], [11]], [True, False], CharTokenizer())
@@ -39,5 +39,5 @@ def test_output_gain_learns_at_its_own_warmed_up_rate():
     assert moved["model.norm.weight"] == pytest.approx(1e-3, rel=0.05)
     assert max(v for name, v in moved.items() if name != "model.norm.weight") < 3e-6
 
-    set_learning_rates(opt, cfg, 10)  # past the warm-up: the configured rates
+    set_learning_rates(opt, (cfg.lr, cfg.output_gain_lr), cfg.lr_warmup_steps, 10)  # past the warm-up: the configured rates
     assert [g["lr"] for g in opt.param_groups] == pytest.approx([1e-5, 4e-3])
