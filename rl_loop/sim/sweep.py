@@ -8,7 +8,12 @@
 - ``speedup_vs_async_split``: async speedup (same pools) against the share of devices that generate;
 - ``speedup_vs_operating_point`` (235B): the knobs the paper names for its 235B projection, GPUs
   (512/1024/2048) x policy lag (1/2) x k (1..8), with the speculative async step time, so that the
-  fastest configuration ("the most favourable operating point") can be read off.
+  fastest configuration ("the most favourable operating point") can be read off;
+- ``speedup_sensitivity`` (235B): the projection at its operating point (2048 GPUs, k = 6) under the inputs
+  it rests on: the calibrated acceptance (0.80 / 0.85 / 0.90), the expert-parallel layout (EP8 / EP16 /
+  EP32, replicas re-cut to keep 2048 GPUs) and the policy lag (1 / 2).
+
+``--table NAME`` (repeatable) writes only the tables named.
 """
 
 from __future__ import annotations
@@ -31,6 +36,13 @@ ASYNC_FRACTIONS = (0.375, 0.5, 0.5625, 0.625, 0.6875, 0.75, 0.875)
 OPERATING_GPUS = (512, 1024, 2048)
 OPERATING_LAGS = (1, 2)
 OPERATING_PRESET = "paper-235b"
+SENSITIVITY_ACCEPTANCE = (0.80, 0.85, 0.90)
+SENSITIVITY_EP = (8, 16, 32)
+SENSITIVITY_LAGS = (1, 2)
+
+
+TABLES = ("speedup_vs_k", "speedup_vs_acceptance", "speedup_vs_scale", "speedup_vs_async_split",
+          "speedup_vs_operating_point", "speedup_sensitivity")
 
 
 def sweep_k(scn: Scenario, ks: tuple[int, ...] = K_VALUES) -> list[dict]:
@@ -115,6 +127,32 @@ def sweep_operating_points(scn: Scenario, gpus: tuple[int, ...] = OPERATING_GPUS
     return rows
 
 
+def sweep_sensitivity(scn: Scenario, rates: tuple[float, ...] = SENSITIVITY_ACCEPTANCE,
+                      eps: tuple[int, ...] = SENSITIVITY_EP, lags: tuple[int, ...] = SENSITIVITY_LAGS) -> list[dict]:
+    """The preset's projection at its k and GPU count for each constant acceptance x expert-parallel width
+    (replicas re-cut so the generation GPUs stay the preset's) x policy lag: sync generation speedup, async
+    rollout speedup and end-to-end speedup; ``preset_point`` marks the preset's own inputs."""
+    gpus = scn.setup.gen_par.gpus
+    rows = []
+    for a in rates:
+        spec = replace(scn.spec, acceptance=(a,))
+        for ep in eps:
+            par = replace(scn.setup.gen_par, ep=ep, replicas=max(2, gpus // (scn.setup.gen_par.tp * ep)))
+            for lag in lags:
+                setup = replace(scn.setup, gen_par=par, policy_lag=lag)
+                sync_ar = simulate_step(setup, None, "sync").phases["generation"]
+                async_ar = simulate_step(setup, None, "async")
+                same = simulate_async_fixed_split(setup, spec)
+                rows.append({"preset": scn.name, "acceptance": a, "ep": ep, "gpus": par.gpus, "policy_lag": lag,
+                             "k": spec.k,
+                             "generation_speedup": sync_ar / simulate_step(setup, spec, "sync").phases["generation"],
+                             "async_rollout_speedup": async_ar.phases["generation"] / same.phases["generation"],
+                             "end_to_end_speedup": async_ar.step_time / simulate_step(setup, spec, "async").step_time,
+                             "preset_point": (a, ep, lag) == (scn.spec.acceptance[0], scn.setup.gen_par.ep,
+                                                              scn.setup.policy_lag)})
+    return rows
+
+
 def _write(rows: list[dict], out: str, name: str, prov: dict[str, str]) -> None:
     """``name.csv`` (the rows, each with the provenance columns ``command``, ``git_commit``, ``device``) and
     ``name.md`` (the rows as a table under a comment naming the command and commit)."""
@@ -157,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="preset(s) to sweep (repeatable; default: all paper presets)")
     parser.add_argument("--out", default="runs/sim/sweep", help="output directory (default runs/sim/sweep)")
     parser.add_argument("--no-plots", action="store_true", help="tables only")
+    parser.add_argument("--table", action="append", choices=TABLES, help="table(s) to write (repeatable; default: all)")
     args = parser.parse_args(argv)
     names = args.preset or sorted(PRESETS)
     command = " ".join(["python -m rl_loop.sim sweep", *(sys.argv[2:] if argv is None else argv)])
@@ -174,9 +213,12 @@ def main(argv: list[str] | None = None) -> int:
               "speedup_vs_async_split": (sweep_async_split, "async_gen_fraction", ("async_speedup",),
                                          "share of devices generating (async, same pools)", False, names),
               "speedup_vs_operating_point": (sweep_operating_points, "k", ("async_rollout_speedup", "end_to_end_speedup"),
-                                             "draft length k", False, [n for n in names if n == OPERATING_PRESET])}
+                                             "draft length k", False, [n for n in names if n == OPERATING_PRESET]),
+              "speedup_sensitivity": (sweep_sensitivity, "acceptance", ("end_to_end_speedup",),
+                                      "conditional acceptance rate (constant)", False,
+                                      [n for n in names if n == OPERATING_PRESET])}
     for table, (fn, x, ys, xlabel, log_x, presets) in tables.items():
-        if not presets:
+        if not presets or args.table and table not in args.table:
             continue
         rows = [r for name in presets for r in fn(PRESETS[name])]
         _write(rows, args.out, table, prov)
@@ -184,7 +226,8 @@ def main(argv: list[str] | None = None) -> int:
             # One line per preset, or per (GPUs, policy lag) for the operating points.
             groups: dict[str, list[dict]] = {}
             for r in rows:
-                key = f"{r['gpus']} GPUs, lag {r['policy_lag']}" if "policy_lag" in r else r["preset"]
+                key = (f"EP{r['ep']}, lag {r['policy_lag']}" if "ep" in r else
+                       f"{r['gpus']} GPUs, lag {r['policy_lag']}" if "policy_lag" in r else r["preset"])
                 groups.setdefault(key, []).append(r)
             _plot(groups, x, ys, os.path.join(args.out, f"{table}.png"), xlabel, log_x)
         print(f"wrote {os.path.join(args.out, table)}.csv/.md" + ("" if args.no_plots else "/.png"))
