@@ -479,3 +479,31 @@ def test_docs_python_examples_print_what_they_show(path, index):
     code, expected = python_examples(path)[index]
     assert expected is not None, f"{path.name} python block {index} has no ```text output after it"
     assert run_example(code, f"{path.name} python block {index}") == expected
+
+
+def sensitivity_table(rows: list[dict[str, str]]) -> str:
+    """The simulator page's 235B sensitivity table from ``speedup_sensitivity.csv``: end-to-end speedup per
+    acceptance (rows) x EP width and policy lag (columns), the preset's own point starred."""
+    eps = sorted({int(r["ep"]) for r in rows})
+    lags = sorted({int(r["policy_lag"]) for r in rows})
+    cell = {(r["acceptance"], int(r["ep"]), int(r["policy_lag"])): r for r in rows}
+    head = ["acceptance", *(f"EP{ep}, lag {lag}" for ep in eps for lag in lags)]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for a in dict.fromkeys(r["acceptance"] for r in rows):
+        cells = []
+        for ep in eps:
+            for lag in lags:
+                r = cell[(a, ep, lag)]
+                cells.append(f"{float(r['end_to_end_speedup']):.2f}x" + ("*" if r["preset_point"] == "True" else ""))
+        lines.append(f"| {float(a):.2f} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def test_simulator_sensitivity_table_is_the_artefact():
+    with open(REPO / "results/sim/sweep/speedup_sensitivity.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    text = (REPO / "docs/simulator.md").read_text()
+    start = text.index("<!-- sensitivity: results/sim/sweep/speedup_sensitivity.csv -->\n")
+    end = text.index("\n<!-- /sensitivity -->")
+    assert text[start:end].split("\n", 1)[1] == sensitivity_table(rows)
+    assert sum(r["preset_point"] == "True" for r in rows) == 1

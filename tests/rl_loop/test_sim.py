@@ -481,3 +481,19 @@ def test_sweep_writes_tables(tmp_path):
         assert {r["command"] for r in rows} == {"python -m rl_loop.sim sweep " + " ".join(argv)}
         assert all(r["git_commit"] and r["device"] for r in rows)
         assert (tmp_path / f"{name}.md").read_text().startswith(f"<!-- python -m rl_loop.sim sweep {argv[0]}")
+
+
+@pytest.mark.slow
+def test_sensitivity_holds_the_preset_point_and_moves_with_acceptance():
+    """The sensitivity table's starred cell is the 235B preset's own evaluation, and at fixed layout and lag a
+    higher acceptance never projects a lower speedup."""
+    from rl_loop.sim.presets import PRESETS, evaluate
+    from rl_loop.sim.sweep import sweep_sensitivity
+
+    scn = PRESETS["paper-235b"]
+    rows = sweep_sensitivity(scn, rates=(0.80, 0.85), eps=(16,), lags=(2,))
+    own = evaluate(scn, k_range=(scn.spec.k,))
+    point = next(r for r in rows if r["preset_point"])
+    assert point["end_to_end_speedup"] == pytest.approx(own["end_to_end_speedup"], rel=1e-12)
+    assert point["generation_speedup"] == pytest.approx(own["generation_speedup"], rel=1e-12)
+    assert rows[0]["end_to_end_speedup"] < rows[1]["end_to_end_speedup"]
