@@ -462,7 +462,7 @@ def test_vllm_page_end_to_end_table_is_the_artefacts():
         cells = [c.strip() for c in shown[(r["batch"], r["spec"], r["verifier"] or "—")].strip("|").split("|")]
         rate = [float(x) for x in re.fullmatch(r"([\d.]+) \[([\d.]+), ([\d.]+)\]", cells[3]).groups()]
         csv_rate = [float(r[c]) for c in ("tok_s_median", "tok_s_min", "tok_s_max")]
-        assert all(abs(a - b) <= 0.051 for a, b in zip(rate, csv_rate)), (cells, csv_rate)
+        assert all(abs(a - b) <= 0.051 for a, b in zip(rate, csv_rate, strict=True)), (cells, csv_rate)
         if r["tokens_per_step"] == "—":
             assert cells[5] == "—", cells
         else:
