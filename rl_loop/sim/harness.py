@@ -72,24 +72,29 @@ class HarnessConfig:
 
 
 def build_models(cfg: HarnessConfig):
-    """(target, draft) ``Qwen3ForCausalLM`` in eval mode; the draft shares the target's first layers."""
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    """(target, draft) ``Qwen3ForCausalLM`` in eval mode, built by the library's model builder
+    (``specdec_kernels.models.tiny_qwen3``: every weight but the norms N(0, ``init_std``^2), untied head) and
+    converted to transformers; the draft is the target's first ``draft_layers`` layers with its embedding,
+    final norm and head."""
+    from dataclasses import replace as replace_config
 
-    torch.manual_seed(cfg.seed)
-    common = dict(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
-                  intermediate_size=cfg.intermediate_size, num_attention_heads=cfg.num_heads,
-                  num_key_value_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
-                  max_position_embeddings=4096, tie_word_embeddings=False, initializer_range=cfg.init_std)
-    target = Qwen3ForCausalLM(Qwen3Config(num_hidden_layers=cfg.num_layers, **common)).eval()
-    draft = Qwen3ForCausalLM(Qwen3Config(num_hidden_layers=cfg.draft_layers, **common)).eval()
+    from specdec_kernels.models import ModelConfig
+    from specdec_kernels.models.tiny_qwen3 import spread_qwen3, to_transformers
+
+    config = ModelConfig(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
+                         intermediate_size=cfg.intermediate_size, num_hidden_layers=cfg.num_layers,
+                         num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
+                         head_dim=cfg.head_dim, max_position_embeddings=4096, tie_word_embeddings=False)
+    target = spread_qwen3(config, torch.Generator().manual_seed(cfg.seed), std=cfg.init_std)
     with torch.no_grad():  # layers past the draft's contribute less, as in a trained early-exit model
         for layer in target.model.layers[cfg.draft_layers:]:
             layer.self_attn.o_proj.weight.mul_(cfg.late_layer_scale)
             layer.mlp.down_proj.weight.mul_(cfg.late_layer_scale)
+    draft = type(target)(replace_config(config, num_hidden_layers=cfg.draft_layers))
     missing = draft.load_state_dict(target.state_dict(), strict=False)
     if missing.missing_keys:
         raise RuntimeError(f"draft weights not found in the target: {missing.missing_keys}")
-    return target, draft
+    return to_transformers(target.eval()), to_transformers(draft.eval())
 
 
 @dataclass
