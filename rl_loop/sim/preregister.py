@@ -63,6 +63,7 @@ def _engine(state: str):
 
 def make_predictions(state: str, command: str) -> dict:
     """Fit on the seed-0 request set, predict the held-out sets' speedup per k (see the module doc)."""
+    record = provenance(command)  # the commit the run starts at
     cfg, s = _engine(state)
     torch.set_num_threads(1)
     prompts, seeds = requests(cfg, s, PROMPTS_PER_SET, GROUP, seed=FIT_SEED)
@@ -84,7 +85,7 @@ def make_predictions(state: str, command: str) -> dict:
                        "vocab_size": s.policy.config.vocab_size},
             "temperature": cfg.temperature, "max_new_tokens": cfg.max_new_tokens,
             "fits": {k: np.asarray(v).tolist() for k, v in vars(costs).items()}, "components": components,
-            "predictions": rows, "provenance": provenance(command)}
+            "predictions": rows, "provenance": record}
 
 
 def _committed_at(path: str) -> str | None:
@@ -103,6 +104,7 @@ def measure(predictions: dict, predictions_commit: str, state: str, command: str
     """Time the held-out sets, autoregressive and every k, and compare with the committed predictions."""
     if _sha256(state) != predictions["state_sha256"]:
         raise UsageError(f"--state {state} holds other weights than the ones the predictions were made with")
+    record = provenance(command)  # the commit the run starts at
     cfg, s = _engine(state)
     torch.set_num_threads(1)
     sets = [requests(cfg, s, PROMPTS_PER_SET, GROUP, seed=seed) for seed in predictions["held_out_seeds"]]
@@ -136,7 +138,7 @@ def measure(predictions: dict, predictions_commit: str, state: str, command: str
                      "within_tolerance": abs(error) <= predictions["tolerance"],
                      "held_out_tokens_per_step": float(np.mean([x.tokens_per_step for x in every]))})
     return {"predictions_commit": predictions_commit, "tolerance": predictions["tolerance"], "rounds": rounds,
-            "held_out_seeds": predictions["held_out_seeds"], "results": rows, "provenance": provenance(command)}
+            "held_out_seeds": predictions["held_out_seeds"], "results": rows, "provenance": record}
 
 
 def main(argv: list[str] | None = None) -> int:
