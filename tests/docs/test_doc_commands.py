@@ -164,6 +164,7 @@ class Cli:
 
 
 def parse_help(text: str) -> Cli:
+    """The flags and choices of an argparse-style help (argparse's own, pytest's, pip's)."""
     prog = re.match(r"usage:\s*(.*?)\s*(?:\[|$)", text, flags=re.M).group(1) if text.startswith("usage:") else ""
     flags: dict[str, bool] = {}
     choices: dict[str, tuple[str, ...]] = {}
@@ -189,6 +190,7 @@ def parse_help(text: str) -> Cli:
 
 
 def _positionals(args: list[str], cli: Cli) -> list[str]:
+    """The arguments that are neither flags nor a flag's value."""
     out, skip = [], False
     for a in args:
         if skip:
@@ -201,6 +203,7 @@ def _positionals(args: list[str], cli: Cli) -> list[str]:
 
 
 def _flag_problems(args: list[str], cli: Cli, what: str) -> list[str]:
+    """Flags ``cli`` does not list, and values outside a flag's listed choices."""
     problems = []
     for i, a in enumerate(args):
         if not a.startswith("-") or a == "-":
@@ -216,13 +219,16 @@ def _flag_problems(args: list[str], cli: Cli, what: str) -> list[str]:
     return problems
 
 
+def _module_exists(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:  # a parent package is missing
+        return False
+
+
 def module_problems(module: str, args: list[str]) -> list[str]:
     """``python -m module args``: the module, its help, the flags and the listed choices."""
-    try:
-        found = importlib.util.find_spec(module) is not None
-    except ModuleNotFoundError:
-        found = False
-    if not found:
+    if not _module_exists(module):
         return [f"no module {module}"]
     top = help_text("-m", module)
     if top is None:
@@ -237,6 +243,8 @@ def module_problems(module: str, args: list[str]) -> list[str]:
         if sub is not None and re.search(rf"{re.escape(module)}\s+{re.escape(first)}\b", parse_help(sub).prog):
             cli, args, what = parse_help(sub), args[1:], f"python -m {module} {first}"
     problems = _flag_problems(args, cli, what)
+    # the help's positionals with listed choices, in order, against the command's first positionals (the CLIs
+    # here have at most one positional with choices, and it comes first)
     for value, listed in zip(_positionals(args, cli), cli.positional_choices, strict=False):
         if value not in listed:
             problems.append(f"{what}: {value!r} is not one of {', '.join(listed)}")
@@ -291,7 +299,7 @@ def pytest_problems(args: list[str]) -> list[str]:
     targets = _positionals(args, cli)
     expression = next((args[i + 1] for i, a in enumerate(args[:-1]) if a == "-k"), None)
     if "--pyargs" in args:
-        return problems + module_problems_only(targets)
+        return problems + [f"no module {t}" for t in targets if not _module_exists(t)]
     missing = [t for t in targets if not (REPO / t.split("::")[0]).exists()]
     problems += [f"pytest: no path {t}" for t in missing]
     if expression is not None and targets and not missing:
@@ -302,17 +310,6 @@ def pytest_problems(args: list[str]) -> list[str]:
             problems += [f"pytest -k {expression!r} collects no test of {t}" for t in targets
                          if not any(line.startswith(t.split("::")[0]) for line in ids.splitlines())]
     return problems
-
-
-def module_problems_only(modules: list[str]) -> list[str]:
-    out = []
-    for m in modules:
-        try:
-            if importlib.util.find_spec(m) is None:
-                out.append(f"no module {m}")
-        except ModuleNotFoundError:
-            out.append(f"no module {m}")
-    return out
 
 
 @functools.cache
@@ -518,6 +515,7 @@ def test_planted_pip_and_pytest_flags_are_reported():
     (problem,) = _planted("pip install --no-build-isolatoin -e \".[vllm]\"\n")[:1]
     assert "pip install has no flag --no-build-isolatoin" in problem
     assert any("pyproject has no extra [vllm]" in p for p in _planted("pip install -e \".[vllm]\"\n"))
+    assert _planted("pytest --pyargs specdec_kernels.audits\n")[0].endswith("no module specdec_kernels.audits")
     assert "pytest has no flag --verifiers" in _planted(
         "pytest --pyargs specdec_kernels.audit --verifiers mypkg.sampler:verify\n")[0]
     (problem,) = _planted("python -m pytest tests/vllm/test_vllm_v2.py -k sampling_mask tests/vllm/test_vllm_033.py\n")
