@@ -480,7 +480,6 @@ def _planted(body: str) -> list[str]:
     ("python -m rl_loop.sim sweep --out x --table speedup_vs_kk\n",
      "python -m rl_loop.sim sweep --table: 'speedup_vs_kk' is not one of"),
     ("python -m rl_loop.sim sweep --preset cpu-here\n", "sweep --preset: 'cpu-here' is not one of"),
-    ("python -m rl_loop.sim.preregister predcit --out x\n", "'predcit' is not one of predict, measure"),
     ("pytest tests/rl_loop/test_rl_nope.py\n", "pytest: no path tests/rl_loop/test_rl_nope.py"),
     ("python -m pytest tests/docs/test_readme.py \\\n  tests/docs/test_nope.py\n", "no path tests/docs/test_nope.py"),
     ("python -c \"from rl_loop.sim.engine_costs import build_engines\"\n", "rl_loop.sim.engine_costs has no build_engines"),
@@ -511,7 +510,10 @@ def test_planted_pip_installs_are_reported():
 
 @pytest.mark.slow
 def test_planted_pip_and_pytest_flags_are_reported():
-    """The checks that ask pip and pytest for their flags, and pytest for what ``-k`` collects."""
+    """The checks that ask pip, pytest and a torch-importing CLI for their flags, and pytest for what ``-k``
+    collects."""
+    (problem,) = _planted("python -m rl_loop.sim.preregister predcit --out x\n")
+    assert "python -m rl_loop.sim.preregister: 'predcit' is not one of predict, measure" in problem
     (problem,) = _planted("pip install --no-build-isolatoin -e \".[vllm]\"\n")[:1]
     assert "pip install has no flag --no-build-isolatoin" in problem
     assert any("pyproject has no extra [vllm]" in p for p in _planted("pip install -e \".[vllm]\"\n"))
