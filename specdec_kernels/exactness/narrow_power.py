@@ -6,14 +6,20 @@ case rejects the bug at the suite's alpha, the seconds (wall and CPU) of that ru
 design sample size, and the trial count that gives power 0.999 at the noncentrality measured there
 (``lambda / n = (chi2 - df) / n``, the noncentral chi-square approximation of ``goodness_of_fit.chi2_power``).
 Every run is seeded, so the grid result is one realisation; the last column is the design figure.
+``--out FILE`` also writes the rows as JSON with the command, the commit and the machine (the audit reports'
+``environment``): the table of docs/exactness-and-audit.md is checked against ``results/audit/narrow_power.json``.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
+import shlex
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from scipy import stats
 
@@ -21,10 +27,13 @@ from . import chain_mutants
 from . import goodness_of_fit as gof
 from .chain_law import MUTANT_CASES, NarrowCase, case_by_name, check_narrow_law
 
-__all__ = ["NarrowPower", "NARROW_BUGS", "measure", "trials_for_power"]
+__all__ = ["NarrowPower", "NARROW_BUGS", "measure", "record", "trials_for_power"]
 
 NARROW_BUGS = tuple(bug for bug in chain_mutants.MUTANTS if isinstance(case_by_name(MUTANT_CASES[bug]), NarrowCase))
 """The planted bugs whose suite case is a narrow one."""
+
+GRID_STOP = 1_000_000
+"""The doubling grid's last trial count: a bug not rejected by then is reported as not rejected."""
 
 
 @dataclass(frozen=True)
@@ -58,7 +67,7 @@ def trials_for_power(noncentrality_per_trial: float, df: int, alpha: float, powe
     return n
 
 
-def measure(bug: str, start: int = 250, stop: int = 1_000_000, alpha: float = gof.SUITE_BUDGET.per_test_alpha
+def measure(bug: str, start: int = 250, stop: int = GRID_STOP, alpha: float = gof.SUITE_BUDGET.per_test_alpha
             ) -> NarrowPower:
     """Power figures of the narrow case of ``bug`` (one of :data:`NARROW_BUGS`) against it; grid start..stop."""
     if bug not in NARROW_BUGS:
@@ -82,18 +91,50 @@ def measure(bug: str, start: int = 250, stop: int = 1_000_000, alpha: float = go
                        design.df, power_n)
 
 
+def environment() -> dict:
+    """The audit reports' provenance fields: commit (``+modified`` for a tree with uncommitted changes), Python,
+    torch, platform, the machine (CPU model) and torch's threads."""
+    import platform
+
+    import torch
+
+    # the audit's helpers, imported here (not at module level): the audit imports this package, not the reverse
+    from ..audit.runner import _device, _git_commit
+
+    return {"commit": _git_commit(), "python": platform.python_version(), "torch": torch.__version__,
+            "platform": f"{platform.system()} {platform.machine()}", "device": _device(),
+            "torch_threads": torch.get_num_threads()}
+
+
+def record(rows: list[NarrowPower], command: str, env: dict, start: int) -> dict:
+    """The JSON artefact of one run: the command, its environment, the grid and one object per bug (the fields
+    of :class:`NarrowPower`)."""
+    return {"tool": "specdec_kernels.exactness.narrow_power", "command": command, "environment": env,
+            "alpha": gof.SUITE_BUDGET.per_test_alpha, "grid": {"start": start, "stop": GRID_STOP, "factor": 2},
+            "power": 0.999, "rows": [dataclasses.asdict(r) for r in rows]}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m specdec_kernels.exactness.narrow_power",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--bugs", default=",".join(NARROW_BUGS), help=f"comma-separated subset of {','.join(NARROW_BUGS)}")
     parser.add_argument("--start", type=int, default=250, help="first trial count of the doubling grid (default 250)")
+    parser.add_argument("--out", type=Path, help="also write the rows and their provenance to this JSON file")
+    argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     bugs = [b.strip() for b in args.bugs.split(",") if b.strip()]
     unknown = [b for b in bugs if b not in NARROW_BUGS]
     if unknown or not bugs or args.start < 1:
         parser.exit(2, f"narrow_power: error: --bugs from {','.join(NARROW_BUGS)}; --start >= 1\n")
+    env = environment() if args.out else {}  # before the first row: the commit the rows ran at
+    rows = []
     for bug in bugs:
-        print(measure(bug, args.start).line(), flush=True)
+        rows.append(measure(bug, args.start))
+        print(rows[-1].line(), flush=True)
+    if args.out:
+        command = " ".join(["python -m specdec_kernels.exactness.narrow_power", *map(shlex.quote, argv)])
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(record(rows, command, env, args.start), indent=1) + "\n")
     return 0
 
 
