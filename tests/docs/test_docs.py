@@ -507,3 +507,25 @@ def test_simulator_sensitivity_table_is_the_artefact():
     end = text.index("\n<!-- /sensitivity -->")
     assert text[start:end].split("\n", 1)[1] == sensitivity_table(rows)
     assert sum(r["preset_point"] == "True" for r in rows) == 1
+
+
+def preregistered_table(measured: dict) -> str:
+    """The simulator page's table of the predictions committed before their measurement."""
+    lines = ["| k | predicted (committed first) | measured, median [min, max] of 5 rounds | error | within 20 % |",
+             "|---|---|---|---|---|"]
+    for r in measured["results"]:
+        lines.append(f"| {r['k']} | {r['predicted_speedup']:.2f}x | {r['measured_speedup']:.2f}x "
+                     f"[{r['measured_min']:.2f}, {r['measured_max']:.2f}] | {100 * r['error']:+.1f} % | "
+                     f"{'yes' if r['within_tolerance'] else 'no'} |")
+    return "\n".join(lines)
+
+
+def test_simulator_preregistered_table_is_the_artefact():
+    import json
+
+    measured = json.loads((REPO / "results/sim/preregistered/measured.json").read_text())
+    assert measured["tolerance"] == 0.20 and measured["rounds"] == 5  # as the table's header states
+    text = (REPO / "docs/simulator.md").read_text()
+    start = text.index("<!-- preregistered: results/sim/preregistered/measured.json -->\n")
+    end = text.index("\n<!-- /preregistered -->")
+    assert text[start:end].split("\n", 1)[1] == preregistered_table(measured)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
 from dataclasses import replace
 
 import numpy as np
@@ -33,6 +34,7 @@ from rl_loop.sim.presets import (
     get_preset,
 )
 from rl_loop.sim.step import StepSetup, simulate_step, training_time
+from tests.conftest import REPO
 
 # A toy accelerator with round numbers and no overheads: 1 TB/s, 1 PFLOP/s, perfect efficiency.
 TOY_HW = Hardware(name="toy", hbm_bandwidth=1e12, dense_flops={"bf16": 1e15}, hbm_capacity=1e12,
@@ -497,3 +499,41 @@ def test_sensitivity_holds_the_preset_point_and_moves_with_acceptance():
     assert point["end_to_end_speedup"] == pytest.approx(own["end_to_end_speedup"], rel=1e-12)
     assert point["generation_speedup"] == pytest.approx(own["generation_speedup"], rel=1e-12)
     assert rows[0]["end_to_end_speedup"] < rows[1]["end_to_end_speedup"]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Predictions committed before their measurement (rl_loop/sim/preregister.py)
+# ---------------------------------------------------------------------------------------------------
+
+PREREGISTERED = REPO / "results/sim/preregistered"
+
+
+def _git(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True)
+
+
+def test_preregistered_predictions_were_committed_before_their_measurement():
+    """The measurement names the commit of the predictions it checked: that commit holds this very file and
+    precedes the commit the measurement ran at."""
+    if _git("rev-parse", "--is-shallow-repository").stdout.strip() != "false":
+        pytest.skip("a shallow clone has no history to check the order against")
+    predictions = (PREREGISTERED / "predictions.json").read_text()
+    measured = json.loads((PREREGISTERED / "measured.json").read_text())
+    commit = measured["predictions_commit"]
+    assert _git("show", f"{commit}:results/sim/preregistered/predictions.json").stdout == predictions
+    ran_at = measured["provenance"]["commit"]
+    assert not measured["provenance"]["dirty"] and commit != ran_at
+    assert _git("merge-base", "--is-ancestor", commit, ran_at).returncode == 0
+
+
+def test_preregistered_predictions_hold_within_their_tolerance():
+    """Every held-out k's measured speedup is within the tolerance the predictions file fixed beforehand."""
+    predictions = json.loads((PREREGISTERED / "predictions.json").read_text())
+    measured = json.loads((PREREGISTERED / "measured.json").read_text())
+    assert measured["tolerance"] == predictions["tolerance"]
+    predicted = {p["k"]: p["predicted_speedup"] for p in predictions["predictions"]}
+    assert [r["k"] for r in measured["results"]] == sorted(predicted)
+    for r in measured["results"]:
+        assert r["predicted_speedup"] == predicted[r["k"]]
+        assert r["error"] == pytest.approx(r["predicted_speedup"] / r["measured_speedup"] - 1, rel=1e-12)
+        assert abs(r["error"]) <= predictions["tolerance"], r
