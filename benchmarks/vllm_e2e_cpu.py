@@ -219,9 +219,9 @@ def run_arm(arm: Arm, args: argparse.Namespace, report: Path) -> dict:
 
 def audit_verdicts(audit_dir: Path) -> dict[str, str]:
     """``{report stem: "VERDICT, n of m law cases rejected"}`` of the committed audit reports."""
-    from specdec_kernels.audit.matrix import matrix_rows
+    from specdec_kernels.audit.matrix import audit_reports, matrix_rows
 
-    reports = {p.stem: json.loads(p.read_text()) for p in sorted(Path(audit_dir).glob("*.json"))}
+    reports = audit_reports(audit_dir)
     return {stem: f"{row['verdict']}, {row['rejected']} law cases rejected"
             for stem, row in zip(sorted(reports), matrix_rows(reports), strict=True)}
 

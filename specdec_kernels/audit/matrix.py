@@ -14,7 +14,7 @@ from pathlib import Path
 from .report import _fmt_p
 from .runner import STATISTICAL_FAMILIES
 
-__all__ = ["matrix_rows", "matrix_table"]
+__all__ = ["audit_reports", "matrix_rows", "matrix_table"]
 
 HEADER = ("| verifier | version | verdict | law cases rejected | smallest p-value | case that shows it | report |\n"
           "|---|---|---|---:|---:|---|---|")
@@ -47,9 +47,16 @@ def matrix_rows(reports: dict[str, dict]) -> list[dict[str, str]]:
     return rows
 
 
+def audit_reports(folder: str | Path = "results/audit") -> dict[str, dict]:
+    """``{file stem: report}`` of the audit reports in ``folder`` (JSON files with ``outcomes``: the power table
+    beside them is not one)."""
+    found = {p.stem: json.loads(p.read_text()) for p in sorted(Path(folder).glob("*.json"))}
+    return {stem: r for stem, r in found.items() if isinstance(r, dict) and "outcomes" in r}
+
+
 def matrix_table(folder: str | Path = "results/audit") -> str:
-    """The Markdown table of every ``*.json`` report in ``folder``."""
-    reports = {p.stem: json.loads(p.read_text()) for p in Path(folder).glob("*.json")}
+    """The Markdown table of every audit report in ``folder``."""
+    reports = audit_reports(folder)
     lines = [HEADER] + ["| " + " | ".join(row.values()) + " |" for row in matrix_rows(reports)]
     return "\n".join(lines)
 

@@ -1,0 +1,65 @@
+"""The power table (specdec_kernels/audit/power_table.py): every planted bug has a row, every 'not applicable'
+is true (the bug changes no token on the design's inputs), the CLI refuses bad arguments in one line; the
+committed table against the docs is tests/docs/test_power_table_docs.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from specdec_kernels.audit import power_table as pt
+from specdec_kernels.audit.matrix import audit_reports
+from specdec_kernels.exactness import block_traversal_mutants, chain_mutants, peer_suites
+from specdec_kernels.exactness.chain_law import backend_verifier
+from tests.conftest import REPO
+
+
+def test_every_planted_bug_has_a_row_and_correct_rows_come_first():
+    bugs = [r.bug for r in pt.ROWS if r.bug]
+    assert sorted(bugs) == sorted([*chain_mutants.MUTANTS, *block_traversal_mutants.MUTANTS])
+    assert [r.bug for r in pt.ROWS[:2]] == [None, None]
+
+
+def _twin(mutant, reference, differences: list):
+    """A verifier returning the mutant's result and counting requests whose tokens differ from the reference's."""
+    def verify(*args):
+        a, b = mutant(*args), reference(*args)
+        differences.append(int((a.output_token_ids != b.output_token_ids).any(1).sum()))
+        return a
+
+    for attr in ("draft_stream", "draft_sampler"):
+        if hasattr(mutant, attr):
+            setattr(verify, attr, getattr(mutant, attr))
+    return verify
+
+
+@pytest.mark.parametrize("suite,bug", sorted(pt.INERT))
+def test_not_applicable_bugs_change_no_token_of_the_design(suite, bug):
+    differences: list[int] = []
+    verify = _twin(chain_mutants.mutant_verifier(bug), backend_verifier("reference"), differences)
+    if suite == "vllm-v2":
+        peer_suites.vllm_v2_suite(verify, peer_suites.VllmV2Sizes(wide_vocab=32, narrow_trials=500))
+    else:
+        peer_suites.deepspec_pr48_suite(verify, peer_suites.DeepSpecSizes(rounds=500))
+    assert differences and sum(differences) == 0, sum(differences)
+
+
+@pytest.mark.slow
+def test_a_row_runs_every_suite_and_marks_traversal_not_applicable():
+    sizes = pt.default_sizes(wide_vocab=32, narrow_trials=500, rounds=500)
+    row = pt.run_row(pt.Row("`traversal_coin_per_depth`", "traversal", "traversal_coin_per_depth"), sizes)
+    assert row["suites"]["vllm-v2"] == {"applicable": False, "reason": pt.TRAVERSAL_NA}
+    assert row["suites"]["deepspec-pr48"]["applicable"] is False
+    assert row["suites"]["ours"]["caught"] and row["suites"]["ours"]["rejecting_test"] == "w3d2-iid-t1"
+
+
+def test_cli_refuses_bad_arguments_in_one_line(tmp_path, capsys):
+    for args in (["--bugs", "nope"], ["--narrow-trials", "1"]):
+        with pytest.raises(SystemExit) as exit_:
+            pt.main(["--out", str(tmp_path), *args])
+        err = capsys.readouterr().err
+        assert exit_.value.code == 2 and err.count("\n") == 1 and "power_table: error" in err
+    assert not list(tmp_path.iterdir())
+
+
+def test_the_audit_matrix_reads_reports_only():
+    assert "power_table" not in audit_reports(REPO / "results" / "audit")
