@@ -195,14 +195,16 @@ def default_sizes(wide_vocab: int, narrow_trials: int, rounds: int) -> dict:
 
 
 def power_table(rows: tuple[Row, ...], sizes: dict, command: str, progress=None) -> dict:
-    """Run ``rows``; the JSON record (command, environment, sizes, rows)."""
+    """Run ``rows``; the JSON record (command, environment, sizes, rows). The environment (the commit and
+    whether the tree was clean) is taken before the first row: the code that runs is the code loaded then."""
+    environment = machine_environment()
     started = time.perf_counter()
     out = []
     for row in rows:
         out.append(run_row(row, sizes))
         if progress:
             progress(out[-1])
-    return {"tool": "specdec_kernels.audit.power_table", "command": command, "environment": machine_environment(),
+    return {"tool": "specdec_kernels.audit.power_table", "command": command, "environment": environment,
             "alpha_ours": ALPHA, "sizes": {k: asdict(v) for k, v in sizes.items()},
             "peer_full_sizes": {"vllm-v2": asdict(peer_suites.VLLM_V2_SIZES),
                                 "deepspec-pr48": asdict(peer_suites.DEEPSPEC_PR48_SIZES)},
@@ -221,7 +223,14 @@ def _cell_text(cell: dict) -> str:
     if not cell["applicable"]:
         return f"not applicable: {cell['reason']}"
     verdict = f"**caught** by `{cell['rejecting_test']}`" if cell["caught"] else "passes"
-    return (f"{verdict}; p {_fmt_p(cell['smallest_p'])}; {cell['trials']:,} trials; {cell['seconds']:.1f} s")
+    text = (f"{verdict}; p {_fmt_p(cell['smallest_p'])}; {cell['trials']:,} trials; {cell['seconds']:.1f} s "
+            f"({cell['cpu_seconds']:.1f} s CPU)")
+    control = cell.get("control")
+    if control:
+        says, sign = ("rejects", ">") if control["rejects"] else ("does NOT reject", "<=")
+        chi2 = "inf" if control["statistic"] is None else f"{control['statistic']:.0f}"
+        text += f"; negative control {says} (chi2 {chi2} {sign} {control['threshold']:.1f})"
+    return text
 
 
 def table_markdown(record: dict) -> str:
@@ -268,9 +277,10 @@ def markdown(record: dict) -> str:
         f"{ds['steps']}, V = {ds['vocab']}; negative control at noncentrality "
         f"{record['deepspec_control']['noncentrality']:.0f}.",
         "",
-        "A peer suite stops at its first rejecting test; trials and seconds are those until its verdict (with "
-        "the negative control where it ran). Ours runs the one case the suite assigns to the bug; on a correct "
-        "row, every such case.",
+        "A peer suite stops at its first rejecting test; trials and seconds (wall, and the process's CPU "
+        "seconds: the machine is shared) are those until its verdict, with the negative control where it ran. "
+        "Ours runs the one case the suite assigns to the bug; on a correct row, every such case. p: the "
+        "smallest p-value of the tests run (a peer test rejects on its threshold, not on p).",
         "",
         table_markdown(record),
         "",
