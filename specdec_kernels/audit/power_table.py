@@ -55,6 +55,7 @@ TRAVERSAL_NA = "chain-only design: the bug is in a tree traversal (sibling order
 POINT_MASS_NA = "every draft at T > 0 comes with its draft law: the bug is in point-mass drafts"
 INERT: dict[tuple[str, str], str] = {
     ("vllm-v2", "deterministic_resample_with_draft"): POINT_MASS_NA,
+    ("vllm-v2", "bonus_wrong_row"): "every position has the same target row, so the previous row is the bonus row",
     ("deepspec-pr48", "deterministic_resample_with_draft"): POINT_MASS_NA,
     ("deepspec-pr48", "draft_temperature_missing"): "the design verifies at T = 1, where the bug changes no token",
     ("deepspec-pr48", "greedy_sampled"): "the design has no greedy (T = 0) request",

@@ -23,7 +23,8 @@ def _twin(mutant, reference, differences: list):
     """A verifier returning the mutant's result and counting requests whose tokens differ from the reference's."""
     def verify(*args):
         a, b = mutant(*args), reference(*args)
-        differences.append(int((a.output_token_ids != b.output_token_ids).any(1).sum()))
+        differences.append(int(((a.output_token_ids != b.output_token_ids).any(1)
+                                | (a.num_accepted != b.num_accepted)).sum()))
         return a
 
     for attr in ("draft_stream", "draft_sampler"):
@@ -32,15 +33,31 @@ def _twin(mutant, reference, differences: list):
     return verify
 
 
-@pytest.mark.parametrize("suite,bug", sorted(pt.INERT))
-def test_not_applicable_bugs_change_no_token_of_the_design(suite, bug):
+def _differences(suite: str, bug: str) -> int:
+    """Requests whose tokens the chain bug ``bug`` changes on the inputs of ``suite`` (small sizes)."""
     differences: list[int] = []
     verify = _twin(chain_mutants.mutant_verifier(bug), backend_verifier("reference"), differences)
     if suite == "vllm-v2":
         peer_suites.vllm_v2_suite(verify, peer_suites.VllmV2Sizes(wide_vocab=32, narrow_trials=500))
     else:
         peer_suites.deepspec_pr48_suite(verify, peer_suites.DeepSpecSizes(rounds=500))
-    assert differences and sum(differences) == 0, sum(differences)
+    assert differences
+    return sum(differences)
+
+
+@pytest.mark.parametrize("suite,bug", sorted(pt.INERT))
+def test_not_applicable_bugs_change_no_token_of_the_design(suite, bug):
+    assert _differences(suite, bug) == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("suite", pt.SUITES[1:])
+def test_every_other_chain_bug_changes_tokens_of_the_design(suite):
+    """The not-applicable list is complete: a chain bug it does not name changes tokens on the design's inputs
+    (a measured pass there is a miss, not an artefact of the inputs)."""
+    for bug in chain_mutants.MUTANTS:
+        if (suite, bug) not in pt.INERT:
+            assert _differences(suite, bug) > 0, bug
 
 
 @pytest.mark.slow
