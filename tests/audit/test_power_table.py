@@ -80,3 +80,18 @@ def test_cli_refuses_bad_arguments_in_one_line(tmp_path, capsys):
 
 def test_the_audit_matrix_reads_reports_only():
     assert "power_table" not in audit_reports(REPO / "results" / "audit")
+
+
+def test_power_table_record_renders_and_counts():
+    """A one-row record (a cheap bug, small peer sizes): provenance, the table's line, the totals."""
+    sizes = pt.default_sizes(wide_vocab=32, narrow_trials=500, rounds=500)
+    row = next(r for r in pt.ROWS if r.bug == "greedy_sampled")
+    record = pt.power_table((row,), sizes, "python -m specdec_kernels.audit.power_table --bugs greedy_sampled")
+    assert record["environment"]["commit"] and record["environment"]["device"]
+    cells = record["rows"][0]["suites"]
+    assert cells["ours"]["caught"] and cells["vllm-v2"]["rejecting_test"] == "greedy-V32-k1"
+    assert cells["deepspec-pr48"] == {"applicable": False, "reason": pt.INERT["deepspec-pr48", "greedy_sampled"]}
+    table = pt.table_markdown(record)
+    assert table.splitlines()[2].startswith("| `greedy_sampled` | **caught** by `first-deter-greedy`")
+    assert pt.summary(record)["deepspec-pr48"] == {"caught": 0, "run": 0, "false_alarms": 0, "seconds": 0}
+    assert table in pt.markdown(record) and record["command"] in pt.markdown(record)
