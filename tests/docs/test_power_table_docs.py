@@ -9,6 +9,7 @@ import json
 import pytest
 
 from specdec_kernels.audit import power_table as pt
+from specdec_kernels.exactness import peer_suites
 from tests.conftest import REPO
 
 ARTEFACT = REPO / "results" / "audit" / "power_table.json"
@@ -78,3 +79,21 @@ def test_the_reading_names_every_miss_and_every_bug_a_peer_caught_sooner(record)
                 continue
             if not cell["caught"] or cell["seconds"] < cells["ours"]["seconds"]:
                 assert f"`{row['bug']}`" in section.split("Reading.")[1], (suite, row["bug"])
+
+
+FULL_SIZE = REPO / "results" / "audit" / "vllm-full-size" / "power_table.json"
+
+
+def test_full_size_table_is_its_artefact():
+    """The second table of the section: the vLLM V2 design at vLLM's own sizes on the bugs it missed at the
+    reduced ones (results/audit/vllm-full-size/)."""
+    record = json.loads(FULL_SIZE.read_text())
+    lines = _section().splitlines()
+    header = pt.TABLE_HEADER.splitlines()[0]
+    start = [i for i, line in enumerate(lines) if line == header][1]
+    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
+    assert "\n".join(lines[start:end]) == pt.table_markdown(record)
+    assert FULL_SIZE.with_suffix(".md").read_text() == pt.markdown(record)
+    assert record["command"] in _section() and record["command"] in (REPO / "results" / "README.md").read_text()
+    assert record["sizes"]["vllm-v2"]["wide_vocab"] == peer_suites.VLLM_V2_SIZES.wide_vocab
+    assert record["sizes"]["vllm-v2"]["narrow_trials"] == peer_suites.VLLM_V2_SIZES.narrow_trials

@@ -43,10 +43,11 @@ def test_correct_backend_passes_both_designs():
 
 def test_designs_reject_a_lossy_mutant_and_stop_there():
     bad = chain_mutants.mutant_verifier("ratio_inverted")
-    v2 = peer_suites.vllm_v2_suite(bad, SMALL_V2, stop_at_first_rejection=True)
+    v2 = peer_suites.vllm_v2_suite(bad, peer_suites.VllmV2Sizes(wide_vocab=64, wide_configs=((1, 0.6), (3, 0.6))),
+                                   stop_at_first_rejection=True)
     assert v2.caught and v2.rejecting.name.startswith("wide-V64-k1-T0.6")
     assert not any(t.name.startswith("narrow") for t in v2.tests)  # stopped at the first rejection
-    deepspec = peer_suites.deepspec_pr48_suite(bad, peer_suites.DeepSpecSizes(rounds=1_000),
+    deepspec = peer_suites.deepspec_pr48_suite(bad, peer_suites.DeepSpecSizes(rounds=300),
                                                stop_at_first_rejection=True)
     assert deepspec.caught and deepspec.control is None
 
