@@ -173,7 +173,9 @@ def _device() -> str:
     return f"{cpu}, {torch.cuda.get_device_name()}" if torch.cuda.is_available() else cpu
 
 
-def _environment(target: AuditTarget) -> dict:
+def machine_environment() -> dict:
+    """Our version, the commit (``+modified`` for a tree with uncommitted changes), Python, torch and the
+    machine: the provenance every report under results/audit records."""
     from importlib import metadata
 
     try:
@@ -190,5 +192,10 @@ def _environment(target: AuditTarget) -> dict:
         "cuda_available": torch.cuda.is_available(),
         "torch_threads": torch.get_num_threads(),
     }
+    return env
+
+
+def _environment(target: AuditTarget) -> dict:
+    env = machine_environment()
     env.update(target.versions)
     return env
