@@ -1,6 +1,6 @@
 """The cost of the sampling mask: ``verify_chain`` with ``return_mask`` off and on, side by side.
 
-    python -m benchmarks.bench_sampling_mask --rounds 15
+    python -m benchmarks.bench_sampling_mask --rounds 15 [--out results/benchmarks/sampling_mask_cpu.csv]
 
 One seeded batch (default B = 64 requests, k = 3 drafts, V = 151936, temperature 1, zipf logits as in
 ``bench_native_cpu``, drafts the argmax of their rows so that most are accepted and most rows emit) is
@@ -8,6 +8,8 @@ verified by one backend (default the native CPU one) under three truncations, ``
 ``top_p=0.97`` and none, each with ``return_mask=False`` and ``True``. Every round times the six calls (``--reps`` calls
 each, median), off before on on even rounds and on before off on odd ones; printed per call: the median
 over rounds of those medians, the min and max over rounds, the emitted tokens and the mask's kept ids.
+``--out`` writes the same as CSV rows (one per call) with the run's provenance (command, commit, machine,
+``--note``: say there whether the machine was shared).
 """
 
 from __future__ import annotations
@@ -22,8 +24,11 @@ import torch
 
 import specdec_kernels as sk
 from benchmarks.bench_native_cpu import family_logits
+from benchmarks.common import CsvWriter, provenance
 
 TRUNCATIONS = ("top_k512_top_p0.97", "top_p0.97", "untruncated")
+CSV_COLUMNS = ("command", "note", "batch", "k", "vocab", "family", "dtype", "torch_threads", "rounds", "reps",
+               "truncation", "return_mask", "max_ms", "on_over_off", "emitted_tokens", "kept_ids")
 
 
 def calls(batch: int, k: int, vocab: int, family: str, dtype: torch.dtype, backend: str
@@ -78,6 +83,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     p.add_argument("--backend", default="cpu", help="a verify_chain backend (default: native CPU)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (the shared VMs are oversubscribed)")
+    p.add_argument("--out", default=None, help="CSV to write (one row per call, with provenance)")
+    p.add_argument("--note", default="", help="a line on the machine for the CSV (e.g. cores shared with others)")
     args = p.parse_args(argv)
     for name in ("rounds", "reps", "batch", "k", "vocab", "threads"):
         if getattr(args, name) < 1:
@@ -93,6 +100,7 @@ def main(argv: list[str] | None = None) -> dict[tuple[str, bool], tuple[float, f
     print(f"B = {args.batch}, k = {args.k}, V = {args.vocab}, {args.family} {args.dtype} logits, T = 1, "
           f"backend {args.backend}, {args.rounds} rounds x {args.reps} calls, torch threads {args.threads}: "
           "ms, median over rounds [min, max]")
+    rows = []
     for name in TRUNCATIONS:
         _, mask = fns[name, True]()
         emitted, kept = mask.indptr.numel() - 1, mask.indices.numel()
@@ -100,6 +108,19 @@ def main(argv: list[str] | None = None) -> dict[tuple[str, bool], tuple[float, f
         print(f"{name:>20}: off {off[0] * 1e3:8.2f} [{off[1] * 1e3:.2f}, {off[2] * 1e3:.2f}]   "
               f"on {on[0] * 1e3:8.2f} [{on[1] * 1e3:.2f}, {on[2] * 1e3:.2f}]   on / off {on[0] / off[0]:.2f}   "
               f"{emitted} emitted tokens, {kept} kept ids")
+        for flag, (med, lo, hi) in ((False, off), (True, on)):
+            rows.append(dict(provider=args.backend, median_ms=f"{med * 1e3:.3f}", min_ms=f"{lo * 1e3:.3f}",
+                             max_ms=f"{hi * 1e3:.3f}", repeats=args.rounds, status="ok", truncation=name,
+                             return_mask=flag, on_over_off=f"{on[0] / off[0]:.3f}" if flag else "",
+                             emitted_tokens=emitted, kept_ids=kept))
+    if args.out:
+        command = "python -m benchmarks.bench_sampling_mask " + " ".join(argv if argv is not None else sys.argv[1:])
+        common = {**provenance(torch.device("cpu")), "command": command, "note": args.note, "batch": args.batch,
+                  "k": args.k, "vocab": args.vocab, "family": args.family, "dtype": args.dtype,
+                  "torch_threads": args.threads, "rounds": args.rounds, "reps": args.reps}
+        with CsvWriter(args.out, CSV_COLUMNS) as out:
+            for row in rows:
+                out.write({**common, **row})
     return result
 
 
