@@ -291,15 +291,20 @@ def tree_rows(cu: torch.Tensor, num_nodes: int, accepted_nodes: torch.Tensor) ->
 
 def kept_by_threshold(z: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
     """[R, V] bool: the kept set of rows of scaled logits ``z`` [R, V] truncated at ``threshold`` [R] (a
-    backend's ``row_threshold``): the finite values at or above it."""
-    return (z >= threshold[:, None]) & (z > sampling.NEG_INF)
+    backend's ``row_threshold``): the finite values at or above it.
+
+    ``z`` may be unsanitised (``logits / temperature``): a NaN compares false (as its sanitised -inf is
+    dropped) and +inf is at or above every threshold (as its sanitised float32 max is: thresholds are
+    sanitised values), so one compare against ``max(threshold, -float32 max)`` is the whole rule (a NaN
+    threshold, a row the kernel did not write, keeps nothing)."""
+    return z >= torch.clamp(threshold, min=-sampling.FLOAT32_MAX)[:, None]
 
 
 def _threshold_csr(logits, rows, emitted, temperature, row_threshold) -> SamplingMask:
     """The mask of the emitted tokens (``emitted`` [B, W] bool) decided at target rows ``rows`` [B, W], from
     the thresholds the verification wrote (``row_threshold`` [rows] float32): per emitted row, the ids whose
-    scaled logit (``sampling.scale_logits``, greedy rows at temperature 1: how the reference and the native
-    CPU kernels scale) is finite and at or above its row's threshold, or [0] where that set is empty."""
+    scaled logit (float32 ``logit / temperature``, greedy rows at temperature 1: how the reference and the
+    native CPU kernels scale) is finite and at or above its row's threshold, or [0] where that set is empty."""
     num_reqs, width = emitted.shape
     device = logits.device
     req = torch.arange(num_reqs, device=device)[:, None].expand(num_reqs, width)[emitted]
@@ -307,16 +312,24 @@ def _threshold_csr(logits, rows, emitted, temperature, row_threshold) -> Samplin
     temperature = temperature[req]
     temperature = torch.where(temperature == 0, 1.0, temperature)
     threshold = row_threshold[row]
+    columns = torch.arange(logits.shape[1], dtype=torch.int32, device=device)
     counts, ids = [torch.zeros(1, dtype=torch.int64, device=device)], []
     for lo in range(0, row.numel(), _ROWS_PER_CHUNK):
         part = slice(lo, lo + _ROWS_PER_CHUNK)
-        keep = kept_by_threshold(sampling.scale_logits(logits[row[part]], temperature[part]), threshold[part])
-        keep[:, 0] |= ~keep.any(dim=-1)  # a row that keeps nothing samples token 0
-        counts.append(keep.sum(dim=-1))
-        ids.append(keep.nonzero()[:, 1].to(torch.int32))  # row-major: each row's ids ascending
+        z = logits.index_select(0, row[part]).float().div_(temperature[part, None])
+        keep = kept_by_threshold(z, threshold[part])
+        count = keep.sum(dim=-1)
+        empty = count == 0
+        if bool(empty.any()):  # a row that keeps nothing samples token 0
+            keep[:, 0] |= empty
+            count = count + empty
+        counts.append(count)
+        if bool((count == columns.numel()).all()):  # every row whole (untruncated, all finite): no select
+            ids.append(columns.repeat(count.numel()))
+        else:
+            ids.append(columns.expand_as(keep)[keep])  # row-major: each row's ids ascending
     indices = torch.cat(ids) if ids else torch.zeros(0, dtype=torch.int32, device=device)
-    zero = counts[0]
-    cu = torch.cat([zero, torch.cumsum(emitted.sum(dim=-1), 0)])
+    cu = torch.cat([counts[0], torch.cumsum(emitted.sum(dim=-1), 0)])
     return SamplingMask(torch.cumsum(torch.cat(counts), 0), indices, cu)
 
 

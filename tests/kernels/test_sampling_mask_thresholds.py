@@ -183,3 +183,15 @@ def test_raw_op_checks_row_threshold():
         torch.ops.specdec.verify_chain(*args, torch.zeros(3, dtype=torch.float64))
     with pytest.raises(ValueError, match="row_threshold must be contiguous"):
         torch.ops.specdec.verify_chain(*args, torch.zeros(6)[::2])
+
+
+def test_kept_by_threshold_on_unsanitised_logits():
+    """One compare on ``logits / temperature`` keeps what the sanitised row keeps: NaN never, +inf as the
+    float32 max, -inf never; a -inf threshold keeps the finite values, a NaN one (an unwritten row) nothing."""
+    z = torch.tensor([[NAN, INF, NEG_INF, 1.0, -3.0e38, 3.4028234663852886e38]] * 4)
+    threshold = torch.tensor([NEG_INF, 1.0, 3.4028234663852886e38, NAN])
+    keep = sm.kept_by_threshold(z, threshold)
+    sanitised = sm.sampling.sanitize(z)
+    want = (sanitised >= threshold[:, None]) & (sanitised > NEG_INF)
+    assert torch.equal(keep, want)
+    assert keep.tolist()[0] == [False, True, False, True, True, True] and not keep[3].any()
