@@ -365,12 +365,13 @@ def test_bench_sampling_mask_times_off_and_on_interleaved(capsys, tmp_path):
     out_csv = tmp_path / "mask.csv"
     result = bench_sampling_mask.main(["--rounds", "2", "--reps", "1", "--batch", "3", "--vocab", "700",
                                        "--backend", backend, "--out", str(out_csv), "--note", "shared"])
-    assert set(result) == {(name, on) for name in bench_sampling_mask.TRUNCATIONS for on in (False, True)}
+    assert set(result) == {(name, mode) for name in bench_sampling_mask.TRUNCATIONS
+                           for mode in bench_sampling_mask.MODES}
     assert all(0 < low <= median <= high for median, low, high in result.values())
     out = capsys.readouterr().out
     assert "untruncated" in out and "emitted tokens" in out
     rows = read_csv([out_csv])
-    assert len(rows) == 6 and {r["return_mask"] for r in rows} == {"False", "True"}
+    assert len(rows) == 9 and {r["mode"] for r in rows} == set(bench_sampling_mask.MODES)
     assert all(r["command"].startswith("python -m benchmarks.bench_sampling_mask --rounds 2") and r["git_commit"]
                and r["device"] and r["note"] == "shared" for r in rows)
     with pytest.raises(SystemExit):
