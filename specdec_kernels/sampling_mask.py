@@ -30,7 +30,14 @@ How it is computed depends on the backend (``api._writes_thresholds``):
   native CPU kernel does (its exp, its order of summation), and a backend whose exp or order differs in the
   last bits (Triton: its float32 exp; CUDA: a parallel float64 sum in a bisection) can round a tie group's
   mass above to the other side of ``top_p * total`` where this pass does not; those backends' token
-  equality with the reference is subject to the same rounding.
+  equality with the reference is subject to the same rounding. Fusing them is left open: their thresholds
+  are order keys already (Triton: ``triton/chain.py`` ``_top_k_threshold`` / ``_top_p_threshold``, shared by
+  block and traversal, ``triton/tree.py`` ``kth_key`` / ``top_p_key``; CUDA: ``ChainRowState.lo_key`` of
+  ``threshold_kernel``, csrc/include/specdec/cuda/chain.cuh), to be stored as floats behind a constexpr flag
+  / null pointer, with the greedy row max; and the enumeration must then scale as each kernel does
+  (``triton/tree.py``'s ``_scaled`` divides with ``/``, not the ``div_rn`` of the chain kernel and of torch:
+  on NVIDIA GPUs Triton lowers an fp32 ``/`` to ``div.full.f32``, up to 2 ulp off, triton-lang/triton#10661),
+  which needs a GPU to check.
 
 Cost: ``benchmarks/bench_sampling_mask.py`` (on and off, interleaved; the recorded run is in
 results/benchmarks/, see results/README.md).
