@@ -1,13 +1,18 @@
 """The cost of the sampling mask: ``verify_chain`` with ``return_mask`` off and on, side by side.
 
-    python -m benchmarks.bench_sampling_mask --rounds 15
+    python -m benchmarks.bench_sampling_mask --rounds 15 [--out results/benchmarks/sampling_mask_cpu.csv]
 
 One seeded batch (default B = 64 requests, k = 3 drafts, V = 151936, temperature 1, zipf logits as in
 ``bench_native_cpu``, drafts the argmax of their rows so that most are accepted and most rows emit) is
 verified by one backend (default the native CPU one) under three truncations, ``top_k=512, top_p=0.97``,
-``top_p=0.97`` and none, each with ``return_mask=False`` and ``True``. Every round times the six calls (``--reps`` calls
-each, median), off before on on even rounds and on before off on odd ones; printed per call: the median
-over rounds of those medians, the min and max over rounds, the emitted tokens and the mask's kept ids.
+``top_p=0.97`` and none, each in three modes: ``off`` (``return_mask=False``), ``on`` (``return_mask=True``: on
+the reference and native CPU backends the mask from the kernels' own thresholds) and ``post_pass`` (the
+plain call, then the shared post-pass that Triton and CUDA take, ``sampling_mask.chain_sampling_mask``
+without thresholds: the path ``on`` replaced on this backend). Every round times the nine calls
+(``--reps`` calls each, median), in one order on even rounds and reversed on odd ones; printed per call: the
+median over rounds of those medians, the min and max over rounds, the emitted tokens and the mask's kept ids.
+``--out`` writes the same as CSV rows (one per call) with the run's provenance (command, commit, machine,
+``--note``: say there whether the machine was shared).
 """
 
 from __future__ import annotations
@@ -22,40 +27,55 @@ import torch
 
 import specdec_kernels as sk
 from benchmarks.bench_native_cpu import family_logits
+from benchmarks.common import CsvWriter, provenance
+from specdec_kernels import api, sampling_mask
 
 TRUNCATIONS = ("top_k512_top_p0.97", "top_p0.97", "untruncated")
+MODES = ("off", "on", "post_pass")
+CSV_COLUMNS = ("command", "note", "batch", "k", "vocab", "family", "dtype", "torch_threads", "rounds", "reps",
+               "truncation", "mode", "max_ms", "over_off", "emitted_tokens", "kept_ids")
+
+
+def _post_pass(kw: dict, backend: str) -> object:
+    """The plain call, then the shared post-pass over its result (what Triton and CUDA calls take)."""
+    args = api.checked_chain_args(**kw)
+    result = api._resolve(backend, args[0].device, "chain")(*args)
+    return result, sampling_mask.chain_sampling_mask(args, result)
 
 
 def calls(batch: int, k: int, vocab: int, family: str, dtype: torch.dtype, backend: str
-          ) -> dict[tuple[str, bool], Callable[[], object]]:
-    """The timed calls, (truncation, return_mask) -> call, on one seeded batch."""
+          ) -> dict[tuple[str, str], Callable[[], object]]:
+    """The timed calls, (truncation, mode) -> call, on one seeded batch."""
     gen = torch.Generator().manual_seed(0)
     logits = family_logits(family, batch * (k + 1), vocab, gen).to(dtype)
     draft_rows = (torch.arange(batch)[:, None] * (k + 1) + torch.arange(k)[None, :]).flatten()
     drafts = logits[draft_rows].float().argmax(-1)
     cu = torch.arange(batch + 1) * k
     common = dict(temperature=torch.ones(batch), seed=torch.randint(0, 2**62, (batch,), generator=gen),
-                  position=torch.randint(0, 4096, (batch,), generator=gen), backend=backend, max_draft_len=k)
+                  position=torch.randint(0, 4096, (batch,), generator=gen), max_draft_len=k)
     truncation = {
         "top_k512_top_p0.97": dict(top_k=torch.full((batch,), 512, dtype=torch.int32),
                                    top_p=torch.full((batch,), 0.97)),
         "top_p0.97": dict(top_p=torch.full((batch,), 0.97)),
         "untruncated": {},
     }
-    return {
-        (name, on): (lambda kw=kw, on=on: sk.verify_chain(logits, drafts, cu, **common, **kw, return_mask=on))
-        for name, kw in truncation.items() for on in (False, True)
-    }
+    fns = {}
+    for name, kw in truncation.items():
+        kw = dict(target_logits=logits, draft_token_ids=drafts, cu_num_draft_tokens=cu, **common, **kw)
+        fns[name, "off"] = lambda kw=kw: sk.verify_chain(**kw, backend=backend)
+        fns[name, "on"] = lambda kw=kw: sk.verify_chain(**kw, backend=backend, return_mask=True)
+        fns[name, "post_pass"] = lambda kw=kw: _post_pass(kw, backend)
+    return fns
 
 
-def measure(fns: dict[tuple[str, bool], Callable[[], object]], rounds: int, reps: int
-            ) -> dict[tuple[str, bool], tuple[float, float, float]]:
+def measure(fns: dict[tuple[str, str], Callable[[], object]], rounds: int, reps: int
+            ) -> dict[tuple[str, str], tuple[float, float, float]]:
     """(median, min, max) over ``rounds`` interleaved rounds of each call's median seconds over ``reps``."""
-    per_round: dict[tuple[str, bool], list[float]] = {key: [] for key in fns}
+    per_round: dict[tuple[str, str], list[float]] = {key: [] for key in fns}
     for fn in fns.values():
         fn()  # first calls (imports, lazy initialisation) are not timed
     for r in range(rounds):
-        order = list(fns) if r % 2 == 0 else [(name, not on) for name, on in fns]
+        order = list(fns) if r % 2 == 0 else list(reversed(fns))
         for key in order:
             times = []
             for _ in range(reps):
@@ -78,6 +98,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     p.add_argument("--backend", default="cpu", help="a verify_chain backend (default: native CPU)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (the shared VMs are oversubscribed)")
+    p.add_argument("--out", default=None, help="CSV to write (one row per call, with provenance)")
+    p.add_argument("--note", default="", help="a line on the machine for the CSV (e.g. cores shared with others)")
     args = p.parse_args(argv)
     for name in ("rounds", "reps", "batch", "k", "vocab", "threads"):
         if getattr(args, name) < 1:
@@ -85,21 +107,35 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> dict[tuple[str, bool], tuple[float, float, float]]:
+def main(argv: list[str] | None = None) -> dict[tuple[str, str], tuple[float, float, float]]:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     fns = calls(args.batch, args.k, args.vocab, args.family, getattr(torch, args.dtype), args.backend)
     result = measure(fns, args.rounds, args.reps)
     print(f"B = {args.batch}, k = {args.k}, V = {args.vocab}, {args.family} {args.dtype} logits, T = 1, "
           f"backend {args.backend}, {args.rounds} rounds x {args.reps} calls, torch threads {args.threads}: "
-          "ms, median over rounds [min, max]")
+          "ms, median over rounds [min, max]; x off: the median over the off median")
+    rows = []
     for name in TRUNCATIONS:
-        _, mask = fns[name, True]()
+        _, mask = fns[name, "on"]()
         emitted, kept = mask.indptr.numel() - 1, mask.indices.numel()
-        off, on = result[name, False], result[name, True]
-        print(f"{name:>20}: off {off[0] * 1e3:8.2f} [{off[1] * 1e3:.2f}, {off[2] * 1e3:.2f}]   "
-              f"on {on[0] * 1e3:8.2f} [{on[1] * 1e3:.2f}, {on[2] * 1e3:.2f}]   on / off {on[0] / off[0]:.2f}   "
-              f"{emitted} emitted tokens, {kept} kept ids")
+        off = result[name, "off"][0]
+        cells = []
+        for mode in MODES:
+            med, lo, hi = result[name, mode]
+            cells.append(f"{mode} {med * 1e3:8.2f} [{lo * 1e3:.2f}, {hi * 1e3:.2f}] x{med / off:.2f}")
+            rows.append(dict(provider=args.backend, median_ms=f"{med * 1e3:.3f}", min_ms=f"{lo * 1e3:.3f}",
+                             max_ms=f"{hi * 1e3:.3f}", repeats=args.rounds, status="ok", truncation=name, mode=mode,
+                             over_off=f"{med / off:.3f}", emitted_tokens=emitted, kept_ids=kept))
+        print(f"{name:>20}: " + "   ".join(cells) + f"   {emitted} emitted tokens, {kept} kept ids")
+    if args.out:
+        command = "python -m benchmarks.bench_sampling_mask " + " ".join(argv if argv is not None else sys.argv[1:])
+        common = {**provenance(torch.device("cpu")), "command": command, "note": args.note, "batch": args.batch,
+                  "k": args.k, "vocab": args.vocab, "family": args.family, "dtype": args.dtype,
+                  "torch_threads": args.threads, "rounds": args.rounds, "reps": args.reps}
+        with CsvWriter(args.out, CSV_COLUMNS) as out:
+            for row in rows:
+                out.write({**common, **row})
     return result
 
 

@@ -65,18 +65,18 @@ py::object verify_chain(const at::Tensor& target_logits, const at::Tensor& draft
                         const at::Tensor& cu_num_draft_tokens, const std::optional<at::Tensor>& draft_probs,
                         const at::Tensor& temperature, const std::optional<at::Tensor>& top_k,
                         const std::optional<at::Tensor>& top_p, const at::Tensor& seed, const at::Tensor& position,
-                        int64_t max_draft_len) {
+                        int64_t max_draft_len, const std::optional<at::Tensor>& row_threshold) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow(kOp, "")
                        .typed<std::tuple<at::Tensor, at::Tensor>(
                            const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
                            const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
-                           const at::Tensor&, const at::Tensor&, int64_t)>();
+                           const at::Tensor&, const at::Tensor&, int64_t, const std::optional<at::Tensor>&)>();
   std::tuple<at::Tensor, at::Tensor> res;
   {
     py::gil_scoped_release release;
     res = op.call(target_logits, draft_token_ids, cu_num_draft_tokens, draft_probs, temperature, top_k, top_p, seed,
-                  position, max_draft_len);
+                  position, max_draft_len, row_threshold);
   }
   // Looked up once (a module import and an attribute per call cost ~10 us when the caches are cold); the
   // reference is kept for the life of the process.
@@ -90,19 +90,20 @@ py::object verify_tree(const at::Tensor& target_logits, const at::Tensor& node_t
                        const at::Tensor& cu_num_nodes, const std::optional<at::Tensor>& draft_probs,
                        const at::Tensor& temperature, const std::optional<at::Tensor>& top_k,
                        const std::optional<at::Tensor>& top_p, const at::Tensor& seed, const at::Tensor& position,
-                       const std::string& sibling_sampling, int64_t max_depth) {
+                       const std::string& sibling_sampling, int64_t max_depth,
+                       const std::optional<at::Tensor>& row_threshold) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow(kOp, "")
                        .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
                            const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                            const std::optional<at::Tensor>&, const at::Tensor&, const std::optional<at::Tensor>&,
                            const std::optional<at::Tensor>&, const at::Tensor&, const at::Tensor&, c10::string_view,
-                           int64_t)>();
+                           int64_t, const std::optional<at::Tensor>&)>();
   std::tuple<at::Tensor, at::Tensor, at::Tensor> res;
   {
     py::gil_scoped_release release;
     res = op.call(target_logits, node_token_ids, parent, cu_num_nodes, draft_probs, temperature, top_k, top_p, seed,
-                  position, sibling_sampling, max_depth);
+                  position, sibling_sampling, max_depth, row_threshold);
   }
   static const py::handle result_type =
       py::object(py::module_::import("specdec_kernels.reference.tree").attr("TreeResult")).release();
@@ -129,10 +130,10 @@ PYBIND11_MODULE(_C, m) {
   m.def("verify_tree_cpu", &verify_tree<kTreeOp>, tree_doc, py::arg("target_logits_"), py::arg("node_token_ids"),
         py::arg("parent"), py::arg("cu_num_nodes"), py::arg("draft_probs"), py::arg("temperature"),
         py::arg("top_k"), py::arg("top_p"), py::arg("seed"), py::arg("position"), py::arg("sibling_sampling"),
-        py::arg("max_depth"));
+        py::arg("max_depth"), py::arg("row_threshold") = py::none());
   m.def("verify_chain_cpu", &verify_chain<kChainOp>, doc, py::arg("target_logits_"), py::arg("draft_token_ids"),
         py::arg("cu_num_draft_tokens"), py::arg("draft_probs"), py::arg("temperature"), py::arg("top_k"),
-        py::arg("top_p"), py::arg("seed"), py::arg("position"), py::arg("max_draft_len"));
+        py::arg("top_p"), py::arg("seed"), py::arg("position"), py::arg("max_draft_len"), py::arg("row_threshold") = py::none());
   const char* block_doc =
       "Block verification of chains on validated, normalised inputs (see specdec_kernels.verify_chain, "
       "method='block'); same signature and result as specdec_kernels.reference.block.verify_chain_block.";
@@ -142,11 +143,11 @@ PYBIND11_MODULE(_C, m) {
       "specdec_kernels.reference.traversal.verify_tree_traversal.";
   m.def("verify_chain_block_cpu", &verify_chain<kChainBlockOp>, block_doc, py::arg("target_logits_"),
         py::arg("draft_token_ids"), py::arg("cu_num_draft_tokens"), py::arg("draft_probs"), py::arg("temperature"),
-        py::arg("top_k"), py::arg("top_p"), py::arg("seed"), py::arg("position"), py::arg("max_draft_len"));
+        py::arg("top_k"), py::arg("top_p"), py::arg("seed"), py::arg("position"), py::arg("max_draft_len"), py::arg("row_threshold") = py::none());
   m.def("verify_tree_traversal_cpu", &verify_tree<kTreeTraversalOp>, traversal_doc, py::arg("target_logits_"),
         py::arg("node_token_ids"), py::arg("parent"), py::arg("cu_num_nodes"), py::arg("draft_probs"),
         py::arg("temperature"), py::arg("top_k"), py::arg("top_p"), py::arg("seed"), py::arg("position"),
-        py::arg("sibling_sampling"), py::arg("max_depth"));
+        py::arg("sibling_sampling"), py::arg("max_depth"), py::arg("row_threshold") = py::none());
   m.def(
       "decoder_step_cpu",
       [](const at::Tensor& x, const std::vector<at::Tensor>& weights, at::Tensor k_cache, at::Tensor v_cache,
@@ -199,17 +200,17 @@ PYBIND11_MODULE(_C, m) {
 #if defined(SPECDEC_WITH_CUDA)
   m.def("verify_chain_cuda", &verify_chain<kChainOp>, doc, py::arg("target_logits_"), py::arg("draft_token_ids"),
         py::arg("cu_num_draft_tokens"), py::arg("draft_probs"), py::arg("temperature"), py::arg("top_k"),
-        py::arg("top_p"), py::arg("seed"), py::arg("position"), py::arg("max_draft_len"));
+        py::arg("top_p"), py::arg("seed"), py::arg("position"), py::arg("max_draft_len"), py::arg("row_threshold") = py::none());
   m.def("verify_tree_cuda", &verify_tree<kTreeOp>, tree_doc, py::arg("target_logits_"), py::arg("node_token_ids"),
         py::arg("parent"), py::arg("cu_num_nodes"), py::arg("draft_probs"), py::arg("temperature"),
         py::arg("top_k"), py::arg("top_p"), py::arg("seed"), py::arg("position"), py::arg("sibling_sampling"),
-        py::arg("max_depth"));
+        py::arg("max_depth"), py::arg("row_threshold") = py::none());
   m.def("verify_chain_block_cuda", &verify_chain<kChainBlockOp>, block_doc, py::arg("target_logits_"),
         py::arg("draft_token_ids"), py::arg("cu_num_draft_tokens"), py::arg("draft_probs"), py::arg("temperature"),
-        py::arg("top_k"), py::arg("top_p"), py::arg("seed"), py::arg("position"), py::arg("max_draft_len"));
+        py::arg("top_k"), py::arg("top_p"), py::arg("seed"), py::arg("position"), py::arg("max_draft_len"), py::arg("row_threshold") = py::none());
   m.def("verify_tree_traversal_cuda", &verify_tree<kTreeTraversalOp>, traversal_doc, py::arg("target_logits_"),
         py::arg("node_token_ids"), py::arg("parent"), py::arg("cu_num_nodes"), py::arg("draft_probs"),
         py::arg("temperature"), py::arg("top_k"), py::arg("top_p"), py::arg("seed"), py::arg("position"),
-        py::arg("sibling_sampling"), py::arg("max_depth"));
+        py::arg("sibling_sampling"), py::arg("max_depth"), py::arg("row_threshold") = py::none());
 #endif
 }

@@ -76,6 +76,16 @@ inline void cu_values(const int64_t* cu, int64_t num_reqs, int64_t total, const 
   TORCH_CHECK_VALUE(cu[num_reqs] == total, name, "[-1] must equal ", what, " = ", total, ", got ", cu[num_reqs]);
 }
 
+// The optional row_threshold output (ops.h): a contiguous float32 [num_rows] tensor on `device`; its data,
+// or nullptr when absent.
+inline float* row_threshold(const std::optional<at::Tensor>& t, int64_t num_rows, const at::Device& device) {
+  if (!t.has_value()) return nullptr;
+  tensor(*t, "row_threshold", at::kFloat, 1, device);
+  TORCH_CHECK_VALUE(t->numel() == num_rows, "row_threshold must have one entry per row of target_logits (",
+                    num_rows, "), got ", t->numel());
+  return t->data_ptr<float>();
+}
+
 // The sampling fields that every args struct (ChainArgs, TreeArgs, CudaChainArgs, CudaTreeArgs) shares:
 // draft probs ([probs_rows, V] or none), temperature, optional top-k / top-p, seeds and positions.
 template <class Args>

@@ -43,13 +43,13 @@ def _register_fakes() -> None:
     import torch
 
     def chain_fake(target_logits, draft_token_ids, cu_num_draft_tokens, draft_probs, temperature, top_k, top_p,
-                   seed, position, max_draft_len):
+                   seed, position, max_draft_len, row_threshold=None):
         num_reqs = cu_num_draft_tokens.shape[0] - 1
         out = target_logits.new_empty((num_reqs, max_draft_len + 1), dtype=torch.int32)
         return out, target_logits.new_empty((num_reqs,), dtype=torch.int32)
 
     def tree_fake(target_logits, node_token_ids, parent, cu_num_nodes, draft_probs, temperature, top_k, top_p,
-                  seed, position, sibling_sampling, max_depth):
+                  seed, position, sibling_sampling, max_depth, row_threshold=None):
         num_reqs = cu_num_nodes.shape[0] - 1
         out = target_logits.new_empty((num_reqs, max_depth + 1), dtype=torch.int32)
         nodes = target_logits.new_empty((num_reqs, max_depth + 1), dtype=torch.int32)

@@ -10,20 +10,37 @@ non-speculative sampler would keep for that row. A greedy request (temperature 0
 every token whose sanitised logit equals the row maximum (the greedy path emits the lowest of them). A row
 that keeps nothing (every logit -inf or NaN) samples token 0, so its mask is {0}.
 
-How it is computed: one shared post-pass over the emitted rows, the same for every backend, from the
-normalised arguments and the result, by the truncation rule of ``reference/sampling.py`` without sorting
-rows: top-k's set is the k largest values from ``torch.topk`` (the whole row's k-th value when ties run past
-k); top-p's threshold follows the native CPU kernel's algorithm (core/sampling.h: float64 masses, a
-histogram over the high 16 bits of the order key, one bucket sorted). Both rules are exact on values,
-so the mask is the kept set the backend sampled from, with one caveat: top-p's masses are float64 sums of
-float32 weights, computed here exactly as the native CPU kernel does (its exp, its order of summation), and
-a backend whose exp or order differs in the last bits (the reference and Triton: torch's / Triton's float32
-exp; CUDA: a parallel float64 sum in a bisection) can round a tie group's mass above to the other side of
-``top_p * total`` where this pass does not; the backends' token equality with the reference is subject to
-the same rounding. The kernels
-compute these thresholds during verification; writing them out from there (the fused version, exact
-for each backend by construction and free of this pass's second read of the rows) is not done yet
-(cost: benchmarks/bench_sampling_mask.py).
+How it is computed depends on the backend (``api._writes_thresholds``):
+
+- Reference and native CPU (every method): fused. Asked for the mask, their verification pass writes, per
+  row it decides, the threshold it truncated that row with (``row_threshold``: top-k's k-th value or top-p's
+  smallest kept value, whichever is larger; the row max for a greedy row; -inf for an untruncated row;
+  ``reference.sampling.truncate_with_threshold``, csrc/include/specdec/host/chain.h ``prepare_row``). The mask is
+  then one compare per emitted row (:func:`kept_by_threshold`): the ids whose scaled logit,
+  ``sanitize(logit / temperature)`` in float32 as both backends scale it, is finite and at or above its row's
+  threshold. It is the set the backend sampled from by construction: no threshold is re-derived here. Off,
+  the kernels are passed a null pointer (reference: None) and write nothing.
+- Triton and CUDA: not fused yet (their kernels do not write thresholds; the CUDA binding refuses
+  ``row_threshold``). Their mask is one shared post-pass over the emitted rows, from the normalised
+  arguments and the result, by the truncation rule of ``reference/sampling.py`` without sorting rows
+  (:func:`kept_ids`): top-k's set is the k largest values from ``torch.topk`` (the whole row's k-th value
+  when ties run past k); top-p's threshold follows the native CPU kernel's algorithm (core/sampling.h:
+  float64 masses, a histogram over the high 16 bits of the order key, one bucket sorted). Both rules are
+  exact on values, with one caveat: top-p's masses are float64 sums of float32 weights, computed as the
+  native CPU kernel does (its exp, its order of summation), and a backend whose exp or order differs in the
+  last bits (Triton: its float32 exp; CUDA: a parallel float64 sum in a bisection) can round a tie group's
+  mass above to the other side of ``top_p * total`` where this pass does not; those backends' token
+  equality with the reference is subject to the same rounding. Fusing them is left open: their thresholds
+  are order keys already (Triton: ``triton/chain.py`` ``_top_k_threshold`` / ``_top_p_threshold``, shared by
+  block and traversal, ``triton/tree.py`` ``kth_key`` / ``top_p_key``; CUDA: ``ChainRowState.lo_key`` of
+  ``threshold_kernel``, csrc/include/specdec/cuda/chain.cuh), to be stored as floats behind a constexpr flag
+  / null pointer, with the greedy row max; and the enumeration must then scale as each kernel does
+  (``triton/tree.py``'s ``_scaled`` divides with ``/``, not the ``div_rn`` of the chain kernel and of torch:
+  on NVIDIA GPUs Triton lowers an fp32 ``/`` to ``div.full.f32``, up to 2 ulp off, triton-lang/triton#10661),
+  which needs a GPU to check.
+
+Cost: ``benchmarks/bench_sampling_mask.py`` (on and off, interleaved; the recorded run is in
+results/benchmarks/, see results/README.md).
 """
 
 from __future__ import annotations
@@ -36,7 +53,7 @@ from .reference import sampling
 from .reference.chain import ChainResult, chain_spans
 from .reference.tree import TreeResult, tree_spans
 
-__all__ = ["SamplingMask", "kept_ids", "chain_sampling_mask", "tree_sampling_mask"]
+__all__ = ["SamplingMask", "kept_ids", "kept_by_threshold", "chain_sampling_mask", "tree_sampling_mask"]
 
 # Top-p as core/sampling.h: rows of up to _SORTED_TOTAL_MAX tokens are sorted whole, larger ones bucketed by
 # the high 16 bits of the order key.
@@ -279,17 +296,68 @@ def tree_rows(cu: torch.Tensor, num_nodes: int, accepted_nodes: torch.Tensor) ->
     return start[:, None] + accepted_nodes.to(torch.int64)
 
 
-def chain_sampling_mask(args: tuple, result: ChainResult) -> SamplingMask:
+def kept_by_threshold(z: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
+    """[R, V] bool: the kept set of rows of scaled logits ``z`` [R, V] truncated at ``threshold`` [R] (a
+    backend's ``row_threshold``): the finite values at or above it.
+
+    ``z`` may be unsanitised (``logits / temperature``): a NaN compares false (as its sanitised -inf is
+    dropped) and +inf is at or above every threshold (as its sanitised float32 max is: thresholds are
+    sanitised values), so one compare against ``max(threshold, -float32 max)`` is the whole rule (a NaN
+    threshold, a row the kernel did not write, keeps nothing)."""
+    return z >= torch.clamp(threshold, min=-sampling.FLOAT32_MAX)[:, None]
+
+
+def _threshold_csr(logits, rows, emitted, temperature, row_threshold) -> SamplingMask:
+    """The mask of the emitted tokens (``emitted`` [B, W] bool) decided at target rows ``rows`` [B, W], from
+    the thresholds the verification wrote (``row_threshold`` [rows] float32): per emitted row, the ids whose
+    scaled logit (float32 ``logit / temperature``, greedy rows at temperature 1: how the reference and the
+    native CPU kernels scale) is finite and at or above its row's threshold, or [0] where that set is empty."""
+    num_reqs, width = emitted.shape
+    device = logits.device
+    req = torch.arange(num_reqs, device=device)[:, None].expand(num_reqs, width)[emitted]
+    row = rows[emitted].clamp(0, max(logits.shape[0] - 1, 0))
+    temperature = temperature[req]
+    temperature = torch.where(temperature == 0, 1.0, temperature)
+    threshold = row_threshold[row]
+    columns = torch.arange(logits.shape[1], dtype=torch.int32, device=device)
+    counts, ids = [torch.zeros(1, dtype=torch.int64, device=device)], []
+    for lo in range(0, row.numel(), _ROWS_PER_CHUNK):
+        part = slice(lo, lo + _ROWS_PER_CHUNK)
+        z = logits[row[part]].float().div_(temperature[part, None])  # a copy: advanced indexing
+        keep = kept_by_threshold(z, threshold[part])
+        count = keep.view(torch.uint8).sum(dim=-1, dtype=torch.int32).long()  # ~10x a bool tensor's sum
+        empty = count == 0
+        if bool(empty.any()):  # a row that keeps nothing samples token 0
+            keep[:, 0] |= empty
+            count = count + empty
+        counts.append(count)
+        if bool((count == columns.numel()).all()):  # every row whole (untruncated, all finite): no select
+            ids += [columns] * count.numel()  # copied once, by the cat below
+        else:
+            ids.append(columns.expand_as(keep)[keep])  # row-major: each row's ids ascending
+    indices = torch.cat(ids) if ids else torch.zeros(0, dtype=torch.int32, device=device)
+    cu = torch.cat([counts[0], torch.cumsum(emitted.sum(dim=-1), 0)])
+    return SamplingMask(torch.cumsum(torch.cat(counts), 0), indices, cu)
+
+
+def chain_sampling_mask(args: tuple, result: ChainResult, row_threshold: torch.Tensor | None = None) -> SamplingMask:
     """The sampling mask of a ``verify_chain`` call from its normalised arguments
-    (``api.checked_chain_args``) and its result."""
+    (``api.checked_chain_args``), its result, and the row thresholds its backend wrote (``row_threshold``
+    [T + B]); without them, by the shared post-pass (:func:`kept_ids`)."""
     logits, drafts, cu, _, temperature, top_k, top_p = args[:7]
     out = result.output_token_ids
-    return _csr(logits, chain_rows(cu, drafts.numel(), out.shape[1]), out >= 0, temperature, top_k, top_p)
+    rows = chain_rows(cu, drafts.numel(), out.shape[1])
+    if row_threshold is not None:
+        return _threshold_csr(logits, rows, out >= 0, temperature, row_threshold)
+    return _csr(logits, rows, out >= 0, temperature, top_k, top_p)
 
 
-def tree_sampling_mask(args: tuple, result: TreeResult) -> SamplingMask:
+def tree_sampling_mask(args: tuple, result: TreeResult, row_threshold: torch.Tensor | None = None) -> SamplingMask:
     """The sampling mask of a ``verify_tree`` call from its normalised arguments
-    (``api.checked_tree_args``) and its result."""
+    (``api.checked_tree_args``), its result, and the row thresholds its backend wrote (``row_threshold`` [N]);
+    without them, by the shared post-pass (:func:`kept_ids`)."""
     logits, _, parent, cu, _, temperature, top_k, top_p = args[:8]
     rows = tree_rows(cu, parent.numel(), result.accepted_nodes)
+    if row_threshold is not None:
+        return _threshold_csr(logits, rows, result.output_token_ids >= 0, temperature, row_threshold)
     return _csr(logits, rows, result.output_token_ids >= 0, temperature, top_k, top_p)

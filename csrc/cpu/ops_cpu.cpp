@@ -33,7 +33,8 @@ std::tuple<at::Tensor, at::Tensor> chain_op_cpu(const at::Tensor& target_logits,
                                                 const std::optional<at::Tensor>& draft_probs,
                                                 const at::Tensor& temperature, const std::optional<at::Tensor>& top_k,
                                                 const std::optional<at::Tensor>& top_p, const at::Tensor& seed,
-                                                const at::Tensor& position, int64_t max_draft_len) {
+                                                const at::Tensor& position, int64_t max_draft_len,
+                                                const std::optional<at::Tensor>& row_threshold) {
   const at::Device cpu(at::kCPU);
   checks::on_device(target_logits, "target_logits", cpu);
   const int64_t vocab = checks::logits(target_logits);
@@ -69,6 +70,7 @@ std::tuple<at::Tensor, at::Tensor> chain_op_cpu(const at::Tensor& target_logits,
   a.out_width = max_draft_len + 1;
   a.out_tokens = out.data_ptr<int32_t>();
   a.num_accepted = accepted.data_ptr<int32_t>();
+  a.row_threshold = checks::row_threshold(row_threshold, num_rows, cpu);
   if (num_reqs > 0) Kernel(a);
   return {out, accepted};
 }
@@ -79,7 +81,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_op_cpu(
     const at::Tensor& target_logits, const at::Tensor& node_token_ids, const at::Tensor& parent,
     const at::Tensor& cu_num_nodes, const std::optional<at::Tensor>& draft_probs, const at::Tensor& temperature,
     const std::optional<at::Tensor>& top_k, const std::optional<at::Tensor>& top_p, const at::Tensor& seed,
-    const at::Tensor& position, c10::string_view sibling_sampling, int64_t max_depth) {
+    const at::Tensor& position, c10::string_view sibling_sampling, int64_t max_depth,
+    const std::optional<at::Tensor>& row_threshold) {
   const at::Device cpu(at::kCPU);
   checks::on_device(target_logits, "target_logits", cpu);
   const int64_t vocab = checks::logits(target_logits);
@@ -116,6 +119,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_op_cpu(
   a.out_tokens = out.data_ptr<int32_t>();
   a.accepted_nodes = nodes.data_ptr<int32_t>();
   a.num_accepted = accepted.data_ptr<int32_t>();
+  a.row_threshold = checks::row_threshold(row_threshold, num_nodes, cpu);
   if (num_reqs > 0) Kernel(a);
   return {out, nodes, accepted};
 }

@@ -33,9 +33,12 @@ template <bool kBlock>
 std::tuple<at::Tensor, at::Tensor> chain_op_cuda(
     const at::Tensor& target_logits, const at::Tensor& draft_token_ids, const at::Tensor& cu_num_draft_tokens,
     const std::optional<at::Tensor>& draft_probs, const at::Tensor& temperature, const std::optional<at::Tensor>& top_k,
-    const std::optional<at::Tensor>& top_p, const at::Tensor& seed, const at::Tensor& position, int64_t max_draft_len) {
+    const std::optional<at::Tensor>& top_p, const at::Tensor& seed, const at::Tensor& position, int64_t max_draft_len,
+    const std::optional<at::Tensor>& row_threshold) {
   const at::Device device = target_logits.device();
   TORCH_CHECK_VALUE(device.is_cuda(), "target_logits must be a CUDA tensor, got ", device);
+  // The CUDA kernels do not write thresholds yet: the sampling mask of a CUDA call is the shared post-pass's.
+  TORCH_CHECK_VALUE(!row_threshold.has_value(), "row_threshold is not supported by the CUDA kernels yet");
   const int64_t vocab = checks::logits(target_logits);
   const c10::cuda::CUDAGuard guard(device);
   checks::tensor(draft_token_ids, "draft_token_ids", at::kLong, 1, device);
@@ -86,9 +89,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_op_cuda(
     const at::Tensor& target_logits, const at::Tensor& node_token_ids, const at::Tensor& parent,
     const at::Tensor& cu_num_nodes, const std::optional<at::Tensor>& draft_probs, const at::Tensor& temperature,
     const std::optional<at::Tensor>& top_k, const std::optional<at::Tensor>& top_p, const at::Tensor& seed,
-    const at::Tensor& position, c10::string_view sibling_sampling, int64_t max_depth) {
+    const at::Tensor& position, c10::string_view sibling_sampling, int64_t max_depth,
+    const std::optional<at::Tensor>& row_threshold) {
   const at::Device device = target_logits.device();
   TORCH_CHECK_VALUE(device.is_cuda(), "target_logits must be a CUDA tensor, got ", device);
+  TORCH_CHECK_VALUE(!row_threshold.has_value(), "row_threshold is not supported by the CUDA kernels yet");
   const int64_t vocab = checks::logits(target_logits);
   const c10::cuda::CUDAGuard guard(device);
   checks::tensor(node_token_ids, "node_token_ids", at::kLong, 1, device);

@@ -49,7 +49,7 @@ import torch
 from . import gumbel, philox
 from .chain import ChainResult, chain_spans
 from .chain import verify_chain as verify_chain_token
-from .sampling import greedy_logits, softmax, target_logits
+from .sampling import greedy_logits, kept_threshold, softmax, target_logits_with_threshold
 
 __all__ = ["last_stop", "prefix_coin", "ratio_weight", "residual_row", "stop_mass", "stop_probability", "verify_chain_block"]
 
@@ -98,15 +98,16 @@ def verify_chain_block(
     seed: torch.Tensor,
     position: torch.Tensor,
     max_draft_len: int,
+    row_threshold: torch.Tensor | None = None,
 ) -> ChainResult:
     """Reference block verification on validated, normalised inputs (``verify_chain``'s signature).
 
     Loops over the row index j (vectorised over requests) because each weight depends on the previous
-    one; every request's rows 0 .. K are read.
+    one; every request's rows 0 .. K are read. ``row_threshold``: as ``reference.chain.verify_chain``'s.
     """
     if draft_probs is None:
         return verify_chain_token(target_logits_, draft_token_ids, cu_num_draft_tokens, None, temperature, top_k,
-                                  top_p, seed, position, max_draft_len)
+                                  top_p, seed, position, max_draft_len, row_threshold)
     vocab_size = target_logits_.shape[1]
     num_reqs = cu_num_draft_tokens.numel() - 1
     device = target_logits_.device
@@ -130,12 +131,15 @@ def verify_chain_block(
         row q [B, V] (zeros for the bonus row) and the greedy argmax [B]."""
         local = torch.minimum(torch.as_tensor(j, device=device).expand(num_reqs), k)
         logits = target_logits_[first_row + local]
-        z = target_logits(logits, temp, top_k, top_p)
+        z, threshold = target_logits_with_threshold(logits, temp, top_k, top_p)
+        greedy_z = greedy_logits(logits)
+        if row_threshold is not None:
+            row_threshold[first_row + local] = kept_threshold(threshold, is_greedy, greedy_z)
         q = torch.zeros(num_reqs, vocab_size, dtype=torch.float32, device=device)
         if drafts.numel():
             q_rows = draft_probs.float()[(start + local).clamp(max=drafts.numel() - 1)]
             q = torch.where((local < k)[:, None], q_rows, q)
-        return z, q, torch.argmax(greedy_logits(logits), dim=-1)
+        return z, q, torch.argmax(greedy_z, dim=-1)
 
     # The block length K: the first placeholder, else k.
     block_len = k.clone()

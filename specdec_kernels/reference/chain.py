@@ -28,7 +28,7 @@ from typing import NamedTuple
 import torch
 
 from . import gumbel, philox
-from .sampling import greedy_logits, softmax, target_logits
+from .sampling import greedy_logits, kept_threshold, softmax, target_logits_with_threshold
 
 
 class ChainResult(NamedTuple):
@@ -96,12 +96,15 @@ def verify_chain(
     seed: torch.Tensor,
     position: torch.Tensor,
     max_draft_len: int,
+    row_threshold: torch.Tensor | None = None,
 ) -> ChainResult:
     """Reference chain verification on validated, normalised inputs (see ``specdec_kernels.verify_chain``).
 
     Shapes: logits [T + B, V]; draft ids [T]; cu [B + 1]; draft_probs [T, V] or None; temperature,
     top_k, top_p, seed, position [B] (top_k / top_p may be None). Returns int32 tokens [B, max_draft_len + 1]
-    and int32 accepted counts [B].
+    and int32 accepted counts [B]. ``row_threshold`` [T + B] float32 or None: when given, receives each row's
+    kept-set threshold (``sampling.kept_threshold``: the truncation threshold, or the greedy row max), from
+    which ``sampling_mask`` enumerates the sampling mask.
     """
     num_rows, vocab_size = target_logits_.shape
     num_reqs = cu_num_draft_tokens.numel() - 1
@@ -116,12 +119,15 @@ def verify_chain(
     is_greedy = (temperature[req] == 0)[:, None]
     # Greedy rows use temperature 1 for the (ignored) random path so that nothing divides by zero.
     row_temp = torch.where(temperature[req] == 0, torch.ones_like(temperature[req]), temperature[req])
-    z = target_logits(
+    z, threshold = target_logits_with_threshold(
         target_logits_, row_temp,
         None if top_k is None else top_k[req],
         None if top_p is None else top_p[req],
     )
-    greedy_tokens = torch.argmax(greedy_logits(target_logits_), dim=-1)
+    greedy_z = greedy_logits(target_logits_)
+    greedy_tokens = torch.argmax(greedy_z, dim=-1)
+    if row_threshold is not None:
+        row_threshold.copy_(kept_threshold(threshold, is_greedy[:, 0], greedy_z))
 
     row_seed = seed[req]
     row_pos = position[req] + layout.local

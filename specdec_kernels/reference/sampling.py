@@ -38,18 +38,24 @@ def greedy_logits(logits: torch.Tensor) -> torch.Tensor:
     return sanitize(logits.float())
 
 
-def top_k_mask(z: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
-    """[R, V] bool: token kept by top-k. ``top_k`` [R] int; <= 0 or >= V disables it for that row."""
+def top_k_threshold(z: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
+    """[R] smallest value top-k keeps (the k-th largest z), -inf where ``top_k`` [R] disables it (<= 0 or >= V)."""
     vocab_size = z.shape[-1]
     sorted_desc = torch.sort(z, dim=-1, descending=True).values
     k = top_k.to(torch.int64)
     enabled = (k > 0) & (k < vocab_size)
-    kth = sorted_desc.gather(-1, (k.clamp(1, vocab_size) - 1)[:, None])
-    return (z >= kth) | ~enabled[:, None]
+    kth = sorted_desc.gather(-1, (k.clamp(1, vocab_size) - 1)[:, None])[:, 0]
+    return torch.where(enabled, kth, NEG_INF)
 
 
-def top_p_mask(z: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """[R, V] bool: token kept by top-p over the distribution softmax(z) (z already top-k masked).
+def top_k_mask(z: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
+    """[R, V] bool: token kept by top-k. ``top_k`` [R] int; <= 0 or >= V disables it for that row."""
+    return z >= top_k_threshold(z, top_k)[:, None]
+
+
+def top_p_threshold(z: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """[R] smallest value top-p keeps over softmax(z) (z already top-k masked), -inf where ``top_p`` >= 1
+    disables it, +inf for a row that is all -inf.
 
     Keeps v iff mass(z_u > z_v) < top_p * mass(all); computed on unnormalised exp(z - max z).
     """
@@ -64,18 +70,33 @@ def top_p_mask(z: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     mass_above = exclusive.gather(-1, group_start)
     keep_sorted = mass_above < top_p.float()[:, None] * total
     threshold = torch.where(keep_sorted, sorted_desc, torch.full_like(sorted_desc, float("inf")))
-    threshold = threshold.min(dim=-1, keepdim=True).values
-    disabled = (top_p >= 1.0)[:, None]
-    return (z >= threshold) | disabled
+    return torch.where(top_p >= 1.0, NEG_INF, threshold.min(dim=-1).values)
+
+
+def top_p_mask(z: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """[R, V] bool: token kept by top-p over the distribution softmax(z) (z already top-k masked)."""
+    return z >= top_p_threshold(z, top_p)[:, None]
 
 
 def truncate(z: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None) -> torch.Tensor:
     """Apply top-k then top-p to scaled logits; dropped tokens become -inf."""
+    return truncate_with_threshold(z, top_k, top_p)[0]
+
+
+def truncate_with_threshold(
+    z: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``truncate``, and [R] the threshold it truncated with: the row keeps exactly its finite z >= threshold
+    (-inf when neither rule truncates the row; +inf when top-p met a row that is all -inf)."""
+    threshold = torch.full(z.shape[:1], NEG_INF, dtype=torch.float32, device=z.device)
     if top_k is not None:
-        z = torch.where(top_k_mask(z, top_k), z, torch.full_like(z, NEG_INF))
+        threshold = top_k_threshold(z, top_k)
+        z = torch.where(z >= threshold[:, None], z, torch.full_like(z, NEG_INF))
     if top_p is not None:
-        z = torch.where(top_p_mask(z, top_p), z, torch.full_like(z, NEG_INF))
-    return z
+        # Top-p's threshold is a value the top-k-masked row keeps (so >= top-k's), or -inf when off.
+        threshold = torch.maximum(threshold, top_p_threshold(z, top_p))
+        z = torch.where(z >= threshold[:, None], z, torch.full_like(z, NEG_INF))
+    return z, threshold
 
 
 def target_logits(
@@ -86,6 +107,23 @@ def target_logits(
 ) -> torch.Tensor:
     """[R, V] float32 scaled and truncated logits whose softmax is the target distribution."""
     return truncate(scale_logits(logits, temperature), top_k, top_p)
+
+
+def target_logits_with_threshold(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor | None = None,
+    top_p: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``target_logits`` and [R] the threshold it truncated with (``truncate_with_threshold``)."""
+    return truncate_with_threshold(scale_logits(logits, temperature), top_k, top_p)
+
+
+def kept_threshold(threshold: torch.Tensor, greedy: torch.Tensor, greedy_z: torch.Tensor) -> torch.Tensor:
+    """[R] the threshold of each row's kept set (the sampling mask: its finite values at or above it): the
+    truncation ``threshold`` [R] of a random row, the row max of ``greedy_logits`` ``greedy_z`` [R, V] (the
+    argmax set) where ``greedy`` [R]."""
+    return torch.where(greedy, greedy_z.max(dim=-1).values, threshold)
 
 
 def softmax(z: torch.Tensor) -> torch.Tensor:

@@ -49,7 +49,7 @@ import torch
 
 from . import gumbel, philox
 from .block import ratio_weight, stop_probability
-from .sampling import softmax, target_logits
+from .sampling import softmax, target_logits, target_logits_with_threshold
 from .tree import TreeResult, children_table, node_depth, remove_token, tree_layout, tree_spans
 from .tree import verify_tree as verify_tree_token
 
@@ -104,13 +104,15 @@ def verify_tree_traversal(
     position: torch.Tensor,
     sibling_sampling: str,
     max_depth: int,
+    row_threshold: torch.Tensor | None = None,
 ) -> TreeResult:
     """Reference traversal verification on validated, normalised inputs (``verify_tree``'s signature).
 
     Vectorised over requests: each loop step moves every request still walking one event (enter or test
     a node) along its own depth-first traversal; the per-depth masses live in [B, D + 1, V] buffers. Host
     syncs: the children table's width, whether any request is greedy, and one per step (the requests that
-    accepted leave the loop).
+    accepted leave the loop). ``row_threshold``: as ``reference.tree.verify_tree``'s (every node the
+    traversal enters, the accepted path included).
     """
     num_reqs = cu_num_nodes.numel() - 1
     # Greedy requests, and requests left without nodes by an inconsistent cu (validate=False), take the
@@ -120,7 +122,7 @@ def verify_tree_traversal(
     token_level = is_greedy | (count == 0)
     if draft_probs is None or num_reqs == 0 or bool(token_level.all()):
         return verify_tree_token(target_logits_, node_token_ids, parent, cu_num_nodes, None, temperature, top_k,
-                                 top_p, seed, position, sibling_sampling, max_depth)
+                                 top_p, seed, position, sibling_sampling, max_depth, row_threshold)
     vocab_size = target_logits_.shape[1]
     device = target_logits_.device
     width = max_depth + 1
@@ -155,8 +157,12 @@ def verify_tree_traversal(
         test = ~enter
 
         # Enter: the node's weight from its parent's mass, its own mass a * p.
-        p = softmax(target_logits(target_logits_[nd], temp[live], None if top_k is None else top_k[live],
-                                  None if top_p is None else top_p[live]))
+        z_nd, threshold = target_logits_with_threshold(target_logits_[nd], temp[live],
+                                                       None if top_k is None else top_k[live],
+                                                       None if top_p is None else top_p[live])
+        p = softmax(z_nd)
+        if row_threshold is not None:
+            row_threshold[nd] = torch.where(enter, threshold, row_threshold[nd])
         m_up = r[live, up] / divisor[live, up][:, None]
         q_up = q[live, up]
         a = entry_weight(m_up, q_up, x)
@@ -211,6 +217,6 @@ def verify_tree_traversal(
     if not bool(token_level.any()):
         return traversal
     token_res = verify_tree_token(target_logits_, node_token_ids, parent, cu_num_nodes, None, temperature, top_k,
-                                  top_p, seed, position, sibling_sampling, max_depth)
+                                  top_p, seed, position, sibling_sampling, max_depth, row_threshold)
     return TreeResult(*(torch.where(token_level.view(-1, *[1] * (t.dim() - 1)), t_tok, t)
                         for t, t_tok in zip(traversal, token_res, strict=True)))

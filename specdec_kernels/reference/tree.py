@@ -41,7 +41,7 @@ from typing import NamedTuple
 import torch
 
 from . import gumbel, philox
-from .sampling import greedy_logits, softmax, target_logits
+from .sampling import greedy_logits, kept_threshold, softmax, target_logits_with_threshold
 
 SIBLING_SAMPLING = ("iid", "without_replacement")
 
@@ -214,12 +214,14 @@ def verify_tree(
     position: torch.Tensor,
     sibling_sampling: str,
     max_depth: int,
+    row_threshold: torch.Tensor | None = None,
 ) -> TreeResult:
     """Reference tree verification on validated, normalised inputs (see ``specdec_kernels.verify_tree``).
 
     Shapes: logits [N, V]; node ids, parent [N]; cu [B + 1]; draft_probs [N, V] or None; temperature,
     top_k, top_p, seed, position [B] (top_k / top_p may be None). Returns int32 tokens and accepted local
-    node indices [B, max_depth + 1] and int32 accepted counts [B].
+    node indices [B, max_depth + 1] and int32 accepted counts [B]. ``row_threshold`` [N] float32 or None:
+    when given, each row the walk decides at receives its kept-set threshold (as ``reference.chain``).
     """
     num_nodes, vocab_size = target_logits_.shape
     num_reqs = cu_num_nodes.numel() - 1
@@ -250,10 +252,13 @@ def verify_tree(
             break
         logits = target_logits_[cur]
         greedy = is_greedy[live]
-        z = target_logits(
+        z, threshold = target_logits_with_threshold(
             logits, temp[live], None if top_k is None else top_k[live], None if top_p is None else top_p[live]
         )
-        greedy_token = torch.argmax(greedy_logits(logits), dim=-1)
+        greedy_z = greedy_logits(logits)
+        greedy_token = torch.argmax(greedy_z, dim=-1)
+        if row_threshold is not None:
+            row_threshold[cur] = kept_threshold(threshold, greedy, greedy_z)
         kids = table[cur] if d < max_depth else torch.full_like(table[cur], -1)
         is_leaf = kids[:, 0] < 0
         kid_valid = (kids >= 0) & token_valid[kids.clamp(min=0)]

@@ -358,16 +358,22 @@ def test_call_overhead_times_every_call_cold_and_warm(capsys):
     assert "from evicted caches / warm" in capsys.readouterr().out
 
 
-def test_bench_sampling_mask_times_off_and_on_interleaved(capsys):
+def test_bench_sampling_mask_times_off_and_on_interleaved(capsys, tmp_path):
     from benchmarks import bench_sampling_mask
 
     backend = "cpu" if native.has_device("cpu") else "reference"
+    out_csv = tmp_path / "mask.csv"
     result = bench_sampling_mask.main(["--rounds", "2", "--reps", "1", "--batch", "3", "--vocab", "700",
-                                       "--backend", backend])
-    assert set(result) == {(name, on) for name in bench_sampling_mask.TRUNCATIONS for on in (False, True)}
+                                       "--backend", backend, "--out", str(out_csv), "--note", "shared"])
+    assert set(result) == {(name, mode) for name in bench_sampling_mask.TRUNCATIONS
+                           for mode in bench_sampling_mask.MODES}
     assert all(0 < low <= median <= high for median, low, high in result.values())
     out = capsys.readouterr().out
     assert "untruncated" in out and "emitted tokens" in out
+    rows = read_csv([out_csv])
+    assert len(rows) == 9 and {r["mode"] for r in rows} == set(bench_sampling_mask.MODES)
+    assert all(r["command"].startswith("python -m benchmarks.bench_sampling_mask --rounds 2") and r["git_commit"]
+               and r["device"] and r["note"] == "shared" for r in rows)
     with pytest.raises(SystemExit):
         bench_sampling_mask.main(["--rounds", "0"])
     assert "--rounds must be >= 1" in capsys.readouterr().err

@@ -306,25 +306,36 @@ def _untruncated_kept_ids(logits, temperature, top_k, top_p):
     return _KEPT_IDS(logits, temperature, None, None)
 
 
+def _untruncated_by_threshold(z, threshold):
+    return z > float("-inf")
+
+
 _KEPT_IDS = sm.kept_ids
 
 
 @pytest.mark.parametrize("mutant", ["untruncated_row", "next_row"])
 def test_planted_bugs_fail(mutant, monkeypatch):
+    """Both ways to the mask (the thresholds the reference and native CPU write, the shared post-pass of Triton
+    and CUDA) fail the checks with the untruncated row's set, or with the next row's."""
     if mutant == "untruncated_row":
         monkeypatch.setattr(sm, "kept_ids", _untruncated_kept_ids)
+        monkeypatch.setattr(sm, "kept_by_threshold", _untruncated_by_threshold)
     else:
         chain_rows, tree_rows = sm.chain_rows, sm.tree_rows
         monkeypatch.setattr(sm, "chain_rows", lambda cu, n, w: chain_rows(cu, n, w) + 1)
         monkeypatch.setattr(sm, "tree_rows", lambda cu, n, nodes: tree_rows(cu, n, nodes) + 1)
     inputs = _chain_inputs(CHAIN_CASES[3], 6, 103)
     res, mask = sk.verify_chain(**inputs, backend="reference", return_mask=True)
-    with pytest.raises(AssertionError):
-        check_mask(inputs, res, mask, _chain_oracle_rows(inputs, res))
+    post_pass = sm.chain_sampling_mask(api.checked_chain_args(**inputs), res)
+    for m in (mask, post_pass):
+        with pytest.raises(AssertionError):
+            check_mask(inputs, res, m, _chain_oracle_rows(inputs, res))
     inputs = _tree_inputs(TREE_CASES[1], 5, 201)
     res, mask = sk.verify_tree(**inputs, backend="reference", return_mask=True)
-    with pytest.raises(AssertionError):
-        check_mask(inputs, res, mask, _tree_oracle_rows(inputs, res))
+    post_pass = sm.tree_sampling_mask(api.checked_tree_args(**inputs), res)
+    for m in (mask, post_pass):
+        with pytest.raises(AssertionError):
+            check_mask(inputs, res, m, _tree_oracle_rows(inputs, res))
 
 
 # ------------------------------------------------------------------------------------------------------

@@ -94,7 +94,8 @@ void verify_chain_block_request(const RowKernels& K, const ChainArgs& a, int64_t
   int64_t tau = 0;
   double mass_tau = 0.0;
   for (int64_t j = 0; j <= block_len; ++j) {
-    const ArgMax mx = prepare_row(K, exec, row_ptr(j), a.logits_dtype, temp, a.top_k, a.top_p, b, V, s);
+    float* threshold = a.row_threshold != nullptr ? a.row_threshold + row0 + j : nullptr;  // the sampling mask's
+    const ArgMax mx = prepare_row(K, exec, row_ptr(j), a.logits_dtype, temp, a.top_k, a.top_p, b, V, s, threshold);
     float* z = s.z.data();
     if (j == block_len) {  // the last row: h = w; a stop here is the largest, emit from p itself
       if (j == 0 || static_cast<double>(sequence_coin(seed, position, static_cast<uint32_t>(j))) < w) {

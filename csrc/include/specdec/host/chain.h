@@ -39,6 +39,7 @@ struct ChainArgs {
   int64_t out_width;             // K_max + 1
   int32_t* out_tokens;           // [B, out_width], pre-filled with -1 by the caller
   int32_t* num_accepted;         // [B]
+  float* row_threshold;          // [T + B] or nullptr: each decided row's kept-set threshold (the sampling mask)
 };
 
 }  // namespace specdec
@@ -53,25 +54,32 @@ struct RowScratch {
   std::vector<float> units;   // a rejected stochastic row's unit maxima (certain_recovery)
 };
 
-// Scale one row into scratch.z and apply top-k / top-p; returns the row max (kept by both).
-// Reference: z = sanitize(logits / T); top-k then top-p (reference/sampling.py).
+// Scale one row into scratch.z and apply top-k / top-p; returns the row max (kept by both). With `threshold`
+// (the sampling mask asked for), stores there the threshold the row was truncated with: the row keeps exactly
+// its finite z >= *threshold (-inf: not truncated).
+// Reference: z = sanitize(logits / T); top-k then top-p (reference/sampling.py, truncate_with_threshold).
 template <class Exec>
 ArgMax prepare_row(const RowKernels& K, Exec& exec, const void* row, DType dtype, float temperature,
-                   const int32_t* top_k, const float* top_p, int64_t req, int64_t V, RowScratch& s) {
+                   const int32_t* top_k, const float* top_p, int64_t req, int64_t V, RowScratch& s,
+                   float* threshold = nullptr) {
   if (static_cast<int64_t>(s.z.size()) < V) s.z.resize(V);  // greedy-only batches never allocate it
   float* z = s.z.data();
   const ArgMax mx = exec.argmax([&](int64_t v0, int64_t v1) { return K.scale_row(row, dtype, temperature, z, v0, v1); });
+  float kept = -kInf;
   if (top_k != nullptr) {
     const int32_t k = top_k[req];
     if (k > 0 && k < V) {
       const float kth = kth_largest(z, V, k, s.select);
       for (int64_t v = 0; v < V; ++v) z[v] = z[v] >= kth ? z[v] : -kInf;
+      kept = kth;
     }
   }
   if (top_p != nullptr && top_p[req] < 1.0f && mx.value != -kInf) {
     const float thr = top_p_threshold(z, V, mx.value, top_p[req], s.top_p);
     for (int64_t v = 0; v < V; ++v) z[v] = z[v] >= thr ? z[v] : -kInf;
+    kept = thr > kept ? thr : kept;  // a value the top-k-masked row keeps: never below top-k's
   }
+  if (threshold != nullptr) *threshold = kept;
   return mx;
 }
 
@@ -282,15 +290,21 @@ void verify_chain_request(const RowKernels& K, const ChainArgs& a, int64_t b, Ex
     const int64_t pos = a.position[b] + j;
     int64_t token;
     bool accept;
+    // The sampling mask's threshold of this row, when asked for (prepare_row's, the greedy max, or -inf).
+    float* threshold = a.row_threshold != nullptr ? a.row_threshold + row0 + j : nullptr;
     if (temp == 0.0f) {  // greedy: argmax of the sanitized logits, no truncation
-      token = exec.argmax([&](int64_t v0, int64_t v1) { return K.greedy_argmax(row, a.logits_dtype, v0, v1); }).index;
+      const ArgMax g = exec.argmax([&](int64_t v0, int64_t v1) { return K.greedy_argmax(row, a.logits_dtype, v0, v1); });
+      token = g.index;
       accept = valid && token == draft;
+      if (threshold != nullptr) *threshold = g.value;
     } else {
       // The row's log-weights: straight from the logits, or from the scratch row when truncated.
       ZSource src{row, a.logits_dtype, temp, V};
       int64_t seed_block = valid ? draft / kBlock : -1;
-      if (!untruncated(a.top_k, a.top_p, b, V)) {
-        const ArgMax mx = prepare_row(K, exec, row, a.logits_dtype, temp, a.top_k, a.top_p, b, V, s);
+      if (untruncated(a.top_k, a.top_p, b, V)) {
+        if (threshold != nullptr) *threshold = -kInf;
+      } else {
+        const ArgMax mx = prepare_row(K, exec, row, a.logits_dtype, temp, a.top_k, a.top_p, b, V, s, threshold);
         src = ZSource{s.z.data(), DType::kFloat32, 1.0f, V};
         seed_block = mx.value != -kInf ? mx.index / kBlock : -1;
       }

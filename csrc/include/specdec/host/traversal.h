@@ -103,8 +103,10 @@ void verify_tree_traversal_request(const RowKernels& K, const TreeArgs& a, int64
     s.divisor[d] = 1.0f;
     s.deleted[d] = 0;
     s.alive[d] = weight > 0.0f;
-    if (weight <= 0.0f) return;  // dead subtree: its rows are never needed
-    const ArgMax mx = prepare_row(K, exec, row_ptr(local), a.logits_dtype, temp, a.top_k, a.top_p, b, V, rs);
+    if (weight <= 0.0f) return;  // dead subtree: its rows are never needed (nor emitted)
+    float* threshold = a.row_threshold != nullptr ? a.row_threshold + first + local : nullptr;  // the sampling mask's
+    const ArgMax mx =
+        prepare_row(K, exec, row_ptr(local), a.logits_dtype, temp, a.top_k, a.top_p, b, V, rs, threshold);
     float* z = rs.z.data();
     const float total = softmax_in_place(K, exec, z, mx, V);
     float* r = r_at(d);

@@ -36,6 +36,7 @@ struct TreeArgs {
   int32_t* out_tokens;           // [B, D + 1], pre-filled with -1
   int32_t* accepted_nodes;       // [B, D + 1], pre-filled with -1
   int32_t* num_accepted;         // [B]
+  float* row_threshold;          // [N] or nullptr: each decided row's kept-set threshold (the sampling mask)
 };
 
 }  // namespace specdec
@@ -151,10 +152,14 @@ void verify_tree_request(const RowKernels& K, const TreeArgs& a, int64_t b, Exec
     int64_t y;
     int64_t slot = -1;
     bool decided = false;
+    float* threshold = a.row_threshold != nullptr ? a.row_threshold + g : nullptr;  // chain.h's
     if (temp == 0.0f) {
-      y = exec.argmax([&](int64_t v0, int64_t v1) { return K.greedy_argmax(row, a.logits_dtype, v0, v1); }).index;
+      const ArgMax top =
+          exec.argmax([&](int64_t v0, int64_t v1) { return K.greedy_argmax(row, a.logits_dtype, v0, v1); });
+      y = top.index;
+      if (threshold != nullptr) *threshold = top.value;
     } else {
-      const ArgMax mx = prepare_row(K, exec, row, a.logits_dtype, temp, a.top_k, a.top_p, b, V, s.row);
+      const ArgMax mx = prepare_row(K, exec, row, a.logits_dtype, temp, a.top_k, a.top_p, b, V, s.row, threshold);
       if (a.draft_probs == nullptr || leaf) {
         y = sample_prepared(K, exec, s.row.z.data(), mx, V, a.seed[b], pos, leaf ? kStreamBonus : kStreamRecovery);
       } else {
