@@ -136,6 +136,17 @@ def _threshold_buffer(logits: torch.Tensor) -> torch.Tensor:
     return torch.full((logits.shape[0],), float("nan"), dtype=torch.float32, device=logits.device)
 
 
+def _with_mask(fn, op: str, args: tuple, sampling_mask) -> tuple:
+    """``fn(*args)`` and its sampling mask: from the row thresholds the kernel writes in its own pass where
+    it writes them, else from the shared post-pass (``sampling_mask``)."""
+    if not _writes_thresholds(fn, op):
+        result = fn(*args)
+        return result, sampling_mask(args, result)
+    threshold = _threshold_buffer(args[0])
+    result = fn(*args, row_threshold=threshold)
+    return result, sampling_mask(args, result, threshold)
+
+
 # ----------------------------------------------------------------------------------------------------
 # Validation helpers: each raises ValueError / TypeError naming the argument.
 # ----------------------------------------------------------------------------------------------------
@@ -391,14 +402,7 @@ def verify_chain(
     fn = _resolve(backend, target_logits.device, op)
     if fn is _NATIVE_RESOLVED.get(("cpu", op)):  # resolves only for CPU tensors
         _UNCHECKED_CPU_CHAIN[backend, method] = fn
-    if not return_mask:
-        return fn(*args)
-    if not _writes_thresholds(fn, op):
-        result = fn(*args)
-        return result, _mask.chain_sampling_mask(args, result)
-    threshold = _threshold_buffer(args[0])
-    result = fn(*args, row_threshold=threshold)
-    return result, _mask.chain_sampling_mask(args, result, threshold)
+    return _with_mask(fn, op, args, _mask.chain_sampling_mask) if return_mask else fn(*args)
 
 
 def checked_chain_args(
@@ -586,14 +590,7 @@ def verify_tree(
         sibling_sampling, max_depth=max_depth, validate=validate,
     )
     fn = _resolve(backend, target_logits.device, op)
-    if not return_mask:
-        return fn(*args)
-    if not _writes_thresholds(fn, op):
-        result = fn(*args)
-        return result, _mask.tree_sampling_mask(args, result)
-    threshold = _threshold_buffer(args[0])
-    result = fn(*args, row_threshold=threshold)
-    return result, _mask.tree_sampling_mask(args, result, threshold)
+    return _with_mask(fn, op, args, _mask.tree_sampling_mask) if return_mask else fn(*args)
 
 
 def checked_tree_args(
