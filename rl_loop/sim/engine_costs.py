@@ -256,6 +256,26 @@ def run_engine(cfg, s: dict, prompts, seeds, k: int, max_new_tokens: int, max_ba
     return EngineRun(k, cpu, st.tokens, lengths, acc, st.mean_accepted_length)
 
 
+def interleaved_rounds(cfg, s: dict, sets, ks, rounds: int, max_new_tokens: int, max_batch: int,
+                       log: Callable[[str], None] = print) -> list[dict[int, list[EngineRun]]]:
+    """(b)'s timing protocol: after one untimed call per arm on the first set (first calls allocate),
+    ``rounds`` rounds, each running every request set of ``sets`` autoregressively (k = 0) and with each k
+    of ``ks`` back to back, the order rotated per round and set; returns per round, per k, the runs."""
+    order = (0, *ks)
+    for k in order:
+        run_engine(cfg, s, *sets[0], k, max_new_tokens, max_batch)
+    per_round: list[dict[int, list[EngineRun]]] = []
+    for r in range(rounds):
+        runs: dict[int, list[EngineRun]] = {k: [] for k in order}
+        for i, (prompts, seeds) in enumerate(sets):
+            rot = (r + i) % len(order)
+            for k in order[rot:] + order[:rot]:
+                runs[k].append(run_engine(cfg, s, prompts, seeds, k, max_new_tokens, max_batch))
+        per_round.append(runs)
+        log(f"  round {r}: " + ", ".join(f"k={k} {sum(x.cpu_s for x in runs[k]):.3f} s" for k in order))
+    return per_round
+
+
 def compare_engine(cfg, s: dict, ks=(1, 3, 5), rounds: int = 5, request_sets: int = 4, group: int = 8,
                    prompts_per_set: int = 4, max_new_tokens: int | None = None,
                    log: Callable[[str], None] = print) -> dict:
@@ -276,19 +296,7 @@ def compare_engine(cfg, s: dict, ks=(1, 3, 5), rounds: int = 5, request_sets: in
     costs, components = measure_components(cfg, s, sets[0][0], ks=ks)
     log(f"fitted component costs: {costs}")
     prompt_len = max(len(p) for prompts, _ in sets for p in prompts)
-    order = (0, *ks)
-    for prompts, seeds in sets[:1]:  # warm-up: first calls allocate
-        for k in order:
-            run_engine(cfg, s, prompts, seeds, k, max_new_tokens, max_batch)
-    per_round: list[dict[int, list[EngineRun]]] = []
-    for r in range(rounds):
-        runs: dict[int, list[EngineRun]] = {k: [] for k in order}
-        for i, (prompts, seeds) in enumerate(sets):
-            rot = (r + i) % len(order)
-            for k in order[rot:] + order[:rot]:
-                runs[k].append(run_engine(cfg, s, prompts, seeds, k, max_new_tokens, max_batch))
-        per_round.append(runs)
-        log(f"  round {r}: " + ", ".join(f"k={k} {sum(x.cpu_s for x in runs[k]):.3f} s" for k in order))
+    per_round = interleaved_rounds(cfg, s, sets, ks, rounds, max_new_tokens, max_batch, log)
 
     def rate(runs: list[EngineRun], pred: bool) -> float:
         t = sum(predict(costs, x, prompt_len, max_batch) if pred else x.cpu_s for x in runs)

@@ -9,7 +9,8 @@ prediction must meet, fixed now, and the sha256 of the weights. Commit that file
 
 ``python -m rl_loop.sim.preregister measure --out results/sim/preregistered`` loads the same weights (the
 hash must match), then times autoregressive and speculative rollouts of the held-out sets, interleaved,
-the order rotated every round, on one torch thread with the thread's CPU clock. It writes
+the order rotated every round (``engine_costs.interleaved_rounds``, as the shape table), on one torch
+thread with the thread's CPU clock. It writes
 ``measured.json``: per k the measured median speedup and its spread over rounds, the prediction, the
 error, and whether it is within the tolerance. It also records the commit at which ``predictions.json``
 was committed. ``tests/rl_loop/test_sim.py`` checks that this commit precedes the measurement and that
@@ -36,7 +37,7 @@ import torch
 
 from ..run.provenance import provenance
 from ..run.usage import UsageError, check_out_dir
-from .engine_costs import build_engine, measure_components, predict, requests, run_engine
+from .engine_costs import build_engine, interleaved_rounds, measure_components, predict, requests, run_engine
 
 KS = (1, 3, 5)
 FIT_SEED = 0
@@ -109,18 +110,8 @@ def measure(predictions: dict, predictions_commit: str, state: str, command: str
     torch.set_num_threads(1)
     sets = [requests(cfg, s, PROMPTS_PER_SET, GROUP, seed=seed) for seed in predictions["held_out_seeds"]]
     max_batch = min(len(sets[0][0]), cfg.max_batch)
-    order = (0, *KS)
-    for k in order:  # warm-up: first calls allocate
-        run_engine(cfg, s, *sets[0], k, cfg.max_new_tokens, max_batch)
-    per_round = []
-    for r in range(rounds):
-        runs = {k: [] for k in order}
-        for i, (prompts, seeds) in enumerate(sets):
-            rot = (r + i) % len(order)
-            for k in order[rot:] + order[:rot]:
-                runs[k].append(run_engine(cfg, s, prompts, seeds, k, cfg.max_new_tokens, max_batch))
-        per_round.append(runs)
-        print(f"round {r}: " + ", ".join(f"k={k} {sum(x.cpu_s for x in runs[k]):.3f} s" for k in order), flush=True)
+    per_round = interleaved_rounds(cfg, s, sets, KS, rounds, cfg.max_new_tokens, max_batch,
+                                   lambda line: print(line, flush=True))
 
     def rate(runs) -> float:
         return sum(x.tokens for x in runs) / sum(x.cpu_s for x in runs)
