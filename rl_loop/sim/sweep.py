@@ -133,15 +133,20 @@ def sweep_sensitivity(scn: Scenario, rates: tuple[float, ...] = SENSITIVITY_ACCE
     (replicas re-cut so the generation GPUs stay the preset's) x policy lag: sync generation speedup, async
     rollout speedup and end-to-end speedup; ``preset_point`` marks the preset's own inputs."""
     gpus = scn.setup.gen_par.gpus
+    setups, autoregressive = {}, {}  # per (EP, lag): the layout, and its AR steps (no acceptance in them)
+    for ep in eps:
+        par = replace(scn.setup.gen_par, ep=ep, replicas=max(2, gpus // (scn.setup.gen_par.tp * ep)))
+        for lag in lags:
+            setup = setups[ep, lag] = replace(scn.setup, gen_par=par, policy_lag=lag)
+            autoregressive[ep, lag] = (simulate_step(setup, None, "sync").phases["generation"],
+                                       simulate_step(setup, None, "async"))
     rows = []
     for a in rates:
         spec = replace(scn.spec, acceptance=(a,))
         for ep in eps:
-            par = replace(scn.setup.gen_par, ep=ep, replicas=max(2, gpus // (scn.setup.gen_par.tp * ep)))
             for lag in lags:
-                setup = replace(scn.setup, gen_par=par, policy_lag=lag)
-                sync_ar = simulate_step(setup, None, "sync").phases["generation"]
-                async_ar = simulate_step(setup, None, "async")
+                setup, par = setups[ep, lag], setups[ep, lag].gen_par
+                sync_ar, async_ar = autoregressive[ep, lag]
                 same = simulate_async_fixed_split(setup, spec)
                 rows.append({"preset": scn.name, "acceptance": a, "ep": ep, "gpus": par.gpus, "policy_lag": lag,
                              "k": spec.k,
