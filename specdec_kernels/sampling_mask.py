@@ -259,11 +259,17 @@ def kept_ids(
 # Emitted rows of a verification, and the CSR mask
 # ----------------------------------------------------------------------------------------------------
 
+def _emitted_rows(rows: torch.Tensor, emitted: torch.Tensor, num_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The request [E] and the target row [E] of each emitted token (``emitted`` [B, W] bool, request-major),
+    from the rows [B, W] of the output slots, clamped into the ``num_rows`` of the logits."""
+    num_reqs, width = emitted.shape
+    req = torch.arange(num_reqs, device=rows.device)[:, None].expand(num_reqs, width)[emitted]
+    return req, rows[emitted].clamp(0, max(num_rows - 1, 0))
+
+
 def _csr(logits, rows, emitted, temperature, top_k, top_p) -> SamplingMask:
     """The mask of the emitted tokens (``emitted`` [B, W] bool) decided at target rows ``rows`` [B, W]."""
-    num_reqs, width = emitted.shape
-    req = torch.arange(num_reqs, device=logits.device)[:, None].expand(num_reqs, width)[emitted]
-    row = rows[emitted].clamp(0, max(logits.shape[0] - 1, 0))
+    req, row = _emitted_rows(rows, emitted, logits.shape[0])
     temperature, top_k, top_p = temperature[req], _take(top_k, req), _take(top_p, req)
     per_row: list[torch.Tensor] = []
     for lo in range(0, row.numel(), _ROWS_PER_CHUNK):
@@ -312,10 +318,8 @@ def _threshold_csr(logits, rows, emitted, temperature, row_threshold) -> Samplin
     the thresholds the verification wrote (``row_threshold`` [rows] float32): per emitted row, the ids whose
     scaled logit (float32 ``logit / temperature``, greedy rows at temperature 1: how the reference and the
     native CPU kernels scale) is finite and at or above its row's threshold, or [0] where that set is empty."""
-    num_reqs, width = emitted.shape
     device = logits.device
-    req = torch.arange(num_reqs, device=device)[:, None].expand(num_reqs, width)[emitted]
-    row = rows[emitted].clamp(0, max(logits.shape[0] - 1, 0))
+    req, row = _emitted_rows(rows, emitted, logits.shape[0])
     temperature = temperature[req]
     temperature = torch.where(temperature == 0, 1.0, temperature)
     threshold = row_threshold[row]
