@@ -7,7 +7,8 @@ design sample size, and the trial count that gives power 0.999 at the noncentral
 (``lambda / n = (chi2 - df) / n``, the noncentral chi-square approximation of ``goodness_of_fit.chi2_power``).
 Every run is seeded, so the grid result is one realisation; the last column is the design figure.
 ``--out FILE`` also writes the rows as JSON with the command, the commit and the machine (the audit reports'
-``environment``): the table of docs/exactness-and-audit.md is checked against ``results/audit/narrow_power.json``.
+``environment``, ``audit.runner.machine_environment``): the table of docs/exactness-and-audit.md is checked
+against ``results/audit/narrow_power.json``.
 """
 
 from __future__ import annotations
@@ -91,21 +92,6 @@ def measure(bug: str, start: int = 250, stop: int = GRID_STOP, alpha: float = go
                        design.df, power_n)
 
 
-def environment() -> dict:
-    """The audit reports' provenance fields: commit (``+modified`` for a tree with uncommitted changes), Python,
-    torch, platform, the machine (CPU model) and torch's threads."""
-    import platform
-
-    import torch
-
-    # the audit's helpers, imported here (not at module level): the audit imports this package, not the reverse
-    from ..audit.runner import _device, _git_commit
-
-    return {"commit": _git_commit(), "python": platform.python_version(), "torch": torch.__version__,
-            "platform": f"{platform.system()} {platform.machine()}", "device": _device(),
-            "torch_threads": torch.get_num_threads()}
-
-
 def record(rows: list[NarrowPower], command: str, env: dict, start: int) -> dict:
     """The JSON artefact of one run: the command, its environment, the grid and one object per bug (the fields
     of :class:`NarrowPower`)."""
@@ -126,7 +112,11 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [b for b in bugs if b not in NARROW_BUGS]
     if unknown or not bugs or args.start < 1:
         parser.exit(2, f"narrow_power: error: --bugs from {','.join(NARROW_BUGS)}; --start >= 1\n")
-    env = environment() if args.out else {}  # before the first row: the commit the rows ran at
+    # The audit reports' provenance fields, taken before the first row (the commit the rows ran at); imported
+    # here, not at module level: the audit imports this package, not the reverse.
+    from ..audit.runner import machine_environment
+
+    env = machine_environment() if args.out else {}
     rows = []
     for bug in bugs:
         rows.append(measure(bug, args.start))
