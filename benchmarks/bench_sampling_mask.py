@@ -111,6 +111,7 @@ def main(argv: list[str] | None = None) -> dict[tuple[str, str], tuple[float, fl
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     fns = calls(args.batch, args.k, args.vocab, args.family, getattr(torch, args.dtype), args.backend)
+    machine = provenance(torch.device("cpu")) if args.out else None  # the commit the run starts at
     result = measure(fns, args.rounds, args.reps)
     print(f"B = {args.batch}, k = {args.k}, V = {args.vocab}, {args.family} {args.dtype} logits, T = 1, "
           f"backend {args.backend}, {args.rounds} rounds x {args.reps} calls, torch threads {args.threads}: "
@@ -130,7 +131,7 @@ def main(argv: list[str] | None = None) -> dict[tuple[str, str], tuple[float, fl
         print(f"{name:>20}: " + "   ".join(cells) + f"   {emitted} emitted tokens, {kept} kept ids")
     if args.out:
         command = "python -m benchmarks.bench_sampling_mask " + " ".join(argv if argv is not None else sys.argv[1:])
-        common = {**provenance(torch.device("cpu")), "command": command, "note": args.note, "batch": args.batch,
+        common = {**machine, "command": command, "note": args.note, "batch": args.batch,
                   "k": args.k, "vocab": args.vocab, "family": args.family, "dtype": args.dtype,
                   "torch_threads": args.threads, "rounds": args.rounds, "reps": args.reps}
         with CsvWriter(args.out, CSV_COLUMNS) as out:
