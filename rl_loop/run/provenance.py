@@ -20,15 +20,20 @@ def _git(*args: str) -> str | None:
 
 
 def command_line() -> str | None:
-    """``python -m <module> <args>`` of this process (no paths of the machine: the module, not its file)."""
+    """``python -m <module> <args>`` of this process (no paths of the machine: the module, not its file): the
+    dotted name of the file ``python -m`` ran, from the package folders (those with ``__init__.py``) above
+    it, ``__main__`` dropped; None for a file outside a package."""
     argv0 = sys.argv[0] if sys.argv else ""
-    base, parent = os.path.basename(argv0), os.path.basename(os.path.dirname(argv0))
-    if base == "__main__.py":
-        module = parent
-    elif base.endswith(".py") and parent == "rl_loop":
-        module = f"rl_loop.{base[:-3]}"
-    else:
+    if not argv0.endswith(".py"):
         return None
+    parts = [os.path.basename(argv0)[:-3]]
+    folder = os.path.dirname(os.path.abspath(argv0))
+    while os.path.isfile(os.path.join(folder, "__init__.py")):
+        parts.insert(0, os.path.basename(folder))
+        folder = os.path.dirname(folder)
+    if len(parts) == 1:
+        return None
+    module = ".".join(parts[:-1] if parts[-1] == "__main__" else parts)
     return " ".join(["python", "-m", module, *sys.argv[1:]])
 
 

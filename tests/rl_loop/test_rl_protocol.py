@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import sys
 
 import numpy as np
 import pytest
@@ -37,6 +38,7 @@ from specdec_kernels import native
 from specdec_kernels.drafters import DraftModelDrafter
 from specdec_kernels.exactness.goodness_of_fit import chi2_power
 from specdec_kernels.models import KVCache, ModelConfig, Qwen3
+from tests.conftest import REPO
 
 pytestmark = pytest.mark.rl
 torch.set_num_threads(1)
@@ -294,3 +296,19 @@ def test_provenance_takes_the_passed_commit_where_git_cannot_tell(monkeypatch):
     monkeypatch.setenv("SPECDEC_GIT_COMMIT", "abc123def456")
     record = provenance.provenance("x")
     assert record["commit"] == "abc123def456" and record["dirty"] is None
+
+
+@pytest.mark.parametrize("path, module", [
+    ("rl_loop/__main__.py", "rl_loop"),
+    ("rl_loop/experiments/verify_bench.py", "rl_loop.experiments.verify_bench"),
+    ("rl_loop/sim/__main__.py", "rl_loop.sim"),
+])
+def test_provenance_names_the_module_python_m_ran(monkeypatch, path, module):
+    """The recorded command is the dotted module of the file ``python -m`` ran, packages in folders included
+    (an experiment that records no command of its own relies on it)."""
+    from rl_loop.run import provenance
+
+    monkeypatch.setattr(sys, "argv", [str(REPO / path), "--out", "x"])
+    assert provenance.command_line() == f"python -m {module} --out x"
+    monkeypatch.setattr(sys, "argv", [str(REPO / "setup.py")])  # a file outside any package
+    assert provenance.command_line() is None
