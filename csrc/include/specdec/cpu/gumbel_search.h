@@ -194,13 +194,57 @@ SPECDEC_SIMD_INLINE float z_part_maxima_16bit(const ZSource& src, int64_t b0, fl
   }
   return best;
 }
+#elif defined(__AVX2__)
+// z_part_maxima_16bit with AVX2: a part is eight 16-lane int16 vectors; lane q's low half of the result is
+// op over r[q]'s 16 lanes, the four reductions as one transposed tree (11 shuffles and ops where four
+// extreme_lane_i16 take 20).
+template <class Op>
+SPECDEC_SIMD_INLINE __m256i reduce4_i16(const __m256i* r, Op op) {
+  const __m256i a = op(_mm256_unpacklo_epi32(r[0], r[1]), _mm256_unpackhi_epi32(r[0], r[1]));
+  const __m256i b = op(_mm256_unpacklo_epi32(r[2], r[3]), _mm256_unpackhi_epi32(r[2], r[3]));
+  const __m256i c = op(_mm256_unpacklo_epi64(a, b), _mm256_unpackhi_epi64(a, b));  // lane q of each half: r[q]'s
+  const __m256i d = op(c, _mm256_permute2x128_si256(c, c, 0x01));
+  return op(d, _mm256_srli_epi32(d, 16));
+}
+
+template <DType D>
+SPECDEC_SIMD_INLINE float z_part_maxima_16bit(const ZSource& src, int64_t b0, float* part) {
+  static_assert(kParts == 4 && kPartBlocks * kBlock == 8 * 16, "four parts of eight 16-lane int16 vectors");
+  const auto* p = reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(src.row) + b0 * kBlock);
+  __m256i hi[kParts], lo[kParts];
+  for (int q = 0; q < kParts; ++q) {
+    __m256i x[8];
+    for (int i = 0; i < 8; ++i) x[i] = _mm256_loadu_si256(p + 8 * q + i);
+    __m256i h[4], l[4];
+    for (int i = 0; i < 4; ++i) {
+      h[i] = _mm256_max_epi16(x[2 * i], x[2 * i + 1]);
+      l[i] = _mm256_min_epi16(x[2 * i], x[2 * i + 1]);
+    }
+    hi[q] = _mm256_max_epi16(_mm256_max_epi16(h[0], h[1]), _mm256_max_epi16(h[2], h[3]));
+    lo[q] = _mm256_min_epi16(_mm256_min_epi16(l[0], l[1]), _mm256_min_epi16(l[2], l[3]));
+  }
+  alignas(32) int16_t top[16], bottom[16];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(top),
+                     reduce4_i16(hi, [](__m256i a, __m256i b) { return _mm256_max_epi16(a, b); }));
+  _mm256_store_si256(reinterpret_cast<__m256i*>(bottom),
+                     reduce4_i16(lo, [](__m256i a, __m256i b) { return _mm256_min_epi16(a, b); }));
+  float best = -kInf;
+  for (int q = 0; q < kParts; ++q) {
+    const int16_t t = top[2 * q] >= 0 ? top[2 * q] : bottom[2 * q];
+    const auto bits = static_cast<uint16_t>(t);
+    const float m = D == DType::kBFloat16 ? bf16_to_float(bits) : fp16_to_float(bits);
+    part[q] = m == m ? sanitize(m / src.temperature) : z_group_max<D>(src, b0 + q * kPartBlocks, kPartBlocks);
+    best = part[q] > best ? part[q] : best;
+  }
+  return best;
+}
 #endif
 
 // z_group_max of each part of the blocks b0 .. b0 + nb - 1 into part (-inf for a part past them); returns
 // the largest.
 template <DType D>
 SPECDEC_SIMD_INLINE float z_part_maxima(const ZSource& src, int64_t b0, int nb, float* part) {
-#if defined(__AVX512BW__)
+#if defined(__AVX512BW__) || defined(__AVX2__)
   if constexpr (D != DType::kFloat32) {
     if (nb == kGroupBlocks && (b0 + nb) * kBlock <= src.vocab) return z_part_maxima_16bit<D>(src, b0, part);
   }
@@ -281,6 +325,56 @@ SPECDEC_SIMD_INLINE __m512 raw_max16(const void* row, int64_t v) {
 }
 #endif
 
+#if defined(__AVX2__) && !defined(__AVX512BW__)
+// Lane j: op over the eight 32-bit lanes of r[j] (two int16 halves each, kept apart), by one transposed tree
+// of 7 ops and 14 shuffles for the 8 registers.
+template <class Op>
+SPECDEC_SIMD_INLINE __m256i tree8_i32(const __m256i* r, Op op) {
+  __m256i t[4], u[2];
+  for (int k = 0; k < 4; ++k) {  // 128-bit half h: r[2k] and r[2k + 1] lanes {0, 2} and {1, 3} of that half
+    t[k] = op(_mm256_unpacklo_epi32(r[2 * k], r[2 * k + 1]), _mm256_unpackhi_epi32(r[2 * k], r[2 * k + 1]));
+  }
+  for (int m = 0; m < 2; ++m) {  // half h: the four lanes of r[4m .. 4m + 3] within that half
+    u[m] = op(_mm256_unpacklo_epi64(t[2 * m], t[2 * m + 1]), _mm256_unpackhi_epi64(t[2 * m], t[2 * m + 1]));
+  }
+  return op(_mm256_permute2x128_si256(u[0], u[1], 0x20), _mm256_permute2x128_si256(u[0], u[1], 0x31));
+}
+
+// raw_max of each of the 8 bf16 units from v (whole units inside the row) in lanes 0-7, as raw_max16 with
+// AVX-512: each unit's 16-bit integer extremes (the max when it is >= 0, else the min) by one transposed
+// reduction of the 8 units, NaN lanes redone by raw_max. Half the per-unit float path's operations: no
+// widening, no horizontal max per unit.
+SPECDEC_SIMD_INLINE __m256 raw_max8_bf16(const void* row, int64_t v) {
+  static_assert(kUnit == 64, "a 16-bit unit is four registers");
+  const auto* p = static_cast<const uint16_t*>(row) + v;
+  __m256i hi[8], lo[8];
+  for (int k = 0; k < 8; ++k) {
+    const auto* q = reinterpret_cast<const __m256i*>(p + k * kUnit);
+    const __m256i x0 = _mm256_loadu_si256(q), x1 = _mm256_loadu_si256(q + 1);
+    const __m256i x2 = _mm256_loadu_si256(q + 2), x3 = _mm256_loadu_si256(q + 3);
+    hi[k] = _mm256_max_epi16(_mm256_max_epi16(x0, x1), _mm256_max_epi16(x2, x3));
+    lo[k] = _mm256_min_epi16(_mm256_min_epi16(x0, x1), _mm256_min_epi16(x2, x3));
+  }
+  __m256i top = tree8_i32(hi, [](__m256i a, __m256i b) { return _mm256_max_epi16(a, b); });
+  __m256i bottom = tree8_i32(lo, [](__m256i a, __m256i b) { return _mm256_min_epi16(a, b); });
+  top = _mm256_max_epi16(top, _mm256_srli_epi32(top, 16));  // unit j's extremes in lane j's low half
+  bottom = _mm256_min_epi16(bottom, _mm256_srli_epi32(bottom, 16));
+  const __m256i t = _mm256_blendv_epi8(top, bottom, _mm256_cmpgt_epi16(_mm256_setzero_si256(), top));
+  __m256 m = _mm256_castsi256_ps(_mm256_slli_epi32(t, 16));
+  const int nan = _mm256_movemask_ps(_mm256_cmp_ps(m, m, _CMP_UNORD_Q));
+  if (nan != 0) {  // a NaN among a unit's non-negative entries, or only negative NaN: its float max
+    alignas(32) float out[8];
+    _mm256_store_ps(out, m);
+    for (uint32_t b = static_cast<uint32_t>(nan); b != 0; b &= b - 1) {
+      const int j = __builtin_ctz(b);
+      out[j] = raw_max<DType::kBFloat16>(row, v + j * kUnit, kUnit);
+    }
+    m = _mm256_load_ps(out);
+  }
+  return m;
+}
+#endif
+
 // The units' maxima of [v0, v1) (v0 a multiple of kUnit) into units, and the row slice's greedy argmax:
 // {sanitize(largest entry), its first index} (index 0 when every entry is -inf or NaN).
 template <DType D>
@@ -288,10 +382,16 @@ ArgMax unit_maxima_t(const void* row, float temperature, int64_t v0, int64_t v1,
   float best = -kInf;
   int64_t best_unit = -1;
   int64_t v = v0;
+#if defined(__AVX512BW__) || defined(__AVX2__)
+  // W units a step: every 16-bit type with AVX-512, bf16 with AVX2 (fp16 would need F16C to widen)
+  constexpr bool kUnitsAtOnce = simd::W == 16 || D == DType::kBFloat16;
+  for (; kUnitsAtOnce && v + simd::W * kUnit <= v1; v += simd::W * kUnit) {
+    prefetch_ahead(row, v * kElemBytes<D>, simd::W * kUnit * kElemBytes<D>, v1 * kElemBytes<D>);
 #if defined(__AVX512BW__)
-  for (; v + 16 * kUnit <= v1; v += 16 * kUnit) {
-    prefetch_ahead(row, v * kElemBytes<D>, 16 * kUnit * kElemBytes<D>, v1 * kElemBytes<D>);
     const simd::f32v m = simd::bits_as<simd::f32v>(raw_max16<D>(row, v));
+#else
+    const simd::f32v m = simd::bits_as<simd::f32v>(raw_max8_bf16(row, v));
+#endif
     const simd::f32v z = sanitize_v(temperature == 1.0f ? m : m / temperature);  // x / 1 = x
     simd::store(units + v / kUnit, z);
     const simd::f32v s = sanitize_v(m);

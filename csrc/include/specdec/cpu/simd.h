@@ -187,6 +187,14 @@ SPECDEC_SIMD_INLINE int16_t extreme_lane_i16(i16v a) {
   const __m512i lo = _mm512_srai_epi32(_mm512_slli_epi32(x, 16), 16), hi = _mm512_srai_epi32(x, 16);
   return static_cast<int16_t>(kMax ? _mm512_reduce_max_epi32(_mm512_max_epi32(lo, hi))
                                    : _mm512_reduce_min_epi32(_mm512_min_epi32(lo, hi)));
+#elif defined(__AVX2__)
+  const auto op = [](__m128i x, __m128i y) { return kMax ? _mm_max_epi16(x, y) : _mm_min_epi16(x, y); };
+  const __m256i x = bits_as<__m256i>(a);  // the halves, then a tree within 128 bits: 4 ops, not 15 compares
+  __m128i r = op(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1));
+  r = op(r, _mm_shuffle_epi32(r, 0x4E));
+  r = op(r, _mm_shuffle_epi32(r, 0xB1));
+  r = op(r, _mm_srli_epi32(r, 16));
+  return static_cast<int16_t>(_mm_cvtsi128_si32(r));
 #else
   int16_t m = a[0];
   for (int l = 1; l < 2 * W; ++l) m = (kMax ? a[l] > m : a[l] < m) ? a[l] : m;
