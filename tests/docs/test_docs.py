@@ -216,7 +216,7 @@ def test_performance_page_table_is_the_artefacts(artefact):
         assert shown in protocol, f"docs/performance.md's protocol should say: {shown}"
 
 
-BENCH_README = ROOT / "benchmarks" / "README.md"
+PERFORMANCE = DOCS / "performance.md"
 
 
 def _table_after(text: str, marker: str) -> list[list[str]]:
@@ -242,14 +242,15 @@ def _csv_rows(name: str) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
-def test_benchmarks_readme_decoder_step_table_is_the_artefacts():
-    """benchmarks/README.md's drafter-head step table: every cell from decoder_step_cpu.csv, and the
-    commit it names is the CSV's."""
+def test_performance_page_decoder_step_table_is_the_artefacts():
+    """docs/performance.md's drafter-head step table: every cell from decoder_step_cpu.csv, and the command
+    and commit it names are the CSV's."""
     rows = _csv_rows("decoder_step_cpu.csv")
-    text = BENCH_README.read_text()
+    text = PERFORMANCE.read_text()
     assert f"commit {rows[0]['git_commit']}" in text
+    assert f"`{as_run_today(rows[0]['command'])}` alone on the machine" in " ".join(text.split())
     by = {(r["head"], f"{r['requests']} x {r['new_tokens']}", r["provider"]): r for r in rows}
-    shown = _table_after(text, "`results/benchmarks/decoder_step_cpu.csv` (that command")
+    shown = _table_after(text, "`results/benchmarks/decoder_step_cpu.csv`, written by")
     assert len(shown) == len(by) // 3
     for head, rn, *cells in shown:
         t, c, n = (by[(head, rn, p)] for p in ("torch", "torch_compile", "native"))
@@ -257,16 +258,17 @@ def test_benchmarks_readme_decoder_step_table_is_the_artefacts():
                 f"{float(n['vs_torch']):.2f}x [{float(n['vs_torch_min']):.2f}, {float(n['vs_torch_max']):.2f}]",
                 f"{float(n['vs_best_torch']):.2f}x [{float(n['vs_best_torch_min']):.2f}, "
                 f"{float(n['vs_best_torch_max']):.2f}]"]
-        assert cells == want, f"benchmarks/README.md decoder step {head} {rn}: {cells} but the CSV gives {want}"
+        assert cells == want, f"docs/performance.md decoder step {head} {rn}: {cells} but the CSV gives {want}"
 
 
-def test_benchmarks_readme_drafter_table_is_the_artefacts():
-    """benchmarks/README.md's drafter ops table: every cell from drafter_cpu.csv, and its commit."""
+def test_performance_page_drafter_table_is_the_artefacts():
+    """docs/performance.md's drafter ops table: every cell from drafter_cpu.csv, and its command and commit."""
     rows = _csv_rows("drafter_cpu.csv")
-    text = BENCH_README.read_text()
-    assert f"commit\n{rows[0]['git_commit']}" in text or f"commit {rows[0]['git_commit']}" in text
+    text = PERFORMANCE.read_text()
+    assert f"commit {rows[0]['git_commit']}" in " ".join(text.split())
+    assert f"`{as_run_today(rows[0]['command'])}` alone on the machine" in " ".join(text.split())
     by = {(r["head"], r["op"], r["provider"]): r for r in rows if r["status"] == "ok"}
-    shown = _table_after(text, "`results/benchmarks/drafter_cpu.csv` (that command")
+    shown = _table_after(text, "`results/benchmarks/drafter_cpu.csv`, written by")
     assert len(shown) == len({(h, o) for h, o, _ in by})
     for head, op, torch_ms, alternative, its_ms, ratio, same in shown:
         name = "eagle3_propose_k3" if op == "propose, k = 3, T = 1" else op.strip("`")
@@ -276,12 +278,12 @@ def test_benchmarks_readme_drafter_table_is_the_artefacts():
         want = [_span(t, "median", ".3g"), _span(a, "median", ".3g"),
                 f"{float(a['vs_torch']):.2f}x [{float(a['vs_torch_min']):.2f}, {float(a['vs_torch_max']):.2f}]",
                 result]
-        assert [torch_ms, its_ms, ratio, same] == want, f"benchmarks/README.md drafter {head} {op}: the CSV gives {want}"
+        assert [torch_ms, its_ms, ratio, same] == want, f"docs/performance.md drafter {head} {op}: the CSV gives {want}"
 
 
-def test_benchmarks_readme_readings_are_the_artefacts():
+def test_performance_page_drafter_readings_are_the_artefacts():
     """The figures in the prose under those two tables: ranges over the CSVs' rows."""
-    text = " ".join(BENCH_README.read_text().split())
+    text = " ".join(PERFORMANCE.read_text().split())
     step = _csv_rows("decoder_step_cpu.csv")
 
     def span(values, fmt):
@@ -313,10 +315,10 @@ def test_benchmarks_readme_readings_are_the_artefacts():
              f"propose round {drafter[('rl_loop', 'eagle3_propose_k3', 'native')]:.1f}x faster on rl_loop's head "
              f"and {drafter[('wide', 'eagle3_propose_k3', 'native')]:.1f}x on the wide one"]
     missing = [x for x in shown if x not in text]
-    assert not missing, f"benchmarks/README.md should say, from its CSVs: {missing}"
+    assert not missing, f"docs/performance.md should say, from its CSVs: {missing}"
 
 
-def test_benchmarks_readme_tolerance_reading_is_the_artefacts(capsys):
+def test_performance_page_tolerance_reading_is_the_artefacts(capsys):
     """The spread between the two committed Xeon sweeps that --tolerance's default rests on, as
     native_cpu_table --against prints it."""
     from benchmarks import native_cpu_table
@@ -327,16 +329,17 @@ def test_benchmarks_readme_tolerance_reading_is_the_artefacts(capsys):
     within, total, tol, lo, hi = re.match(
         r"(\d+) of (\d+) cases within the reference's \[min, max\] ±(\d+) points; moves from (\S+) .* to (\S+) ",
         last).groups()
-    text = " ".join(BENCH_README.read_text().split())
-    assert f"(default {tol}: the committed reproduction" in text
-    assert f"has {within} of {total} cases within {tol} points; medians moved from {lo} to {hi} points" in text
+    text = " ".join(PERFORMANCE.read_text().split())
+    assert f"(default {tol}, from the spread between this table and its committed reproduction" in text
+    assert f"finds {within} of {total} cases within {tol} points of its [lowest, highest] round; medians moved " \
+           f"from {lo} to {hi} points" in text
 
 
-def test_benchmarks_readme_tree_reading_is_the_artefacts():
+def test_tree_page_acceptance_reading_is_the_artefacts():
     """Which measured - exact intervals cover 0, and the range of those that do not, as tree_acceptance.csv
     has them."""
     rows = [r for r in _csv_rows("tree_acceptance.csv") if r["minus_exact"]]
-    text = " ".join(BENCH_README.read_text().split())
+    text = " ".join((DOCS / "tree.md").read_text().split())
     assert f"commit {rows[0]['git_commit']}; seeded)" in text
 
     def covers(r):
