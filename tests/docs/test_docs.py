@@ -395,6 +395,21 @@ def test_audit_findings_counts_are_the_reports():
               f"{c['batch', 'pass']} batch and {c['narrow', 'pass']} narrow cases pass; the "
               f"{c['first-token', 'n/a'] + c['sequence', 'n/a']} min-p cases are not applicable",
               f"so are the {c['bad-input', 'n/a']} bad-input rows"]
+    _, c = counts("vllm-v1-cpu")
+    shown.append(f"error naming the argument ({c['bad-input', 'FAIL']} in `vllm-v1-cpu.md`)")
+    (ours,) = {tuple(sorted(counts(target)[1].items())) for target in ("reference", "cpu")}
+    c = dict(ours)
+    assert set(c) == {(f, "pass") for f in ("first-token", "sequence", "greedy", "batch", "bad-input")} | {
+        ("mutants", "caught"), ("first-token", "n/a"), ("sequence", "n/a")}, c
+    shown.append(f"{c['first-token', 'pass']} first-token, {c['sequence', 'pass']} sequence, {c['greedy', 'pass']} "
+                 f"greedy, {c['batch', 'pass']} batch and {c['bad-input', 'pass']} bad-input cases pass and all "
+                 f"{c['mutants', 'caught']} planted bugs are caught; the "
+                 f"{c['first-token', 'n/a'] + c['sequence', 'n/a']} min-p cases are not applicable")
+    for target, level in (("cuda-emulated", "`--tv 0.2`"), ("triton", "interpreted, `--tv 0.3`")):
+        report, c = counts(target)
+        assert report["verdict"] == "PASS" and not any(v in ("FAIL", "error") for _, v in c), (target, c)
+        law = sum(n for (f, v), n in c.items() if f in ("first-token", "sequence") and v != "n/a")
+        shown.append(f"`{target}.md` ({level}, a selection of {law} law cases")
     missing = [x for x in shown if x not in text]
     assert not missing, f"docs/exactness-and-audit.md should say, from results/audit: {missing}"
 
