@@ -351,6 +351,36 @@ def test_tree_page_acceptance_reading_is_the_artefacts():
     assert f"the static tree's do not ({min(off):+.2f} to {max(off):+.2f})" in text
 
 
+def test_api_page_sampling_mask_costs_are_the_artefacts():
+    """docs/api.md's sampling-mask costs: off / on / post-pass medians, tokens and kept ids per truncation, the
+    rounds, and the range of on's extra time over the post-pass's, from sampling_mask_cpu_b64_k3_v151936.csv."""
+    rows = _csv_rows("sampling_mask_cpu_b64_k3_v151936.csv")
+    by = {(r["truncation"], r["mode"]): r for r in rows}
+    text = " ".join((DOCS / "api.md").read_text().split())
+
+    def ms(truncation):
+        return " / ".join(f"{float(by[truncation, m]['median_ms']):.0f}" for m in ("off", "on", "post_pass"))
+
+    def extra(truncation):
+        off, on, post = (float(by[truncation, m]["median_ms"]) for m in ("off", "on", "post_pass"))
+        return (on - off) / (post - off)
+
+    truncations = list(dict.fromkeys(r["truncation"] for r in rows))
+    assert truncations == ["top_k512_top_p0.97", "top_p0.97", "untruncated"], truncations
+    mega = {tr: f"{int(by[tr, 'off']['kept_ids']) / 1e6:.1f} M kept ids" for tr in truncations}
+    (rounds,) = {r["rounds"] for r in rows}
+    first = by["top_k512_top_p0.97", "off"]
+    shown = [f"medians over {rounds} rounds",
+             f"{ms('top_k512_top_p0.97')} ms with top-k 512 and top-p 0.97 ({first['emitted_tokens']} emitted tokens, "
+             f"{int(first['kept_ids']):,} kept ids)",
+             f"{ms('top_p0.97')} ms with top-p 0.97 ({mega['top_p0.97']})",
+             f"{ms('untruncated')} ms untruncated ({mega['untruncated']},",
+             f"its extra time over off is {min(map(extra, truncations)):.1f} to {max(map(extra, truncations)):.1f} of "
+             "the post-pass's"]
+    missing = [x for x in shown if x not in text]
+    assert not missing, f"docs/api.md should say, from its CSV: {missing}"
+
+
 def test_audit_findings_counts_are_the_reports():
     """The case counts of docs/exactness-and-audit.md's findings, from the committed reports' outcomes."""
     import json
