@@ -515,6 +515,19 @@ def test_vllm_page_end_to_end_table_is_the_artefacts():
             assert cells[5] == "—", cells
         else:
             assert abs(float(cells[5]) - float(r["tokens_per_step"])) <= 0.0051, (cells, r["tokens_per_step"])
+    # the reading under the table
+    text = " ".join(page.split())
+    arms = {(r["batch"], r["spec"], r["plugin"]): r for r in rows}
+    draft = {plugin: [r for (_, spec, p), r in arms.items() if spec == "draft" and p == plugin] for plugin in "01"}
+    steps = {plugin: [float(r["tokens_per_step"]) for r in draft[plugin]] for plugin in "01"}
+    ratios = [float(arms[b, "draft", "1"]["tok_s_median"]) / float(arms[b, "draft", "0"]["tok_s_median"])
+              for b in {r["batch"] for r in rows}]
+    assert all(float(r["speedup_vs_ar"]) < 1 for r in draft["0"] + draft["1"]), "a draft-model arm beats no speculation"
+    assert {f"{float(r['tokens_per_step']):.1f}" for r in rows if r["spec"] == "eagle3"} == {"1.0"}
+    shown = f"vLLM's CPU path keeps {min(steps['0']):.2f}-{max(steps['0']):.2f} tokens per step, the plugin " \
+            f"{min(steps['1']):.1f}-{max(steps['1']):.1f} on the same models, and the plugin runs " \
+            f"{min(ratios):.1f}-{max(ratios):.1f}x vLLM's tokens/s"
+    assert shown in text, f"docs/vllm.md should say, from its CSV: {shown}"
 
 
 # (e) -------------------------------------------------------------------------------------------------
