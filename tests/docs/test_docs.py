@@ -568,6 +568,24 @@ def test_simulator_sensitivity_table_is_the_artefact():
     end = text.index("\n<!-- /sensitivity -->")
     assert text[start:end].split("\n", 1)[1] == sensitivity_table(rows)
     assert sum(r["preset_point"] == "True" for r in rows) == 1
+    # the reading under the table: the range, the layout at lag 2, the lag and the acceptance at EP16
+    (point,) = [r for r in rows if r["preset_point"] == "True"]
+    at = {(r["acceptance"], int(r["ep"]), int(r["policy_lag"])): float(r["end_to_end_speedup"]) for r in rows}
+    a, ep = point["acceptance"], int(point["ep"])
+    eps = sorted({e for _, e, _ in at})
+    assert all(at[x, e, 1] > at[x, e, 2] for x, e, _ in at), "lag 1 no longer projects more in every cell"
+
+    def over_acceptance(lag):
+        return f"{min(v for (_, e, g), v in at.items() if e == ep and g == lag):.2f}x to " \
+               f"{max(v for (_, e, g), v in at.items() if e == ep and g == lag):.2f}x"
+
+    shown = [f"Across the {len(rows)} cells the projection runs from {min(at.values()):.2f}x to {max(at.values()):.2f}x",
+             f"EP{eps[0]} gives {at[a, eps[0], 2]:.2f}x and EP{eps[-1]} {at[a, eps[-1], 2]:.2f}x at the calibrated acceptance",
+             f"({at[a, ep, 1]:.2f}x against {at[a, ep, 2]:.2f}x at EP{ep})",
+             f"least at lag 2 ({over_acceptance(2)} at EP{ep}) and most at lag 1 ({over_acceptance(1)})"]
+    prose = " ".join(text[end:].split("\n## ", 1)[0].split())
+    missing = [x for x in shown if x not in prose]
+    assert not missing, f"docs/simulator.md should say, from speedup_sensitivity.csv: {missing}"
 
 
 def preregistered_table(measured: dict) -> str:
@@ -590,3 +608,23 @@ def test_simulator_preregistered_table_is_the_artefact():
     start = text.index("<!-- preregistered: results/sim/preregistered/measured.json -->\n")
     end = text.index("\n<!-- /preregistered -->")
     assert text[start:end].split("\n", 1)[1] == preregistered_table(measured)
+    # the prose around the table: the shape table's errors the tolerance rests on, and the reading
+    predictions = json.loads((REPO / "results/sim/preregistered/predictions.json").read_text())
+    shapes = json.loads((REPO / "results/rl_loop/shapes/shapes.json").read_text())["results"]
+    shape_errors = [x["predicted_speedup"] / x["measured_speedup"] - 1 for r in shapes for x in r["speedups"]]
+    by_k = {r["k"]: r for r in measured["results"]}
+    last = max(by_k)
+    fit = next(p["fit_tokens_per_step"] for p in predictions["predictions"] if p["k"] == last)
+    close = [abs(r["error"]) for k, r in by_k.items() if k != last]
+    assert by_k[last]["error"] > 0
+    assert all(r["measured_speedup"] < 1 and r["predicted_speedup"] < 1 for r in by_k.values()), \
+        "the page says speculation loses at every k, and that the simulator predicted it"
+    shown = [f"had erred by {100 * min(shape_errors):.0f} % to {100 * max(shape_errors):+.0f} %",
+             f"The prediction at k = {' and '.join(str(k) for k in by_k if k != last)} is within "
+             f"{math.ceil(1000 * max(close)) / 10:.1f} %",
+             f"At k = {last} it runs {100 * by_k[last]['error']:.0f} % high",
+             f"At k = {last} the held-out sets also made {by_k[last]['held_out_tokens_per_step']:.2f} tokens per round "
+             f"against the fitting set's {fit:.2f}"]
+    prose = " ".join(text.split())
+    missing = [x for x in shown if x not in prose]
+    assert not missing, f"docs/simulator.md should say, from results/sim/preregistered and the shape table: {missing}"
