@@ -487,6 +487,8 @@ def test_rl_loop_page_figures_match_their_artefacts():
     assert f"sample ({tiny.equivalence_prompts * tiny.equivalence_samples} per arm) is underpowered" in text
     ray = json.loads((ROOT / "results/rl_loop/ray_workers.json").read_text())
     assert f"under-predicts a step's generation by up to {100 * ray['max_relative_error']:.0f} %" in text
+    gaps = [1000 * (s[n]["measured_s"] - s[n]["predicted_s"]) for s in ray["steps"] for n in s if n != "step"]
+    assert f"a fixed {min(gaps):.0f}-{max(gaps):.0f} ms per step that no calibrated cost accounts for" in text
     for shown in (f"**{default['verify_over_decode']:.2f}** one-token decodes",
                   f"**{repeat['rollout_speedup']['median']:.2f}x**",
                   f"**{repeat['mean_accepted_length']['median']:.2f}**",
