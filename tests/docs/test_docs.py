@@ -173,6 +173,11 @@ def test_readme_headline_figures_match_their_artefact():
         by = cases[key]
         want = [_ms(by["ours"]), _pct(by["ours"]), _ratio(by, ("vllm",)), _ratio(by, ("torch", "torch_compile"))]
         assert cells[4:] == want, f"README headline {key}: {cells[4:]} but {CHAIN_CSV} gives {want}"
+    ours = {key: float(by["ours"]["read_fraction"]) for key, by in cases.items() if "ours" in by}
+    assert min(ours, key=ours.get) == tuple(rows[-1][:4]), "the last headline row is not the lowest fraction"
+    text = " ".join(README.read_text().split())
+    assert f"(the last row is the lowest fraction of the {len(ours)} cases)" in text
+    assert f"All {len(ours)} cases, and how to compare" in text
 
 
 def test_readme_rl_loop_row_is_the_default_run():
@@ -217,6 +222,23 @@ def test_performance_page_table_is_the_artefacts(artefact):
 
 
 PERFORMANCE = DOCS / "performance.md"
+
+
+def test_performance_page_ab_reading_is_the_artefacts():
+    """The AVX2 section's before / after figures: the pair's rounds and its time changes, from ab_history.csv."""
+    pair = "ab_cpu_3c5ba63_vs_5433065"
+    rows = [r for r in _csv_rows("ab_history.csv") if r["pair"] == pair and not r["case"].startswith("read_gbs/")]
+    saved = {mode: [1 - float(r["after_over_before"]) for r in rows if r["case"].split("/")[2] == mode]
+             for mode in ("random_stoch", "random_det")}
+    (rounds,) = {r["rounds"] for r in rows}
+    text = " ".join(PERFORMANCE.read_text().split())
+    shown = [f"took {100 * min(saved['random_stoch']):.0f}-{100 * max(saved['random_stoch']):.0f} % off every "
+             "family's bf16 stochastic rows",
+             f"moved the deterministic-draft rows by at most {math.ceil(100 * max(map(abs, saved['random_det'])))} % "
+             "either way",
+             f"pair `{pair}`: {rounds} rounds, interleaved"]
+    missing = [x for x in shown if x not in text]
+    assert not missing, f"docs/performance.md should say, from ab_history.csv: {missing}"
 
 
 def _table_after(text: str, marker: str) -> list[list[str]]:
