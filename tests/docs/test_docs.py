@@ -42,7 +42,7 @@ def as_run_today(command: str) -> str:
 
 
 def _markdown_files() -> list[Path]:
-    return [README, ROOT / "CHANGELOG.md", *sorted(DOCS.glob("**/*.md"))]
+    return [README, ROOT / "CHANGELOG.md", ROOT / "benchmarks" / "README.md", *sorted(DOCS.glob("**/*.md"))]
 
 
 def _strip_code(text: str) -> str:
