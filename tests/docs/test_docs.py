@@ -272,7 +272,10 @@ def test_performance_page_decoder_step_table_is_the_artefacts():
     assert f"commit {rows[0]['git_commit']}" in text
     assert f"`{as_run_today(rows[0]['command'])}` alone on the machine" in " ".join(text.split())
     by = {(r["head"], f"{r['requests']} x {r['new_tokens']}", r["provider"]): r for r in rows}
-    shown = _table_after(text, "`results/benchmarks/decoder_step_cpu.csv`, written by")
+    marker = "`results/benchmarks/decoder_step_cpu.csv`, written by"
+    (rounds,) = {r["rounds"] for r in rows}
+    assert f"over {rounds} rounds:" in " ".join(text.split(marker, 1)[1].split("|", 1)[0].split())
+    shown = _table_after(text, marker)
     assert len(shown) == len(by) // 3
     for head, rn, *cells in shown:
         t, c, n = (by[(head, rn, p)] for p in ("torch", "torch_compile", "native"))
@@ -290,7 +293,10 @@ def test_performance_page_drafter_table_is_the_artefacts():
     assert f"commit {rows[0]['git_commit']}" in " ".join(text.split())
     assert f"`{as_run_today(rows[0]['command'])}` alone on the machine" in " ".join(text.split())
     by = {(r["head"], r["op"], r["provider"]): r for r in rows if r["status"] == "ok"}
-    shown = _table_after(text, "`results/benchmarks/drafter_cpu.csv`, written by")
+    marker = "`results/benchmarks/drafter_cpu.csv`, written by"
+    (rounds,) = {r["rounds"] for r in rows}
+    assert f"over {rounds} rounds:" in " ".join(text.split(marker, 1)[1].split("|", 1)[0].split())
+    shown = _table_after(text, marker)
     assert len(shown) == len({(h, o) for h, o, _ in by})
     for head, op, torch_ms, alternative, its_ms, ratio, same in shown:
         name = "eagle3_propose_k3" if op == "propose, k = 3, T = 1" else op.strip("`")
