@@ -12,7 +12,7 @@ them (installs, training runs, benchmarks and GPU runs take minutes to hours):
 - ``pip install``: its flags are pip's, an editable path exists in the repo and its extras are pyproject's, a
   pinned version is the one .ci/run installs and an unpinned name is one .ci/run or pyproject names;
 - ``export NAME=...`` and ``NAME=... command``: a ``SPECDEC_`` variable is one the code reads, any other is
-  in :data:`THIRD_PARTY_ENV`;
+  in :data:`THIRD_PARTY_ENV` or, for ``NAME=... bash SCRIPT``, one that SCRIPT reads (``$NAME``, ``${NAME...}``);
 - ``cat > FILE <<TAG`` heredocs: a Python body compiles; ``python FILE`` runs a repo file or one the block
   wrote; ``. DIR/bin/activate`` follows a ``python -m venv DIR`` of the same block; ``bash SCRIPT`` exists;
   ``grep`` only as a filter after a pipe.
@@ -47,7 +47,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10: the TOML parser pip vendors
     from pip._vendor import tomli as tomllib
 
-DOC_FILES = (REPO / "README.md", *sorted((REPO / "docs").glob("*.md")))
+DOC_FILES = (REPO / "README.md", REPO / "benchmarks" / "README.md", *sorted((REPO / "docs").glob("*.md")))
 
 RUN_AS_WRITTEN = (
     "python -m rl_loop --help",
@@ -370,10 +370,20 @@ def env_names_read() -> frozenset[str]:
     return frozenset(n for f in files for n in re.findall(r"[\"'](SPECDEC_[A-Z0-9_]+)[\"']", f.read_text()))
 
 
-def env_problems(name: str) -> list[str]:
+@functools.cache
+def script_env_names(script: str) -> frozenset[str]:
+    """The variables a repo shell script reads (``$NAME`` or ``${NAME...}``)."""
+    return frozenset(re.findall(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)", (REPO / script).read_text()))
+
+
+def env_problems(name: str, argv: list[str] | tuple[str, ...] = ()) -> list[str]:
+    """``NAME=...`` set for ``argv`` (the command it prefixes; empty for ``export``)."""
     if name.startswith("SPECDEC_"):
         return [] if name in env_names_read() else [f"no code reads ${name}"]
-    return [] if name in THIRD_PARTY_ENV else [f"${name} is neither ours nor in THIRD_PARTY_ENV"]
+    script = argv[1] if len(argv) >= 2 and argv[0] == "bash" and (REPO / argv[1]).is_file() else None
+    if name in THIRD_PARTY_ENV or (script and name in script_env_names(script)):
+        return []
+    return [f"${name} is neither ours nor in THIRD_PARTY_ENV" + (f" nor read by {script}" if script else "")]
 
 
 def block_problems(block: Block) -> list[str]:
@@ -382,9 +392,11 @@ def block_problems(block: Block) -> list[str]:
     for command in block.commands:
         found = []
         for operator, argv in words(command):
+            names = []
             while argv and _ASSIGN.match(argv[0]):
-                found += env_problems(_ASSIGN.match(argv[0]).group("name"))
+                names.append(_ASSIGN.match(argv[0]).group("name"))
                 argv = argv[1:]
+            found += [p for name in names for p in env_problems(name, argv)]
             found += simple_problems(argv, command, operator, written, venvs)
         problems += [f"{command.where}: `{command.text}`: {p}" for p in found]
     return problems
@@ -492,6 +504,9 @@ def _planted(body: str) -> list[str]:
     ("python example.py\n", "no file example.py"),
     (". .venv/bin/activate\n", "which no python -m venv of this block made"),
     ("bash benchmarks/gpu/nope.sh\n", "no script benchmarks/gpu/nope.sh"),
+    ("BENCH_DEVICE=cpu OUTT=/tmp/out bash benchmarks/gpu/device_run.sh\n",
+     "$OUTT is neither ours nor in THIRD_PARTY_ENV nor read by benchmarks/gpu/device_run.sh"),
+    ("OUT=/tmp/out python -m rl_loop.sim --preset paper-8b-think\n", "$OUT is neither ours nor in THIRD_PARTY_ENV"),
     ("make all && python -m rl_loop.sim --preset paper-8b-think\n", "cannot classify `make all`"),
     ("python -m rl_loop.sim --preset paper-8b-think | grep x && grep y\n", "cannot classify `grep y`"),
 ])

@@ -42,7 +42,7 @@ def as_run_today(command: str) -> str:
 
 
 def _markdown_files() -> list[Path]:
-    return [README, ROOT / "CHANGELOG.md", *sorted(DOCS.glob("**/*.md"))]
+    return [README, ROOT / "CHANGELOG.md", ROOT / "benchmarks" / "README.md", *sorted(DOCS.glob("**/*.md"))]
 
 
 def _strip_code(text: str) -> str:
@@ -173,6 +173,11 @@ def test_readme_headline_figures_match_their_artefact():
         by = cases[key]
         want = [_ms(by["ours"]), _pct(by["ours"]), _ratio(by, ("vllm",)), _ratio(by, ("torch", "torch_compile"))]
         assert cells[4:] == want, f"README headline {key}: {cells[4:]} but {CHAIN_CSV} gives {want}"
+    ours = {key: float(by["ours"]["read_fraction"]) for key, by in cases.items() if "ours" in by}
+    assert min(ours, key=ours.get) == tuple(rows[-1][:4]), "the last headline row is not the lowest fraction"
+    text = " ".join(README.read_text().split())
+    assert f"(the last row is the lowest fraction of the {len(ours)} cases)" in text
+    assert f"All {len(ours)} cases, and how to compare" in text
 
 
 def test_readme_rl_loop_row_is_the_default_run():
@@ -216,7 +221,24 @@ def test_performance_page_table_is_the_artefacts(artefact):
         assert shown in protocol, f"docs/performance.md's protocol should say: {shown}"
 
 
-BENCH_README = ROOT / "benchmarks" / "README.md"
+PERFORMANCE = DOCS / "performance.md"
+
+
+def test_performance_page_ab_reading_is_the_artefacts():
+    """The AVX2 section's before / after figures: the pair's rounds and its time changes, from ab_history.csv."""
+    pair = "ab_cpu_3c5ba63_vs_5433065"
+    rows = [r for r in _csv_rows("ab_history.csv") if r["pair"] == pair and not r["case"].startswith("read_gbs/")]
+    saved = {mode: [1 - float(r["after_over_before"]) for r in rows if r["case"].split("/")[2] == mode]
+             for mode in ("random_stoch", "random_det")}
+    (rounds,) = {r["rounds"] for r in rows}
+    text = " ".join(PERFORMANCE.read_text().split())
+    shown = [f"took {100 * min(saved['random_stoch']):.0f}-{100 * max(saved['random_stoch']):.0f} % off every "
+             "family's bf16 stochastic rows",
+             f"moved the deterministic-draft rows by at most {math.ceil(100 * max(map(abs, saved['random_det'])))} % "
+             "either way",
+             f"pair `{pair}`: {rounds} rounds, interleaved"]
+    missing = [x for x in shown if x not in text]
+    assert not missing, f"docs/performance.md should say, from ab_history.csv: {missing}"
 
 
 def _table_after(text: str, marker: str) -> list[list[str]]:
@@ -242,14 +264,18 @@ def _csv_rows(name: str) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
-def test_benchmarks_readme_decoder_step_table_is_the_artefacts():
-    """benchmarks/README.md's drafter-head step table: every cell from decoder_step_cpu.csv, and the
-    commit it names is the CSV's."""
+def test_performance_page_decoder_step_table_is_the_artefacts():
+    """docs/performance.md's drafter-head step table: every cell from decoder_step_cpu.csv, and the command
+    and commit it names are the CSV's."""
     rows = _csv_rows("decoder_step_cpu.csv")
-    text = BENCH_README.read_text()
+    text = PERFORMANCE.read_text()
     assert f"commit {rows[0]['git_commit']}" in text
+    assert f"`{as_run_today(rows[0]['command'])}` alone on the machine" in " ".join(text.split())
     by = {(r["head"], f"{r['requests']} x {r['new_tokens']}", r["provider"]): r for r in rows}
-    shown = _table_after(text, "`results/benchmarks/decoder_step_cpu.csv` (that command")
+    marker = "`results/benchmarks/decoder_step_cpu.csv`, written by"
+    (rounds,) = {r["rounds"] for r in rows}
+    assert f"over {rounds} rounds:" in " ".join(text.split(marker, 1)[1].split("|", 1)[0].split())
+    shown = _table_after(text, marker)
     assert len(shown) == len(by) // 3
     for head, rn, *cells in shown:
         t, c, n = (by[(head, rn, p)] for p in ("torch", "torch_compile", "native"))
@@ -257,16 +283,20 @@ def test_benchmarks_readme_decoder_step_table_is_the_artefacts():
                 f"{float(n['vs_torch']):.2f}x [{float(n['vs_torch_min']):.2f}, {float(n['vs_torch_max']):.2f}]",
                 f"{float(n['vs_best_torch']):.2f}x [{float(n['vs_best_torch_min']):.2f}, "
                 f"{float(n['vs_best_torch_max']):.2f}]"]
-        assert cells == want, f"benchmarks/README.md decoder step {head} {rn}: {cells} but the CSV gives {want}"
+        assert cells == want, f"docs/performance.md decoder step {head} {rn}: {cells} but the CSV gives {want}"
 
 
-def test_benchmarks_readme_drafter_table_is_the_artefacts():
-    """benchmarks/README.md's drafter ops table: every cell from drafter_cpu.csv, and its commit."""
+def test_performance_page_drafter_table_is_the_artefacts():
+    """docs/performance.md's drafter ops table: every cell from drafter_cpu.csv, and its command and commit."""
     rows = _csv_rows("drafter_cpu.csv")
-    text = BENCH_README.read_text()
-    assert f"commit\n{rows[0]['git_commit']}" in text or f"commit {rows[0]['git_commit']}" in text
+    text = PERFORMANCE.read_text()
+    assert f"commit {rows[0]['git_commit']}" in " ".join(text.split())
+    assert f"`{as_run_today(rows[0]['command'])}` alone on the machine" in " ".join(text.split())
     by = {(r["head"], r["op"], r["provider"]): r for r in rows if r["status"] == "ok"}
-    shown = _table_after(text, "`results/benchmarks/drafter_cpu.csv` (that command")
+    marker = "`results/benchmarks/drafter_cpu.csv`, written by"
+    (rounds,) = {r["rounds"] for r in rows}
+    assert f"over {rounds} rounds:" in " ".join(text.split(marker, 1)[1].split("|", 1)[0].split())
+    shown = _table_after(text, marker)
     assert len(shown) == len({(h, o) for h, o, _ in by})
     for head, op, torch_ms, alternative, its_ms, ratio, same in shown:
         name = "eagle3_propose_k3" if op == "propose, k = 3, T = 1" else op.strip("`")
@@ -276,12 +306,12 @@ def test_benchmarks_readme_drafter_table_is_the_artefacts():
         want = [_span(t, "median", ".3g"), _span(a, "median", ".3g"),
                 f"{float(a['vs_torch']):.2f}x [{float(a['vs_torch_min']):.2f}, {float(a['vs_torch_max']):.2f}]",
                 result]
-        assert [torch_ms, its_ms, ratio, same] == want, f"benchmarks/README.md drafter {head} {op}: the CSV gives {want}"
+        assert [torch_ms, its_ms, ratio, same] == want, f"docs/performance.md drafter {head} {op}: the CSV gives {want}"
 
 
-def test_benchmarks_readme_readings_are_the_artefacts():
+def test_performance_page_drafter_readings_are_the_artefacts():
     """The figures in the prose under those two tables: ranges over the CSVs' rows."""
-    text = " ".join(BENCH_README.read_text().split())
+    text = " ".join(PERFORMANCE.read_text().split())
     step = _csv_rows("decoder_step_cpu.csv")
 
     def span(values, fmt):
@@ -313,10 +343,10 @@ def test_benchmarks_readme_readings_are_the_artefacts():
              f"propose round {drafter[('rl_loop', 'eagle3_propose_k3', 'native')]:.1f}x faster on rl_loop's head "
              f"and {drafter[('wide', 'eagle3_propose_k3', 'native')]:.1f}x on the wide one"]
     missing = [x for x in shown if x not in text]
-    assert not missing, f"benchmarks/README.md should say, from its CSVs: {missing}"
+    assert not missing, f"docs/performance.md should say, from its CSVs: {missing}"
 
 
-def test_benchmarks_readme_tolerance_reading_is_the_artefacts(capsys):
+def test_performance_page_tolerance_reading_is_the_artefacts(capsys):
     """The spread between the two committed Xeon sweeps that --tolerance's default rests on, as
     native_cpu_table --against prints it."""
     from benchmarks import native_cpu_table
@@ -327,16 +357,17 @@ def test_benchmarks_readme_tolerance_reading_is_the_artefacts(capsys):
     within, total, tol, lo, hi = re.match(
         r"(\d+) of (\d+) cases within the reference's \[min, max\] ±(\d+) points; moves from (\S+) .* to (\S+) ",
         last).groups()
-    text = " ".join(BENCH_README.read_text().split())
-    assert f"(default {tol}: the committed reproduction" in text
-    assert f"has {within} of {total} cases within {tol} points; medians moved from {lo} to {hi} points" in text
+    text = " ".join(PERFORMANCE.read_text().split())
+    assert f"(default {tol}, from the spread between this table and its committed reproduction" in text
+    assert f"finds {within} of {total} cases within {tol} points of its [lowest, highest] round; medians moved " \
+           f"from {lo} to {hi} points" in text
 
 
-def test_benchmarks_readme_tree_reading_is_the_artefacts():
+def test_tree_page_acceptance_reading_is_the_artefacts():
     """Which measured - exact intervals cover 0, and the range of those that do not, as tree_acceptance.csv
     has them."""
     rows = [r for r in _csv_rows("tree_acceptance.csv") if r["minus_exact"]]
-    text = " ".join(BENCH_README.read_text().split())
+    text = " ".join((DOCS / "tree.md").read_text().split())
     assert f"commit {rows[0]['git_commit']}; seeded)" in text
 
     def covers(r):
@@ -346,6 +377,36 @@ def test_benchmarks_readme_tree_reading_is_the_artefacts():
     off = [float(r["minus_exact"]) for r in rows if r["workload"] == "toy" and r["tree"] in ("chain", "static")]
     assert all(not covers(r) for r in rows if r["workload"] == "toy" and r["tree"] in ("chain", "static"))
     assert f"the static tree's do not ({min(off):+.2f} to {max(off):+.2f})" in text
+
+
+def test_api_page_sampling_mask_costs_are_the_artefacts():
+    """docs/api.md's sampling-mask costs: off / on / post-pass medians, tokens and kept ids per truncation, the
+    rounds, and the range of on's extra time over the post-pass's, from sampling_mask_cpu_b64_k3_v151936.csv."""
+    rows = _csv_rows("sampling_mask_cpu_b64_k3_v151936.csv")
+    by = {(r["truncation"], r["mode"]): r for r in rows}
+    text = " ".join((DOCS / "api.md").read_text().split())
+
+    def ms(truncation):
+        return " / ".join(f"{float(by[truncation, m]['median_ms']):.0f}" for m in ("off", "on", "post_pass"))
+
+    def extra(truncation):
+        off, on, post = (float(by[truncation, m]["median_ms"]) for m in ("off", "on", "post_pass"))
+        return (on - off) / (post - off)
+
+    truncations = list(dict.fromkeys(r["truncation"] for r in rows))
+    assert truncations == ["top_k512_top_p0.97", "top_p0.97", "untruncated"], truncations
+    mega = {tr: f"{int(by[tr, 'off']['kept_ids']) / 1e6:.1f} M kept ids" for tr in truncations}
+    (rounds,) = {r["rounds"] for r in rows}
+    first = by["top_k512_top_p0.97", "off"]
+    shown = [f"medians over {rounds} rounds",
+             f"{ms('top_k512_top_p0.97')} ms with top-k 512 and top-p 0.97 ({first['emitted_tokens']} emitted tokens, "
+             f"{int(first['kept_ids']):,} kept ids)",
+             f"{ms('top_p0.97')} ms with top-p 0.97 ({mega['top_p0.97']})",
+             f"{ms('untruncated')} ms untruncated ({mega['untruncated']},",
+             f"its extra time over off is {min(map(extra, truncations)):.1f} to {max(map(extra, truncations)):.1f} of "
+             "the post-pass's"]
+    missing = [x for x in shown if x not in text]
+    assert not missing, f"docs/api.md should say, from its CSV: {missing}"
 
 
 def test_audit_findings_counts_are_the_reports():
@@ -392,6 +453,21 @@ def test_audit_findings_counts_are_the_reports():
               f"{c['batch', 'pass']} batch and {c['narrow', 'pass']} narrow cases pass; the "
               f"{c['first-token', 'n/a'] + c['sequence', 'n/a']} min-p cases are not applicable",
               f"so are the {c['bad-input', 'n/a']} bad-input rows"]
+    _, c = counts("vllm-v1-cpu")
+    shown.append(f"error naming the argument ({c['bad-input', 'FAIL']} in `vllm-v1-cpu.md`)")
+    (ours,) = {tuple(sorted(counts(target)[1].items())) for target in ("reference", "cpu")}
+    c = dict(ours)
+    assert set(c) == {(f, "pass") for f in ("first-token", "sequence", "greedy", "batch", "bad-input")} | {
+        ("mutants", "caught"), ("first-token", "n/a"), ("sequence", "n/a")}, c
+    shown.append(f"{c['first-token', 'pass']} first-token, {c['sequence', 'pass']} sequence, {c['greedy', 'pass']} "
+                 f"greedy, {c['batch', 'pass']} batch and {c['bad-input', 'pass']} bad-input cases pass and all "
+                 f"{c['mutants', 'caught']} planted bugs are caught; the "
+                 f"{c['first-token', 'n/a'] + c['sequence', 'n/a']} min-p cases are not applicable")
+    for target, level in (("cuda-emulated", "`--tv 0.2`"), ("triton", "interpreted, `--tv 0.3`")):
+        report, c = counts(target)
+        assert report["verdict"] == "PASS" and not any(v in ("FAIL", "error") for _, v in c), (target, c)
+        law = sum(n for (f, v), n in c.items() if f in ("first-token", "sequence") and v != "n/a")
+        shown.append(f"`{target}.md` ({level}, a selection of {law} law cases")
     missing = [x for x in shown if x not in text]
     assert not missing, f"docs/exactness-and-audit.md should say, from results/audit: {missing}"
 
@@ -439,6 +515,8 @@ def test_rl_loop_page_figures_match_their_artefacts():
     assert f"sample ({tiny.equivalence_prompts * tiny.equivalence_samples} per arm) is underpowered" in text
     ray = json.loads((ROOT / "results/rl_loop/ray_workers.json").read_text())
     assert f"under-predicts a step's generation by up to {100 * ray['max_relative_error']:.0f} %" in text
+    gaps = [1000 * (s[n]["measured_s"] - s[n]["predicted_s"]) for s in ray["steps"] for n in s if n != "step"]
+    assert f"a fixed {min(gaps):.0f}-{max(gaps):.0f} ms per step that no calibrated cost accounts for" in text
     for shown in (f"**{default['verify_over_decode']:.2f}** one-token decodes",
                   f"**{repeat['rollout_speedup']['median']:.2f}x**",
                   f"**{repeat['mean_accepted_length']['median']:.2f}**",
@@ -467,6 +545,19 @@ def test_vllm_page_end_to_end_table_is_the_artefacts():
             assert cells[5] == "—", cells
         else:
             assert abs(float(cells[5]) - float(r["tokens_per_step"])) <= 0.0051, (cells, r["tokens_per_step"])
+    # the reading under the table
+    text = " ".join(page.split())
+    arms = {(r["batch"], r["spec"], r["plugin"]): r for r in rows}
+    draft = {plugin: [r for (_, spec, p), r in arms.items() if spec == "draft" and p == plugin] for plugin in "01"}
+    steps = {plugin: [float(r["tokens_per_step"]) for r in draft[plugin]] for plugin in "01"}
+    ratios = [float(arms[b, "draft", "1"]["tok_s_median"]) / float(arms[b, "draft", "0"]["tok_s_median"])
+              for b in {r["batch"] for r in rows}]
+    assert all(float(r["speedup_vs_ar"]) < 1 for r in draft["0"] + draft["1"]), "a draft-model arm beats no speculation"
+    assert {f"{float(r['tokens_per_step']):.1f}" for r in rows if r["spec"] == "eagle3"} == {"1.0"}
+    shown = f"vLLM's CPU path keeps {min(steps['0']):.2f}-{max(steps['0']):.2f} tokens per step, the plugin " \
+            f"{min(steps['1']):.1f}-{max(steps['1']):.1f} on the same models, and the plugin runs " \
+            f"{min(ratios):.1f}-{max(ratios):.1f}x vLLM's tokens/s"
+    assert shown in text, f"docs/vllm.md should say, from its CSV: {shown}"
 
 
 # (e) -------------------------------------------------------------------------------------------------
@@ -507,6 +598,24 @@ def test_simulator_sensitivity_table_is_the_artefact():
     end = text.index("\n<!-- /sensitivity -->")
     assert text[start:end].split("\n", 1)[1] == sensitivity_table(rows)
     assert sum(r["preset_point"] == "True" for r in rows) == 1
+    # the reading under the table: the range, the layout at lag 2, the lag and the acceptance at EP16
+    (point,) = [r for r in rows if r["preset_point"] == "True"]
+    at = {(r["acceptance"], int(r["ep"]), int(r["policy_lag"])): float(r["end_to_end_speedup"]) for r in rows}
+    a, ep = point["acceptance"], int(point["ep"])
+    eps = sorted({e for _, e, _ in at})
+    assert all(at[x, e, 1] > at[x, e, 2] for x, e, _ in at), "lag 1 no longer projects more in every cell"
+
+    def over_acceptance(lag):
+        return f"{min(v for (_, e, g), v in at.items() if e == ep and g == lag):.2f}x to " \
+               f"{max(v for (_, e, g), v in at.items() if e == ep and g == lag):.2f}x"
+
+    shown = [f"Across the {len(rows)} cells the projection runs from {min(at.values()):.2f}x to {max(at.values()):.2f}x",
+             f"EP{eps[0]} gives {at[a, eps[0], 2]:.2f}x and EP{eps[-1]} {at[a, eps[-1], 2]:.2f}x at the calibrated acceptance",
+             f"({at[a, ep, 1]:.2f}x against {at[a, ep, 2]:.2f}x at EP{ep})",
+             f"least at lag 2 ({over_acceptance(2)} at EP{ep}) and most at lag 1 ({over_acceptance(1)})"]
+    prose = " ".join(text[end:].split("\n## ", 1)[0].split())
+    missing = [x for x in shown if x not in prose]
+    assert not missing, f"docs/simulator.md should say, from speedup_sensitivity.csv: {missing}"
 
 
 def preregistered_table(measured: dict) -> str:
@@ -529,3 +638,23 @@ def test_simulator_preregistered_table_is_the_artefact():
     start = text.index("<!-- preregistered: results/sim/preregistered/measured.json -->\n")
     end = text.index("\n<!-- /preregistered -->")
     assert text[start:end].split("\n", 1)[1] == preregistered_table(measured)
+    # the prose around the table: the shape table's errors the tolerance rests on, and the reading
+    predictions = json.loads((REPO / "results/sim/preregistered/predictions.json").read_text())
+    shapes = json.loads((REPO / "results/rl_loop/shapes/shapes.json").read_text())["results"]
+    shape_errors = [x["predicted_speedup"] / x["measured_speedup"] - 1 for r in shapes for x in r["speedups"]]
+    by_k = {r["k"]: r for r in measured["results"]}
+    last = max(by_k)
+    fit = next(p["fit_tokens_per_step"] for p in predictions["predictions"] if p["k"] == last)
+    close = [abs(r["error"]) for k, r in by_k.items() if k != last]
+    assert by_k[last]["error"] > 0
+    assert all(r["measured_speedup"] < 1 and r["predicted_speedup"] < 1 for r in by_k.values()), \
+        "the page says speculation loses at every k, and that the simulator predicted it"
+    shown = [f"had erred by {100 * min(shape_errors):.0f} % to {100 * max(shape_errors):+.0f} %",
+             f"The prediction at k = {' and '.join(str(k) for k in by_k if k != last)} is within "
+             f"{math.ceil(1000 * max(close)) / 10:.1f} %",
+             f"At k = {last} it runs {100 * by_k[last]['error']:.0f} % high",
+             f"At k = {last} the held-out sets also made {by_k[last]['held_out_tokens_per_step']:.2f} tokens per round "
+             f"against the fitting set's {fit:.2f}"]
+    prose = " ".join(text.split())
+    missing = [x for x in shown if x not in prose]
+    assert not missing, f"docs/simulator.md should say, from results/sim/preregistered and the shape table: {missing}"

@@ -97,3 +97,79 @@ def test_full_size_table_is_its_artefact():
     assert record["command"] in _section() and record["command"] in (REPO / "results" / "README.md").read_text()
     assert record["sizes"]["vllm-v2"]["wide_vocab"] == peer_suites.VLLM_V2_SIZES.wide_vocab
     assert record["sizes"]["vllm-v2"]["narrow_trials"] == peer_suites.VLLM_V2_SIZES.narrow_trials
+
+
+def _p(value: float) -> str:
+    """A small p-value as the reading writes it: two significant digits, ``2.6e-9``."""
+    mantissa, exponent = f"{value:.1e}".split("e")
+    return f"{mantissa}e{int(exponent)}"
+
+
+def reading_figures(record: dict, full: dict) -> list[str]:
+    """The figures of the section's reading (under both tables), each as the page writes it, from the two
+    artefacts."""
+    cells = {row["bug"]: row["suites"] for row in record["rows"]}
+    correct = [row["suites"] for row in record["rows"] if row["bug"] is None]
+    s = pt.summary(record)
+    ours, v2, ds = s["ours"], s["vllm-v2"], s["deepspec-pr48"]
+    bugs = [b for b in cells if b is not None]
+
+    def caught_by(suite):
+        return [b for b in bugs if cells[b][suite]["applicable"] and cells[b][suite]["caught"]]
+
+    sooner = [b for b in bugs if any(b in caught_by(p) and cells[b][p]["seconds"] < cells[b]["ours"]["seconds"]
+                                     for p in pt.SUITES[1:])]
+    later = [b for b in bugs if any(b in caught_by(p) for p in pt.SUITES[1:]) and b not in sooner]
+    assert all(50_000 <= cells[b]["ours"]["trials"] <= 100_000 for b in sooner), "ours' sizes on the gross bugs"
+    first_wide = [b for b in sooner if b in caught_by("vllm-v2")
+                  and cells[b]["vllm-v2"]["seconds"] < cells[b]["ours"]["seconds"]]
+    wide = record["sizes"]["vllm-v2"]["trials_per_token"] * record["sizes"]["vllm-v2"]["wide_vocab"]
+    (second,) = [b for b in first_wide if cells[b]["vllm-v2"]["trials"] != wide]
+    assert cells[second]["vllm-v2"]["trials"] == 2 * wide
+    controls = [f"{c['deepspec-pr48']['control']['statistic']:.0f}" for c in correct]
+    threshold = {f"{c['deepspec-pr48']['control']['threshold']:.1f}" for c in correct}.pop()
+
+    def secs(suite):
+        return " and ".join(f"{c[suite]['seconds']:.1f} s" for c in correct)
+
+    full_cells = {row["bug"]: row["suites"]["vllm-v2"] for row in full["rows"]}
+    full_ours = [row["suites"]["ours"]["seconds"] for row in full["rows"]]
+    full_caught = [c["seconds"] for c in full_cells.values() if c["caught"]]
+    full_missed = [c for c in full_cells.values() if not c["caught"]]
+    (missed,) = full_missed
+    return [
+        f"Ours catches all {ours['caught']} planted bugs",
+        f"(chi2 {' and '.join(controls)} against {threshold})",
+        f"The vLLM V2 design misses {v2['run'] - v2['caught']} of {v2['run']}** at these sizes",
+        f"leave no trace (p {cells['coin_reused']['vllm-v2']['smallest_p']:.2f}, "
+        f"{cells['block_boundary_token_residual']['vllm-v2']['smallest_p']:.2f})",
+        f"`draft_temperature_missing` (p {_p(cells['draft_temperature_missing']['vllm-v2']['smallest_p'])})",
+        f"`block_max_score` (p {_p(cells['block_max_score']['vllm-v2']['smallest_p'])})",
+        f"`block_first_failure` (p {_p(cells['block_first_failure']['vllm-v2']['smallest_p'])})",
+        f"The DeepSpec PR #48 design misses {ds['run'] - ds['caught']} of {ds['run']}**",
+        f"`biased_first_token` (p {_p(cells['biased_first_token']['deepspec-pr48']['smallest_p'])}:",
+        f"On {len(sooner)} bugs a peer design reached its verdict in fewer seconds",
+        ", ".join(f"`{b}`" for b in first_wide if b != second) + f" (vLLM's first wide test, {wide:,} trials) and "
+        f"`{second}` (its second, after {2 * wide:,} trials)",
+        f"`coin_reused` (DeepSpec {cells['coin_reused']['deepspec-pr48']['seconds']:.1f} s against our "
+        f"whole-sequence case's {cells['coin_reused']['ours']['seconds']:.1f} s)",
+        "Ours is faster on " + ", ".join(f"`{b}`" for b in later[:-1]) + f" and `{later[-1]}`,",
+        f"A green run costs ours {secs('ours')} on the correct rows against vLLM's {secs('vllm-v2')} and "
+        f"DeepSpec's {secs('deepspec-pr48')}",
+        f"over all rows ours took {ours['seconds']:.0f} s, the vLLM design {v2['seconds']:.0f} s and the DeepSpec "
+        f"design {ds['seconds']:.0f} s",
+        f"(`results/audit/vllm-full-size/`, {full['seconds']:.0f} s on the same VM",
+        f"in {min(full_caught):.0f} to {max(full_caught):.0f} s against our {min(full_ours):.1f} to "
+        f"{max(full_ours):.0f} s",
+        f"(p {_p(missed['smallest_p'])} after {missed['trials']:,} trials and {missed['seconds']:.0f} s)",
+        f"Counted at vLLM's sizes, the design catches {v2['caught'] + len(full_caught)} of {v2['run']}",
+    ]
+
+
+def test_the_reading_figures_are_the_artefacts(record):
+    """Every figure of the reading under the two tables: counts of bugs caught and missed, p-values, trials and
+    seconds, from power_table.json and vllm-full-size/power_table.json."""
+    text = " ".join(_section().split())
+    full = json.loads(FULL_SIZE.read_text())
+    missing = [figure for figure in reading_figures(record, full) if figure not in text]
+    assert not missing, f"docs/exactness-and-audit.md should say, from its power tables: {missing}"
