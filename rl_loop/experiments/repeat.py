@@ -4,7 +4,9 @@
 defaults, or ``--steps`` / ``--policy`` / ``--workload`` / ``--k``) once per seed into ``OUT/seed<s>/`` (``summary.json``,
 ``metrics.jsonl``, ``equivalence.json``) and writes ``OUT/repeat.json`` and ``OUT/repeat.md``: per figure the
 median over seeds and the [min, max] range, each seed's value, and for the speedups a 95 % bootstrap
-interval over every (seed, compared step) pair, resampled within seeds. Provenance (commit, date, CPU,
+interval over every (seed, compared step) pair, resampled within seeds. The rollout speedup is also split by
+which arm ran first in its step (``ar_first``: the comparison alternates the order), pooled and per seed,
+since the order effect on a loaded host can be as large as the gain. Provenance (commit, date, CPU,
 threads, the command) is recorded with the figures (and in each seed's ``summary.json``). ``--reuse``
 keeps seeds already run, so a repeat can be split over several timing sessions.
 """
@@ -48,6 +50,26 @@ def pooled_ci(per_seed_rows: list[list[list[float]]], column: slice, resamples: 
     return [float(lo), float(hi)]
 
 
+ORDERS = (("ar_first", 1.0), ("spec_first", 0.0))
+"""The two orders of a compared step, by its row's ``ar_first`` column (index 6)."""
+
+
+def by_order(per_seed_rows: list[list[list[float]]]) -> dict:
+    """The rollout speedup of the steps where the AR arm ran first and of those where speculation did: per
+    order, the ratio of rates pooled over every seed's steps of that order, each seed's own ratio (None for a
+    seed without such a step), the step count and the pooled bootstrap interval (resampled within seeds)."""
+    out = {}
+    for name, flag in ORDERS:
+        kept = [[r for r in rows if len(r) > 6 and r[6] == flag] for rows in per_seed_rows]
+        pooled = [r[:4] for rows in kept for r in rows]
+        out[name] = {"steps": len(pooled),
+                     "pooled": ratio_of_rates(np.asarray(pooled, dtype=float)) if pooled else None,
+                     "per_seed": [ratio_of_rates(np.asarray([r[:4] for r in rows], dtype=float)) if rows else None
+                                  for rows in kept],
+                     "pooled_ci95": pooled_ci(kept, slice(0, 4))}
+    return out
+
+
 def aggregate(summaries: list[dict], per_seed_rows: list[list[list[float]]]) -> dict:
     """Median, range and per-seed values of every figure in :data:`FIGURES` (None-valued seeds left out)."""
     out: dict = {}
@@ -57,6 +79,7 @@ def aggregate(summaries: list[dict], per_seed_rows: list[list[list[float]]]) -> 
         out[name] = {"median": statistics.median(present) if present else None,
                      "range": [min(present), max(present)] if present else None, "per_seed": values}
     out["rollout_speedup"]["pooled_ci95"] = pooled_ci(per_seed_rows, slice(0, 4))
+    out["rollout_speedup"]["by_order"] = by_order(per_seed_rows)
     out["equivalence"] = [s.get("equivalence") for s in summaries]  # "pass" / "fail" / "underpowered"
     out["equivalence_pass"] = [s.get("equivalence_pass") for s in summaries]
     out["equivalence_control_rejected"] = [s.get("equivalence_control_rejected") for s in summaries]
@@ -76,6 +99,15 @@ def markdown(agg: dict, seeds: list[int]) -> str:
     ci = agg["rollout_speedup"]["pooled_ci95"]
     if ci is not None:
         lines.append(f"\nrollout_speedup pooled 95 % bootstrap interval: [{ci[0]:.3f}, {ci[1]:.3f}]")
+    for name, _ in ORDERS:
+        o = agg["rollout_speedup"]["by_order"][name]
+        if o["pooled"] is None:
+            lines.append(f"rollout_speedup, {name} steps: none")
+            continue
+        seeds_text = ", ".join("n/a" if v is None else f"{v:.3f}" for v in o["per_seed"])
+        ci_text = "" if o["pooled_ci95"] is None else f", 95 % [{o['pooled_ci95'][0]:.3f}, {o['pooled_ci95'][1]:.3f}]"
+        lines.append(f"rollout_speedup, {name} steps ({o['steps']}): pooled {o['pooled']:.3f}{ci_text}; "
+                     f"per seed {seeds_text}")
     lines.append(f"equivalence_pass per seed: {agg['equivalence_pass']}; "
                  f"control rejected: {agg['equivalence_control_rejected']}")
     return "\n".join(lines) + "\n"

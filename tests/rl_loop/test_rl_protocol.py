@@ -235,6 +235,23 @@ def test_repeat_aggregate_median_range_and_pooled_interval():
     assert pooled_ci([[[1, 1, 1, 1]]], slice(0, 4)) is None
 
 
+def test_repeat_splits_the_rollout_speedup_by_which_arm_ran_first():
+    """Steps where the AR arm ran first give 2x here, those where speculation ran first 4x: the split reports
+    each order apart (pooled, per seed, counts), so an order effect cannot hide in the pooled figure."""
+    ar, spec = [100, 1.0, 100, 2.0, 0, 0, 1.0], [100, 1.0, 100, 4.0, 0, 0, 0.0]
+    rows = [[ar, spec, ar, spec], [ar, ar], [spec, spec]]
+    summaries = [{"rollout_speedup": 3.0, "equivalence_pass": True, "equivalence": "pass"} for _ in rows]
+    split = aggregate(summaries, rows)["rollout_speedup"]["by_order"]
+    assert split["ar_first"]["pooled"] == pytest.approx(2.0) and split["spec_first"]["pooled"] == pytest.approx(4.0)
+    assert split["ar_first"]["steps"] == 4 and split["spec_first"]["steps"] == 4
+    assert split["ar_first"]["per_seed"] == [pytest.approx(2.0), pytest.approx(2.0), None]
+    assert split["spec_first"]["per_seed"] == [pytest.approx(4.0), None, pytest.approx(4.0)]
+    assert split["ar_first"]["pooled_ci95"] == [pytest.approx(2.0), pytest.approx(2.0)]
+    table = markdown(aggregate(summaries, rows), [0, 1, 2])
+    assert "ar_first steps (4): pooled 2.000, 95 % [2.000, 2.000]; per seed 2.000, 2.000, n/a" in table
+    assert "spec_first steps (4): pooled 4.000" in table
+
+
 def test_provenance_names_commit_and_command_without_paths():
     p = provenance("python -m rl_loop.experiments.repeat --seeds 0")
     assert p["command"] == "python -m rl_loop.experiments.repeat --seeds 0"
