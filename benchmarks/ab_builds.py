@@ -17,7 +17,8 @@ each build's fraction of read bandwidth on the bytes an exact verifier must read
 process; median over rounds: a build without the native probes is judged against torch.sum alone, which
 reads slower, so its fractions, if anything, come out high). The read
 bandwidth rows (``read_gbs/<family>/<dtype>``) hold GB/s, not milliseconds. Only our calls and the read
-probes are timed (the other providers are ``bench_native_cpu``'s).
+probes are timed (the other providers are ``bench_native_cpu``'s). ``SPECDEC_CPU_ISA`` caps both builds alike:
+the command records it, and the device column the instruction set the builds picked (``isa=...``).
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def worker(args) -> None:
                             modes=args.modes, drafts=["accept", "model"])
     from specdec_kernels import native  # the checkout's own: older ones have no stream_sum
 
-    out = {"package": sk.__file__}
+    out = {"package": sk.__file__, "isa": getattr(native._load(), "CPU_ISA", "unknown")}  # older builds lack it
     for family in args.families:
         gen = torch.Generator().manual_seed(0)
         logits32 = bench.family_logits(family, args.batch * (args.k + 1), args.vocab, gen)
@@ -131,6 +132,7 @@ def main(argv: list[str] | None = None) -> None:
               "--reps", str(args.reps)]
     times: dict[str, dict[str, list[float]]] = {}  # key -> build -> one value per round
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+    isas: set[str] = set()  # the instruction set each worker's build picked (SPECDEC_CPU_ISA caps it)
     for r in range(args.rounds):
         order = ("before", "after") if r % 2 == 0 else ("after", "before")
         for label in order:
@@ -139,14 +141,18 @@ def main(argv: list[str] | None = None) -> None:
             if proc.returncode != 0:
                 sys.exit(f"ab_builds: the {label} build failed: {proc.stderr.strip().splitlines()[-1:]}")
             result = json.loads(proc.stdout.strip().splitlines()[-1])
+            isas.add(result["isa"])
             for key, value in result.items():
-                if key != "package":
+                if key not in ("package", "isa"):
                     times.setdefault(key, {"before": [], "after": []})[label].append(value)
         print(f"round {r + 1}/{args.rounds}", file=sys.stderr)
     import torch
 
     info = {**provenance(torch.device("cpu")), "git_commit": git_commit()}
-    command = "python -m benchmarks.ab_builds " + " ".join(sys.argv[1:] if argv is None else argv)
+    isa = os.environ.get("SPECDEC_CPU_ISA")  # part of the command and the device: it picks the build both run
+    command = (f"SPECDEC_CPU_ISA={isa} " if isa else "") + "python -m benchmarks.ab_builds " + \
+        " ".join(sys.argv[1:] if argv is None else argv)
+    info["device"] += f" isa={'/'.join(sorted(isas))}"  # the builds' picks on this CPU under this setting
     commits = {label: _commit_of(path) for label, path in builds.items()}
     pair = args.pair or f"ab_cpu_{commits['before'][:7]}_vs_{commits['after'][:7]}"
     with CsvWriter(args.out, COLUMNS, append=True) as writer:

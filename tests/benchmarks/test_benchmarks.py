@@ -309,7 +309,7 @@ def test_eviction_is_twice_the_last_level_cache(tmp_path):
 
 @pytest.mark.skipif(not native.has_device("cpu"), reason="specdec_kernels._C not built")
 @pytest.mark.slow
-def test_ab_builds_times_two_checkouts_alternately(tmp_path, capsys):
+def test_ab_builds_times_two_checkouts_alternately(tmp_path, capsys, monkeypatch):
     """The before / after harness on one checkout given twice: a row per case with both builds' rounds,
     the ratio of medians and the command, appended to the history table under the run's pair label; a
     bad argument is one clear error."""
@@ -330,8 +330,10 @@ def test_ab_builds_times_two_checkouts_alternately(tmp_path, capsys):
     cases = {r["case"] for r in rows if r["provider"] == "ours"}
     assert cases == {f"flat/float32/{m}/{d}" for m in ("greedy", "random_stoch") for d in ("accept", "model")}
     assert {r["case"] for r in rows if r["provider"] == "read"} == {"read_gbs/flat/float32"}
+    isa = native._load().CPU_ISA
     for r in rows:
         assert r["rounds"] == "2" and r["command"] == "python -m benchmarks.ab_builds " + " ".join(argv)
+        assert r["device"].endswith(f" isa={isa}")  # the build both checkouts ran, as bench_native_cpu records it
         assert float(r["before_min_ms"]) <= float(r["before_median_ms"]) <= float(r["before_max_ms"])
         ratio = float(r["after_median_ms"]) / float(r["before_median_ms"])
         assert float(r["after_over_before"]) == pytest.approx(ratio, rel=2e-3)  # three 4-digit roundings
@@ -339,6 +341,12 @@ def test_ab_builds_times_two_checkouts_alternately(tmp_path, capsys):
             rows_read = int(r["must_read_bytes"]) // (300 * 4)
             assert int(r["must_read_bytes"]) == rows_read * 300 * 4 and 2 <= rows_read <= 2 * 3
             assert all(float(r[f"{label}_read_fraction"]) > 0 for label in ("before", "after"))
+    monkeypatch.setenv("SPECDEC_CPU_ISA", "generic")  # a capped build: the setting is part of the command
+    ab_builds.main([*argv, "--pair", "capped", "--rounds", "1"])
+    capped = [r for r in read_csv([out]) if r["pair"] == "capped"]
+    assert {r["command"] for r in capped} == {"SPECDEC_CPU_ISA=generic python -m benchmarks.ab_builds " +
+                                             " ".join([*argv, "--pair", "capped", "--rounds", "1"])}
+    assert {r["device"].rsplit(" ", 1)[1] for r in capped} == {"isa=generic"}
     with pytest.raises(SystemExit):
         ab_builds.main(["--before", str(tmp_path), "--out", str(out)])  # no checkout there
     other = tmp_path / "other.csv"
