@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import numbers
 import os
+import sys
 from collections.abc import Callable
 
 import torch
@@ -124,10 +125,14 @@ def _resolve(backend: str, device: torch.device, op: str) -> Callable:
 
 def _writes_thresholds(fn: Callable, op: str) -> bool:
     """True when the backend function ``fn`` of ``op`` takes ``row_threshold`` and writes there, in its own
-    verification pass, the threshold each decided row was truncated with (the reference and the native CPU
-    kernels): the sampling mask is then enumerated from those. The Triton and CUDA kernels do not yet, and
+    verification pass, the threshold each decided row was truncated with (the reference, the native CPU and
+    the Triton kernels): the sampling mask is then enumerated from those. The CUDA kernels do not yet, and
     their masks come from the shared post-pass (``sampling_mask.kept_ids``)."""
-    return fn is _REFERENCE_OPS[op] or fn is _NATIVE_RESOLVED.get(("cpu", op))
+    if fn is _REFERENCE_OPS[op] or fn is _NATIVE_RESOLVED.get(("cpu", op)):
+        return True
+    module_name, function = _TRITON_OPS[op]
+    module = sys.modules.get(importlib.util.resolve_name(module_name, __package__))  # imported once resolved
+    return module is not None and fn is getattr(module, function)
 
 
 def _threshold_buffer(logits: torch.Tensor) -> torch.Tensor:
