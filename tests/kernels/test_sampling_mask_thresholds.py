@@ -1,8 +1,9 @@
-"""The sampling mask from the backends' own thresholds (``row_threshold``): the reference, the native CPU and
-the Triton kernels write, in the verification pass, the threshold each decided row was truncated with, and the
-mask is the finite scaled logits at or above it (``sampling_mask.kept_by_threshold``).
+"""The sampling mask from the backends' own thresholds (``row_threshold``): every backend (the reference, the
+native CPU, Triton and CUDA kernels) writes, in the verification pass, the threshold each decided row was
+truncated with, and the mask is the finite scaled logits at or above it (``sampling_mask.kept_by_threshold``).
 
-Checked here, per backend that writes them: the kept set of its thresholds is the reference sampler's kept
+Checked here, per backend (CUDA through its host emulation, ``exactness.cuda_emulation``, and on a GPU where
+there is one): the kept set of its thresholds is the reference sampler's kept
 set (``tests/kernels/test_sampling_mask.py``'s oracle: full sorts) on rows built to sit on the boundaries
 (tie groups at top-k's k-th value and at top-p's limit, tied greedy maxima, rows that keep nothing, NaN and
 +inf logits, k past the finite values, V = 151936 rows); every decided row gets a threshold, the reference's
@@ -18,6 +19,7 @@ import torch
 import specdec_kernels as sk
 from specdec_kernels import api, native
 from specdec_kernels import sampling_mask as sm
+from specdec_kernels.exactness import cuda_emulation
 from tests.conftest import DEVICE, TRITON_RUNNABLE, skip_if_interpreter_expensive, slow_when_interpreted
 from tests.kernels.test_sampling_mask import (
     CHAIN_CASES,
@@ -31,15 +33,35 @@ from tests.kernels.test_sampling_mask import (
     check_mask,
 )
 
-# The backends whose verification pass writes row thresholds (api._writes_thresholds); CUDA takes the shared
-# post-pass (tests/kernels/test_sampling_mask.py checks those masks). Triton runs on DEVICE (the interpreter
-# on CPU machines: its cases beyond the boundary rows are marked slow there).
-BACKENDS = ["reference"] + (["cpu"] if native.has_device("cpu") else []) + (["triton"] if TRITON_RUNNABLE else [])
+# Every backend that runs here, and "cuda_emulation" (the CUDA kernels on the host, through
+# exactness.cuda_emulation rather than the api). Triton runs on DEVICE (the interpreter on CPU machines, where
+# its cases are marked slow).
+BACKENDS = (["reference"] + (["cpu"] if native.has_device("cpu") else []) + (["cuda"] if native.has_device("cuda") else [])
+            + ([pytest.param("cuda_emulation", marks=pytest.mark.native)] if cuda_emulation.available() else [])
+            + (["triton"] if TRITON_RUNNABLE else []))
 NEG_INF, INF, NAN = float("-inf"), float("inf"), float("nan")
 
 
 def _device(backend: str) -> str:
-    return DEVICE if backend == "triton" else "cpu"
+    return DEVICE if backend == "triton" else "cuda" if backend == "cuda" else "cpu"
+
+
+def _emulated_op(op: str):
+    """The CUDA host emulation of ``op`` with a backend function's signature (normalised positional arguments,
+    ``row_threshold``)."""
+    if op in ("chain", "chain_block"):
+        method = "block" if op == "chain_block" else "token"
+        return lambda *args, row_threshold=None: cuda_emulation.verify_chain(
+            *args[:9], method=method, max_draft_len=args[9], row_threshold=row_threshold)
+    method = "traversal" if op == "tree_traversal" else "token"
+    return lambda *args, row_threshold=None: cuda_emulation.verify_tree(
+        *args[:11], method=method, max_depth=args[11], row_threshold=row_threshold)
+
+
+def _backend_op(backend: str, op: str):
+    if backend == "cuda_emulation":
+        return _emulated_op(op)
+    return api._resolve(backend, torch.device(_device(backend)), op)
 
 
 def _assert_reference_thresholds(args: tuple, temperature: torch.Tensor, rows: torch.Tensor, emitted: torch.Tensor,
@@ -116,11 +138,18 @@ def _one_row_requests(logits, temperature, top_k, top_p, dtype, backend, op: str
     if op == "chain":
         inputs = dict(target_logits=logits.to(dtype), draft_token_ids=torch.zeros(0, dtype=torch.int64),
                       cu_num_draft_tokens=torch.zeros(R + 1, dtype=torch.int64), **params)
-        res, mask = sk.verify_chain(**_moved(inputs, _device(backend)), backend=backend, return_mask=True)
+        verify, checked, sampling_mask = sk.verify_chain, api.checked_chain_args, sm.chain_sampling_mask
     else:
         inputs = dict(target_logits=logits.to(dtype), node_token_ids=torch.full((R,), -1, dtype=torch.int64),
                       parent=torch.full((R,), -1, dtype=torch.int64), cu_num_nodes=torch.arange(R + 1), **params)
-        res, mask = sk.verify_tree(**_moved(inputs, _device(backend)), backend=backend, return_mask=True)
+        verify, checked, sampling_mask = sk.verify_tree, api.checked_tree_args, sm.tree_sampling_mask
+    if backend == "cuda_emulation":  # what verify_* does with return_mask=True, on the emulated op
+        args = checked(**inputs)
+        threshold = api._threshold_buffer(args[0])
+        res = _emulated_op(op)(*args, row_threshold=threshold)
+        mask = sampling_mask(args, res, threshold)
+    else:
+        res, mask = verify(**_moved(inputs, _device(backend)), backend=backend, return_mask=True)
     res, mask = type(res)(*(t.cpu() for t in res)), sk.SamplingMask(*(t.cpu() for t in mask))
     return res, mask, [[r] for r in range(R)]
 
@@ -150,15 +179,16 @@ def _with_and_without(backend: str, op: str, args: tuple):
     """``op``'s backend function on ``args`` (moved to the backend's device) without and with ``row_threshold``:
     (plain result, result, thresholds), on the CPU; and the reference's (result, thresholds)."""
     device = torch.device(_device(backend))
-    fn = api._resolve(backend, device, op)
-    assert api._writes_thresholds(fn, op)
+    fn = _backend_op(backend, op)
     moved = tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in args)
     plain = fn(*moved)
     threshold = api._threshold_buffer(moved[0])
     res = fn(*moved, row_threshold=threshold)
+    on_cpu = [type(r)(*(t.cpu() for t in r)) for r in (plain, res)]
+    if backend == "reference":
+        return *on_cpu, threshold, on_cpu[1], threshold
     ref_threshold = api._threshold_buffer(args[0])
     ref = api._REFERENCE_OPS[op](*args, row_threshold=ref_threshold)
-    on_cpu = [type(r)(*(t.cpu() for t in r)) for r in (plain, res)]
     return *on_cpu, threshold.cpu(), ref, ref_threshold
 
 
@@ -192,14 +222,6 @@ def test_tree_thresholds_change_no_token(case, method, backend):
     _assert_reference_thresholds(args, args[5], rows, res.output_token_ids >= 0, threshold, ref_threshold)
     check_mask(inputs, res, sm.tree_sampling_mask(args, res, threshold), _tree_oracle_rows(inputs, res))
 
-
-def test_cuda_takes_the_post_pass():
-    """The reference, native CPU and Triton ops are handed ``row_threshold``; the CUDA ops are not."""
-    from specdec_kernels.triton import tree as triton_tree
-
-    assert api._writes_thresholds(triton_tree.verify_tree, "tree")
-    assert api._writes_thresholds(api._REFERENCE_OPS["tree_traversal"], "tree_traversal")
-    assert not api._writes_thresholds(lambda *args: None, "chain")
 
 
 @pytest.mark.native
