@@ -343,7 +343,7 @@ def _threshold_csr(logits, rows, emitted, temperature, row_threshold) -> Samplin
 def chain_sampling_mask(args: tuple, result: ChainResult, row_threshold: torch.Tensor | None = None) -> SamplingMask:
     """The sampling mask of a ``verify_chain`` call from its normalised arguments
     (``api.checked_chain_args``), its result, and the row thresholds its backend wrote (``row_threshold``
-    [T + B]); without them, by the shared post-pass (:func:`kept_ids`)."""
+    [T + B]); without them, by the post-pass (:func:`kept_ids`)."""
     logits, drafts, cu, _, temperature, top_k, top_p = args[:7]
     out = result.output_token_ids
     rows = chain_rows(cu, drafts.numel(), out.shape[1])
@@ -355,7 +355,7 @@ def chain_sampling_mask(args: tuple, result: ChainResult, row_threshold: torch.T
 def tree_sampling_mask(args: tuple, result: TreeResult, row_threshold: torch.Tensor | None = None) -> SamplingMask:
     """The sampling mask of a ``verify_tree`` call from its normalised arguments
     (``api.checked_tree_args``), its result, and the row thresholds its backend wrote (``row_threshold`` [N]);
-    without them, by the shared post-pass (:func:`kept_ids`)."""
+    without them, by the post-pass (:func:`kept_ids`)."""
     logits, _, parent, cu, _, temperature, top_k, top_p = args[:8]
     rows = tree_rows(cu, parent.numel(), result.accepted_nodes)
     if row_threshold is not None:
