@@ -5,10 +5,10 @@
 One seeded batch (default B = 64 requests, k = 3 drafts, V = 151936, temperature 1, zipf logits as in
 ``bench_native_cpu``, drafts the argmax of their rows so that most are accepted and most rows emit) is
 verified by one backend (default the native CPU one) under three truncations, ``top_k=512, top_p=0.97``,
-``top_p=0.97`` and none, each in three modes: ``off`` (``return_mask=False``), ``on`` (``return_mask=True``: on
-the reference and native CPU backends the mask from the kernels' own thresholds) and ``post_pass`` (the
-plain call, then the shared post-pass that Triton and CUDA take, ``sampling_mask.chain_sampling_mask``
-without thresholds: the path ``on`` replaced on this backend). Every round times the nine calls
+``top_p=0.97`` and none, each in three modes: ``off`` (``return_mask=False``), ``on`` (``return_mask=True``: the
+mask from the kernels' own thresholds, on every backend) and ``post_pass`` (the plain call, then
+``sampling_mask.chain_sampling_mask`` without thresholds: the post-pass that re-derives the kept sets from
+the arguments, the path ``on`` replaced). Every round times the nine calls
 (``--reps`` calls each, median), in one order on even rounds and reversed on odd ones; printed per call: the
 median over rounds of those medians, the min and max over rounds, the emitted tokens and the mask's kept ids.
 ``--out`` writes the same as CSV rows (one per call) with the run's provenance (command, commit, machine,
@@ -37,7 +37,7 @@ CSV_COLUMNS = ("command", "note", "batch", "k", "vocab", "family", "dtype", "tor
 
 
 def _post_pass(kw: dict, backend: str) -> object:
-    """The plain call, then the shared post-pass over its result (what Triton and CUDA calls take)."""
+    """The plain call, then the post-pass over its result (``sampling_mask.kept_ids``; no backend's path)."""
     args = api.checked_chain_args(**kw)
     result = api._resolve(backend, args[0].device, "chain")(*args)
     return result, sampling_mask.chain_sampling_mask(args, result)

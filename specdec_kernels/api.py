@@ -122,26 +122,15 @@ def _resolve(backend: str, device: torch.device, op: str) -> Callable:
     return fn
 
 
-def _writes_thresholds(fn: Callable, op: str) -> bool:
-    """True when the backend function ``fn`` of ``op`` takes ``row_threshold`` and writes there, in its own
-    verification pass, the threshold each decided row was truncated with (the reference and the native CPU
-    kernels): the sampling mask is then enumerated from those. The Triton and CUDA kernels do not yet, and
-    their masks come from the shared post-pass (``sampling_mask.kept_ids``)."""
-    return fn is _REFERENCE_OPS[op] or fn is _NATIVE_RESOLVED.get(("cpu", op))
-
-
 def _threshold_buffer(logits: torch.Tensor) -> torch.Tensor:
     """[rows] float32 NaN: the ``row_threshold`` output of a call that returns its mask (a row the kernel
     left unwritten keeps nothing, so the mask's tests see it)."""
     return torch.full((logits.shape[0],), float("nan"), dtype=torch.float32, device=logits.device)
 
 
-def _with_mask(fn, op: str, args: tuple, sampling_mask) -> tuple:
-    """``fn(*args)`` and its sampling mask: from the row thresholds the kernel writes in its own pass where
-    it writes them, else from the shared post-pass (``sampling_mask``)."""
-    if not _writes_thresholds(fn, op):
-        result = fn(*args)
-        return result, sampling_mask(args, result)
+def _with_mask(fn, args: tuple, sampling_mask) -> tuple:
+    """``fn(*args)`` and its sampling mask (``sampling_mask``, from ``sampling_mask.py``), enumerated from the
+    row thresholds every backend's kernel writes in its own verification pass when handed ``row_threshold``."""
     threshold = _threshold_buffer(args[0])
     result = fn(*args, row_threshold=threshold)
     return result, sampling_mask(args, result, threshold)
@@ -373,10 +362,9 @@ def verify_chain(
             raises ValueError on an inconsistent cu instead.
         return_mask: also return the sampling mask, per emitted token the ids its row's target kept after
             temperature, top-k and top-p (the argmax set when greedy): ``sampling_mask.SamplingMask``, CSR as
-            vLLM's ``return_sampling_mask``. The reference and native CPU backends write each decided row's
-            truncation threshold during verification and the mask is enumerated from it (one compare per
-            emitted row); Triton and CUDA take a shared post-pass that re-derives the thresholds
-            (``sampling_mask``). Host syncs either way (not CUDA-graph capturable); False adds no work.
+            vLLM's ``return_sampling_mask``. Every backend writes each decided row's truncation threshold
+            during verification and the mask is enumerated from it (one compare per emitted row,
+            ``sampling_mask``). Host syncs (not CUDA-graph capturable); False adds no work.
 
     Returns:
         ``ChainResult(output_token_ids [B, max_draft_len + 1] int32 -1 padded, num_accepted [B] int32)``:
@@ -402,7 +390,7 @@ def verify_chain(
     fn = _resolve(backend, target_logits.device, op)
     if fn is _NATIVE_RESOLVED.get(("cpu", op)):  # resolves only for CPU tensors
         _UNCHECKED_CPU_CHAIN[backend, method] = fn
-    return _with_mask(fn, op, args, _mask.chain_sampling_mask) if return_mask else fn(*args)
+    return _with_mask(fn, args, _mask.chain_sampling_mask) if return_mask else fn(*args)
 
 
 def checked_chain_args(
@@ -590,7 +578,7 @@ def verify_tree(
         sibling_sampling, max_depth=max_depth, validate=validate,
     )
     fn = _resolve(backend, target_logits.device, op)
-    return _with_mask(fn, op, args, _mask.tree_sampling_mask) if return_mask else fn(*args)
+    return _with_mask(fn, args, _mask.tree_sampling_mask) if return_mask else fn(*args)
 
 
 def checked_tree_args(

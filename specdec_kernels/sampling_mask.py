@@ -10,34 +10,30 @@ non-speculative sampler would keep for that row. A greedy request (temperature 0
 every token whose sanitised logit equals the row maximum (the greedy path emits the lowest of them). A row
 that keeps nothing (every logit -inf or NaN) samples token 0, so its mask is {0}.
 
-How it is computed depends on the backend (``api._writes_thresholds``):
+Every backend (reference, native CPU, Triton, CUDA; every method) computes it in its own verification pass.
+Asked for the mask, the pass writes, per row it decides, the threshold it truncated that row with
+(``row_threshold``: top-k's k-th value or top-p's smallest kept value, whichever is larger; the row max for a
+greedy row; -inf for an untruncated row; ``reference.sampling.truncate_with_threshold``): the native CPU
+kernels from ``prepare_row`` (csrc/include/specdec/host/chain.h), the Triton and CUDA kernels as the value of
+the order key their threshold search ends at (Triton: ``triton/chain.py`` ``_store_threshold``, behind the
+``WRITE_THRESHOLD`` constexpr; CUDA: ``key_threshold`` of ``row_lo_key``'s key, cuda_common.cuh, stored
+where the row is decided). The mask is then one compare per emitted row (:func:`kept_by_threshold`): the ids
+whose scaled logit, ``sanitize(logit / temperature)`` in float32 as every backend scales it (correctly
+rounded: Triton divides with ``div_rn``), is finite and at or above its row's threshold. It is the set the
+backend sampled from by construction: no threshold is re-derived here. Off, the kernels are passed a null
+pointer (reference: None; Triton: the constexpr flag off) and write nothing. A row that keeps nothing may hold
+any threshold that keeps nothing (the reference writes top-p's +inf there, the native and CUDA kernels -inf);
+its mask is {0} either way.
 
-- Reference and native CPU (every method): fused. Asked for the mask, their verification pass writes, per
-  row it decides, the threshold it truncated that row with (``row_threshold``: top-k's k-th value or top-p's
-  smallest kept value, whichever is larger; the row max for a greedy row; -inf for an untruncated row;
-  ``reference.sampling.truncate_with_threshold``, csrc/include/specdec/host/chain.h ``prepare_row``). The mask is
-  then one compare per emitted row (:func:`kept_by_threshold`): the ids whose scaled logit,
-  ``sanitize(logit / temperature)`` in float32 as both backends scale it, is finite and at or above its row's
-  threshold. It is the set the backend sampled from by construction: no threshold is re-derived here. Off,
-  the kernels are passed a null pointer (reference: None) and write nothing.
-- Triton and CUDA: not fused yet (their kernels do not write thresholds; the CUDA binding refuses
-  ``row_threshold``). Their mask is one shared post-pass over the emitted rows, from the normalised
-  arguments and the result, by the truncation rule of ``reference/sampling.py`` without sorting rows
-  (:func:`kept_ids`): top-k's set is the k largest values from ``torch.topk`` (the whole row's k-th value
-  when ties run past k); top-p's threshold follows the native CPU kernel's algorithm (core/sampling.h:
-  float64 masses, a histogram over the high 16 bits of the order key, one bucket sorted). Both rules are
-  exact on values, with one caveat: top-p's masses are float64 sums of float32 weights, computed as the
-  native CPU kernel does (its exp, its order of summation), and a backend whose exp or order differs in the
-  last bits (Triton: its float32 exp; CUDA: a parallel float64 sum in a bisection) can round a tie group's
-  mass above to the other side of ``top_p * total`` where this pass does not; those backends' token
-  equality with the reference is subject to the same rounding. Fusing them is left open: their thresholds
-  are order keys already (Triton: ``triton/chain.py`` ``_top_k_threshold`` / ``_top_p_threshold``, shared by
-  block and traversal, ``triton/tree.py`` ``kth_key`` / ``top_p_key``; CUDA: ``ChainRowState.lo_key`` of
-  ``threshold_kernel``, csrc/include/specdec/cuda/chain.cuh), to be stored as floats behind a constexpr flag
-  / null pointer, with the greedy row max; and the enumeration must then scale as each kernel does
-  (``triton/tree.py``'s ``_scaled`` divides with ``/``, not the ``div_rn`` of the chain kernel and of torch:
-  on NVIDIA GPUs Triton lowers an fp32 ``/`` to ``div.full.f32``, up to 2 ulp off, triton-lang/triton#10661),
-  which needs a GPU to check.
+:func:`kept_ids` re-derives the kept sets from the arguments alone, by the truncation rule of
+``reference/sampling.py`` without sorting rows: top-k's set is the k largest values from ``torch.topk`` (the
+whole row's k-th value when ties run past k); top-p's threshold follows the native CPU kernel's algorithm
+(core/sampling.h: float64 masses, a histogram over the high 16 bits of the order key, one bucket sorted).
+No backend uses it any more; ``chain_sampling_mask`` / ``tree_sampling_mask`` without thresholds run it (the
+tests' second way to the mask, and ``bench_sampling_mask``'s ``post_pass`` mode). Its top-p masses are
+float64 sums of float32 weights computed as the native CPU kernel does, so on a tie group whose mass above
+rounds to the other side of ``top_p * total`` in another backend's arithmetic it can differ from that
+backend's own kept set, which the fused thresholds never do.
 
 Cost: ``benchmarks/bench_sampling_mask.py`` (on and off, interleaved; the recorded run is in
 results/benchmarks/, see results/README.md).
@@ -347,7 +343,7 @@ def _threshold_csr(logits, rows, emitted, temperature, row_threshold) -> Samplin
 def chain_sampling_mask(args: tuple, result: ChainResult, row_threshold: torch.Tensor | None = None) -> SamplingMask:
     """The sampling mask of a ``verify_chain`` call from its normalised arguments
     (``api.checked_chain_args``), its result, and the row thresholds its backend wrote (``row_threshold``
-    [T + B]); without them, by the shared post-pass (:func:`kept_ids`)."""
+    [T + B]); without them, by the post-pass (:func:`kept_ids`)."""
     logits, drafts, cu, _, temperature, top_k, top_p = args[:7]
     out = result.output_token_ids
     rows = chain_rows(cu, drafts.numel(), out.shape[1])
@@ -359,7 +355,7 @@ def chain_sampling_mask(args: tuple, result: ChainResult, row_threshold: torch.T
 def tree_sampling_mask(args: tuple, result: TreeResult, row_threshold: torch.Tensor | None = None) -> SamplingMask:
     """The sampling mask of a ``verify_tree`` call from its normalised arguments
     (``api.checked_tree_args``), its result, and the row thresholds its backend wrote (``row_threshold`` [N]);
-    without them, by the shared post-pass (:func:`kept_ids`)."""
+    without them, by the post-pass (:func:`kept_ids`)."""
     logits, _, parent, cu, _, temperature, top_k, top_p = args[:8]
     rows = tree_rows(cu, parent.numel(), result.accepted_nodes)
     if row_threshold is not None:

@@ -37,8 +37,6 @@ std::tuple<at::Tensor, at::Tensor> chain_op_cuda(
     const std::optional<at::Tensor>& row_threshold) {
   const at::Device device = target_logits.device();
   TORCH_CHECK_VALUE(device.is_cuda(), "target_logits must be a CUDA tensor, got ", device);
-  // The CUDA kernels do not write thresholds yet: the sampling mask of a CUDA call is the shared post-pass's.
-  TORCH_CHECK_VALUE(!row_threshold.has_value(), "row_threshold is not supported by the CUDA kernels yet");
   const int64_t vocab = checks::logits(target_logits);
   const c10::cuda::CUDAGuard guard(device);
   checks::tensor(draft_token_ids, "draft_token_ids", at::kLong, 1, device);
@@ -64,6 +62,7 @@ std::tuple<at::Tensor, at::Tensor> chain_op_cuda(
   a.out_width = max_draft_len + 1;
   a.out_tokens = out.data_ptr<int32_t>();
   a.num_accepted = accepted.data_ptr<int32_t>();
+  a.row_threshold = checks::row_threshold(row_threshold, a.num_rows, device);
   if (num_reqs == 0) return {out, accepted};
   const int arch = device_arch(device);
   if (kBlock && a.draft_probs != nullptr) {
@@ -93,7 +92,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_op_cuda(
     const std::optional<at::Tensor>& row_threshold) {
   const at::Device device = target_logits.device();
   TORCH_CHECK_VALUE(device.is_cuda(), "target_logits must be a CUDA tensor, got ", device);
-  TORCH_CHECK_VALUE(!row_threshold.has_value(), "row_threshold is not supported by the CUDA kernels yet");
   const int64_t vocab = checks::logits(target_logits);
   const c10::cuda::CUDAGuard guard(device);
   checks::tensor(node_token_ids, "node_token_ids", at::kLong, 1, device);
@@ -128,6 +126,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_op_cuda(
   a.out_tokens = out.data_ptr<int32_t>();
   a.accepted_nodes = nodes.data_ptr<int32_t>();
   a.num_accepted = accepted.data_ptr<int32_t>();
+  a.row_threshold = checks::row_threshold(row_threshold, num_nodes, device);
   if (num_reqs == 0) return {out, nodes, accepted};
   if (kTraversal && a.draft_probs != nullptr) {
     const size_t bytes = cuda::tree_traversal_workspace_bytes(num_reqs, max_depth + 1, a.vocab, a.without_replacement);

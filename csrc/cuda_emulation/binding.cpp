@@ -86,7 +86,8 @@ SPECDEC_EMU_API int specdec_emu_verify_chain(const void* logits, int logits_dtyp
                                              const void* draft_probs, int probs_dtype, const float* temperature,
                                              const int32_t* top_k, const float* top_p, const int64_t* seed,
                                              const int64_t* position, int64_t out_width, int32_t* out_tokens,
-                                             int32_t* num_accepted, void* workspace, int arch, int block) {
+                                             int32_t* num_accepted, float* row_threshold, void* workspace, int arch,
+                                             int block) {
   specdec::CudaChainArgs a{};
   a.logits = logits;
   a.logits_dtype = dtype_of(logits_dtype);
@@ -105,6 +106,7 @@ SPECDEC_EMU_API int specdec_emu_verify_chain(const void* logits, int logits_dtyp
   a.out_width = out_width;
   a.out_tokens = out_tokens;
   a.num_accepted = num_accepted;
+  a.row_threshold = row_threshold;
   if (block) {
     specdec::cuda::launch_verify_chain_block(a, arch, workspace, nullptr);
   } else {
@@ -119,7 +121,8 @@ SPECDEC_EMU_API int specdec_emu_verify_tree(const void* logits, int logits_dtype
                                             const float* temperature, const int32_t* top_k, const float* top_p,
                                             const int64_t* seed, const int64_t* position, int without_replacement,
                                             int64_t max_depth, int32_t* out_tokens, int32_t* accepted_nodes,
-                                            int32_t* num_accepted, void* workspace, int arch, int traversal) {
+                                            int32_t* num_accepted, float* row_threshold, void* workspace, int arch,
+                                            int traversal) {
   specdec::CudaTreeArgs a{};
   a.logits = logits;
   a.logits_dtype = dtype_of(logits_dtype);
@@ -141,6 +144,7 @@ SPECDEC_EMU_API int specdec_emu_verify_tree(const void* logits, int logits_dtype
   a.out_tokens = out_tokens;
   a.accepted_nodes = accepted_nodes;
   a.num_accepted = num_accepted;
+  a.row_threshold = row_threshold;
   if (traversal) {
     specdec::cuda::launch_verify_tree_traversal(a, arch, workspace, nullptr);
   } else {

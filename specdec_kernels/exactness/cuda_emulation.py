@@ -130,10 +130,10 @@ def _load() -> ctypes.CDLL | None:
         lib.specdec_emu_chain_block_workspace_bytes.restype = u64
         lib.specdec_emu_tree_traversal_workspace_bytes.argtypes = [i64, i64, i64, i32]
         lib.specdec_emu_tree_traversal_workspace_bytes.restype = u64
-        lib.specdec_emu_verify_chain.argtypes = [p, i32, i64, i64, p, p, i64, p, i32, p, p, p, p, p, i64, p, p, p, i32,
-                                                 i32]
+        lib.specdec_emu_verify_chain.argtypes = [p, i32, i64, i64, p, p, i64, p, i32, p, p, p, p, p, i64, p, p, p, p,
+                                                 i32, i32]
         lib.specdec_emu_verify_tree.argtypes = [p, i32, i64, i64, p, p, p, i64, p, i32, p, p, p, p, p, i32, i64, p, p,
-                                                p, p, i32, i32]
+                                                p, p, p, i32, i32]
         lib.specdec_emu_plan_chain.argtypes = [i32, i64, i32, i64, i64, i32, i32, i32]
         lib.specdec_emu_plan_tree.argtypes = [i32, i64, i32, i64, i32]
         lib.specdec_emu_selftest.argtypes = [ctypes.c_char_p, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_uint32, u64,
@@ -191,6 +191,30 @@ def _fenced_int32(shape: tuple[int, ...], fill: int) -> tuple[torch.Tensor, torc
     buf = torch.full((n + 2 * _CANARY,), _CANARY_VALUE, dtype=torch.int32)
     buf[_CANARY:_CANARY + n] = fill
     return buf, buf[_CANARY:_CANARY + n].view(shape)
+
+
+def _fenced_threshold(row_threshold: torch.Tensor | None, num_rows: int) -> torch.Tensor | None:
+    """The ``row_threshold`` output as the kernels see it: a float32 copy of it between two canaries, or None
+    (the kernels write nothing); :func:`_return_threshold` checks the canaries and copies it back."""
+    if row_threshold is None:
+        return None
+    if (row_threshold.dtype != torch.float32 or row_threshold.dim() != 1 or row_threshold.numel() != num_rows
+            or row_threshold.device.type != "cpu"):
+        raise ValueError(f"row_threshold must be a float32 [{num_rows}] CPU tensor, got {row_threshold.dtype} "
+                         f"{tuple(row_threshold.shape)} on {row_threshold.device}")
+    buf = torch.full((num_rows + 2 * _CANARY,), float(_CANARY_VALUE), dtype=torch.float32)
+    buf[_CANARY:_CANARY + num_rows] = row_threshold
+    return buf
+
+
+def _return_threshold(buf: torch.Tensor | None, row_threshold: torch.Tensor | None) -> None:
+    if buf is not None:
+        _check_fence(buf, _CANARY, float(_CANARY_VALUE), "row_threshold")
+        row_threshold.copy_(buf[_CANARY:buf.numel() - _CANARY])
+
+
+def _threshold_ptr(buf: torch.Tensor | None) -> int | None:
+    return None if buf is None else buf.data_ptr() + 4 * _CANARY
 
 
 def _fenced_bytes(nbytes: int, gen: torch.Generator) -> torch.Tensor:
@@ -270,10 +294,12 @@ def verify_chain(
     schedule: str = "forward",
     schedule_seed: int = 0,
     drop_barrier: str | None = None,
+    row_threshold: torch.Tensor | None = None,
 ) -> ChainResult:
     """``specdec_kernels.verify_chain`` on CPU tensors through the emulated CUDA kernels of ``arch``;
     ``method="block"`` with draft probabilities runs the block-verification kernel (block.cuh), as the
-    binding does (deterministic drafts run the token-level pipeline)."""
+    binding does (deterministic drafts run the token-level pipeline). ``row_threshold`` [T + B] float32 or
+    None: the op's optional output, each decided row's sampling-mask threshold (written in place)."""
     block = api._check_method(method, "chain") == "chain_block"
     args = api.checked_chain_args(
         target_logits, draft_token_ids, cu_num_draft_tokens, draft_probs, temperature, top_k, top_p, seed, position,
@@ -297,15 +323,17 @@ def verify_chain(
         ws_bytes = int(lib.specdec_emu_chain_workspace_bytes(arch, vocab, code, num_rows))
     ws = _fenced_bytes(ws_bytes, torch.Generator().manual_seed(options[1]))
     probs_code = _DTYPE_CODES[probs.dtype] if probs is not None else 0
+    threshold_buf = _fenced_threshold(row_threshold, num_rows)
 
     def launch() -> int:
         return lib.specdec_emu_verify_chain(
             _ptr(logits), code, vocab, num_rows, _ptr(drafts), _ptr(cu), num_reqs, _ptr(probs), probs_code,
             _ptr(temp), _ptr(tk), _ptr(tp), _ptr(sd), _ptr(pos), width + 1, _ptr(out), _ptr(accepted),
-            ws.data_ptr() + 4 * _CANARY, arch, int(block),
+            _threshold_ptr(threshold_buf), ws.data_ptr() + 4 * _CANARY, arch, int(block),
         )
 
     _run(lib, options, launch)
+    _return_threshold(threshold_buf, row_threshold)
     _check_fence(out_buf, _CANARY, _CANARY_VALUE, "output_token_ids")
     _check_fence(acc_buf, _CANARY, _CANARY_VALUE, "num_accepted")
     _check_fence(ws, 4 * _CANARY, 0x5A, "the workspace")
@@ -332,10 +360,12 @@ def verify_tree(
     schedule: str = "forward",
     schedule_seed: int = 0,
     drop_barrier: str | None = None,
+    row_threshold: torch.Tensor | None = None,
 ) -> TreeResult:
     """``specdec_kernels.verify_tree`` on CPU tensors through the emulated CUDA kernels of ``arch``;
     ``method="traversal"`` with draft probabilities runs the traversal kernel (traversal.cuh), as the
-    binding does (deterministic trees run the token-level walk)."""
+    binding does (deterministic trees run the token-level walk). ``row_threshold`` [N] float32 or None: as
+    :func:`verify_chain`'s."""
     traversal = api._check_method(method, "tree") == "tree_traversal"
     args = api.checked_tree_args(
         target_logits, node_token_ids, parent, cu_num_nodes, draft_probs, temperature, top_k, top_p, seed, position,
@@ -361,15 +391,18 @@ def verify_tree(
         ws_bytes = max(int(lib.specdec_emu_tree_workspace_bytes(num_reqs, vocab, int(probs is not None))), 4)
     ws = _fenced_bytes(ws_bytes, torch.Generator().manual_seed(options[1]))
     probs_code = _DTYPE_CODES[probs.dtype] if probs is not None else 0
+    threshold_buf = _fenced_threshold(row_threshold, logits.shape[0])
 
     def launch() -> int:
         return lib.specdec_emu_verify_tree(
             _ptr(logits), code, vocab, logits.shape[0], _ptr(tokens), _ptr(par), _ptr(cu), num_reqs, _ptr(probs),
             probs_code, _ptr(temp), _ptr(tk), _ptr(tp), _ptr(sd), _ptr(pos), int(sibling == "without_replacement"), depth,
-            _ptr(out), _ptr(nodes), _ptr(accepted), ws.data_ptr() + 4 * _CANARY, arch, int(traversal),
+            _ptr(out), _ptr(nodes), _ptr(accepted), _threshold_ptr(threshold_buf), ws.data_ptr() + 4 * _CANARY, arch,
+            int(traversal),
         )
 
     _run(lib, options, launch)
+    _return_threshold(threshold_buf, row_threshold)
     _check_fence(out_buf, _CANARY, _CANARY_VALUE, "output_token_ids")
     _check_fence(nodes_buf, _CANARY, _CANARY_VALUE, "accepted_nodes")
     _check_fence(acc_buf, _CANARY, _CANARY_VALUE, "num_accepted")

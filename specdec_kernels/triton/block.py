@@ -26,6 +26,7 @@ from .chain import (
     _greedy_argmax,
     _gumbel_argmax,
     _softmax_stats,
+    _store_threshold,
     _target_prob,
     _top_k_threshold,
     _top_p_threshold,
@@ -149,9 +150,9 @@ def _threshold(row_ptr, vocab_size, temperature, use_top_k, top_k, use_top_p, to
 def _verify_chain_block_kernel(
     logits_ptr, draft_ids_ptr, cu_ptr, draft_probs_ptr,
     temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr, position_ptr,
-    out_ptr, num_accepted_ptr,
+    out_ptr, num_accepted_ptr, threshold_ptr,
     vocab_size, out_width, total_drafts,
-    HAS_TOP_K: tl.constexpr, HAS_TOP_P: tl.constexpr,
+    HAS_TOP_K: tl.constexpr, HAS_TOP_P: tl.constexpr, WRITE_THRESHOLD: tl.constexpr,
     BLOCK_V: tl.constexpr, SEARCH_BLOCK_V: tl.constexpr, NUM_PIVOTS: tl.constexpr,
 ):
     b = tl.program_id(0)
@@ -174,7 +175,9 @@ def _verify_chain_block_kernel(
         running = tl.full((), 1, tl.int1)
         for j in range(0, num_drafts + 1):
             if running:
-                y = _greedy_argmax(logits_ptr + (first_row + j) * vocab_size, vocab_size, BLOCK_V)
+                y, row_max = _greedy_argmax(logits_ptr + (first_row + j) * vocab_size, vocab_size, BLOCK_V)
+                if WRITE_THRESHOLD:
+                    tl.store(threshold_ptr + first_row + j, row_max)
                 x = tl.load(draft_ids_ptr + draft_start + j, mask=j < num_drafts, other=-1)
                 if (j < num_drafts) & (x == y):
                     tau += 1
@@ -194,6 +197,7 @@ def _verify_chain_block_kernel(
                 row_ptr = logits_ptr + (first_row + j) * vocab_size
                 threshold = _threshold(row_ptr, vocab_size, temperature, use_top_k, top_k, use_top_p, top_p,
                                        HAS_TOP_K, HAS_TOP_P, BLOCK_V, SEARCH_BLOCK_V, NUM_PIVOTS)
+                _store_threshold(threshold_ptr, first_row + j, threshold, WRITE_THRESHOLD)
                 if j == block_len:  # h = w: a stop here is the largest; emit from p itself
                     stop = j == 0
                     if j > 0:
@@ -245,11 +249,13 @@ def verify_chain_block(
     seed: torch.Tensor,
     position: torch.Tensor,
     max_draft_len: int,
+    row_threshold: torch.Tensor | None = None,
 ) -> ChainResult:
-    """Triton block verification on validated, normalised inputs (``verify_chain``'s contract). No host syncs."""
+    """Triton block verification on validated, normalised inputs (``verify_chain``'s contract). No host syncs.
+    ``row_threshold``: as ``triton.chain.verify_chain``'s (every row the block walk reads)."""
     if draft_probs is None:
         return verify_chain_token(target_logits, draft_token_ids, cu_num_draft_tokens, None, temperature, top_k,
-                                  top_p, seed, position, max_draft_len)
+                                  top_p, seed, position, max_draft_len, row_threshold)
     num_reqs = cu_num_draft_tokens.numel() - 1
     vocab_size = target_logits.shape[1]
     device = target_logits.device
@@ -261,9 +267,9 @@ def verify_chain_block(
     _verify_chain_block_kernel[(num_reqs,)](
         target_logits, draft_token_ids, cu_num_draft_tokens, draft_probs,
         temperature, temperature if top_k is None else top_k, temperature if top_p is None else top_p,
-        seed, position, out, num_accepted,
+        seed, position, out, num_accepted, temperature if row_threshold is None else row_threshold,
         vocab_size, max_draft_len + 1, draft_token_ids.numel(),
-        HAS_TOP_K=top_k is not None, HAS_TOP_P=top_p is not None,
+        HAS_TOP_K=top_k is not None, HAS_TOP_P=top_p is not None, WRITE_THRESHOLD=row_threshold is not None,
         BLOCK_V=config.block_v, SEARCH_BLOCK_V=config.search_block_v, NUM_PIVOTS=config.num_pivots,
         num_warps=config.num_warps,
     )

@@ -109,6 +109,21 @@ def _order_key(z):
 
 
 @triton.jit
+def _key_value(key):
+    """The float32 whose order key is ``key`` (the inverse of ``_order_key``; key 0 gives +0.0)."""
+    bits = key.to(tl.int32)
+    return (bits ^ ((bits >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _store_threshold(threshold_ptr, row, key, WRITE_THRESHOLD: tl.constexpr):
+    """With ``WRITE_THRESHOLD`` (the sampling mask asked for), store row ``row``'s kept-set threshold, the value
+    of its truncation key ``key``; nothing otherwise."""
+    if WRITE_THRESHOLD:
+        tl.store(threshold_ptr + row, _key_value(key))
+
+
+@triton.jit
 def _truncated_logits(row_ptr, offs, mask, temperature, threshold):
     """Scaled logits of one tile with tokens below the top-k/top-p key ``threshold`` set to -inf."""
     z = _scaled_logits(row_ptr, offs, mask, temperature)
@@ -130,6 +145,8 @@ def _argmax_update(best_val, best_idx, score, start):
 
 @triton.jit
 def _greedy_argmax(row_ptr, vocab_size, BLOCK_V: tl.constexpr):
+    """Argmax of the sanitized logits (ties to the lowest index) and the row max (the greedy kept set's
+    threshold)."""
     best_val = float("-inf")
     best_idx = tl.zeros((), tl.int64)
     for start in range(0, vocab_size, BLOCK_V):
@@ -137,7 +154,7 @@ def _greedy_argmax(row_ptr, vocab_size, BLOCK_V: tl.constexpr):
         mask = offs < vocab_size
         z = _scaled_logits(row_ptr, offs, mask, 1.0)
         best_val, best_idx = _argmax_update(best_val, best_idx, z, start)
-    return best_idx
+    return best_idx, best_val
 
 
 @triton.jit
@@ -282,9 +299,9 @@ def _residual_sample(row_ptr, q_row_ptr, vocab_size, temperature, threshold, m, 
 def _verify_chain_kernel(
     logits_ptr, draft_ids_ptr, cu_ptr, draft_probs_ptr,
     temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr, position_ptr,
-    out_ptr, num_accepted_ptr,
+    out_ptr, num_accepted_ptr, threshold_ptr,
     vocab_size, out_width, total_drafts,
-    HAS_DRAFT_PROBS: tl.constexpr, HAS_TOP_K: tl.constexpr, HAS_TOP_P: tl.constexpr,
+    HAS_DRAFT_PROBS: tl.constexpr, HAS_TOP_K: tl.constexpr, HAS_TOP_P: tl.constexpr, WRITE_THRESHOLD: tl.constexpr,
     BLOCK_V: tl.constexpr, SEARCH_BLOCK_V: tl.constexpr, NUM_PIVOTS: tl.constexpr,
 ):
     b = tl.program_id(0)
@@ -306,8 +323,10 @@ def _verify_chain_kernel(
             accept = tl.full((), 0, tl.int1)
             token = tl.zeros((), tl.int64)
             if greedy:
-                token = _greedy_argmax(row_ptr, vocab_size, BLOCK_V)
+                token, row_max = _greedy_argmax(row_ptr, vocab_size, BLOCK_V)
                 accept = valid & (token == draft)
+                if WRITE_THRESHOLD:
+                    tl.store(threshold_ptr + first_row + j, row_max)
             else:
                 threshold = tl.full((), _KEY_NEG_INF, tl.int64)
                 if use_top_k:
@@ -316,6 +335,7 @@ def _verify_chain_kernel(
                 if use_top_p:
                     threshold = _top_p_threshold(row_ptr, vocab_size, temperature, threshold, top_p,
                                                  BLOCK_V, SEARCH_BLOCK_V, NUM_PIVOTS)
+                _store_threshold(threshold_ptr, first_row + j, threshold, WRITE_THRESHOLD)
                 stream = tl.where(is_bonus, _STREAM_BONUS, _STREAM_RECOVERY).to(tl.int64)
                 noise_base = (pos << 32) | (stream << 30)
                 if HAS_DRAFT_PROBS:
@@ -359,12 +379,15 @@ def verify_chain(
     seed: torch.Tensor,
     position: torch.Tensor,
     max_draft_len: int,
+    row_threshold: torch.Tensor | None = None,
 ) -> ChainResult:
     """Triton chain verification on validated, normalised inputs (see ``specdec_kernels.verify_chain``).
 
     Shapes as the reference: logits [T + B, V]; draft ids [T] int64; cu [B + 1] int64; draft_probs
     [T, V] or None; temperature, top_p float32 [B]; top_k int32 [B]; seed, position int64 [B].
     Returns int32 tokens [B, max_draft_len + 1] (-1 padded) and int32 accepted counts [B]. No host syncs.
+    ``row_threshold`` [T + B] float32 or None: receives, for every row the kernel decides, the threshold of
+    its kept set (``reference.sampling.kept_threshold``), from the keys the pass searches anyway.
     """
     num_reqs = cu_num_draft_tokens.numel() - 1
     vocab_size = target_logits.shape[1]
@@ -379,9 +402,10 @@ def verify_chain(
         target_logits, draft_token_ids, cu_num_draft_tokens,
         target_logits if draft_probs is None else draft_probs,
         temperature, temperature if top_k is None else top_k, temperature if top_p is None else top_p,
-        seed, position, out, num_accepted,
+        seed, position, out, num_accepted, temperature if row_threshold is None else row_threshold,
         vocab_size, max_draft_len + 1, draft_token_ids.numel(),
         HAS_DRAFT_PROBS=draft_probs is not None, HAS_TOP_K=top_k is not None, HAS_TOP_P=top_p is not None,
+        WRITE_THRESHOLD=row_threshold is not None,
         BLOCK_V=config.block_v, SEARCH_BLOCK_V=config.search_block_v, NUM_PIVOTS=config.num_pivots,
         num_warps=config.num_warps,
     )

@@ -23,7 +23,7 @@ from ..reference.philox import STREAM_BONUS, STREAM_RECOVERY
 from ..reference.tree import TreeResult, tree_layout
 from . import gumbel
 from .block import _probs, _ratio_weight, _sequence_coin, _softmax_stats, _threshold
-from .chain import _greedy_argmax, _gumbel_argmax, chain_config
+from .chain import _greedy_argmax, _gumbel_argmax, _store_threshold, chain_config
 from .prologue import _request_sampling, _request_span
 from .tree import verify_tree as verify_tree_token
 
@@ -122,8 +122,8 @@ def _log_sample(r_ptr, vocab_size, seed, offset_base, BLOCK_V: tl.constexpr):
 def _traversal_kernel(
     logits_ptr, tokens_ptr, first_child_ptr, next_sibling_ptr, cu_ptr, q_ptr,
     temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr, position_ptr, r_ws_ptr, q_ws_ptr,
-    out_ptr, path_ptr, num_accepted_ptr, vocab_size, max_depth, num_nodes,
-    WITHOUT_REPLACEMENT: tl.constexpr, HAS_TOP_K: tl.constexpr, HAS_TOP_P: tl.constexpr,
+    out_ptr, path_ptr, num_accepted_ptr, threshold_ptr, vocab_size, max_depth, num_nodes,
+    WITHOUT_REPLACEMENT: tl.constexpr, HAS_TOP_K: tl.constexpr, HAS_TOP_P: tl.constexpr, WRITE_THRESHOLD: tl.constexpr,
     BLOCK_V: tl.constexpr, SEARCH_BLOCK_V: tl.constexpr, NUM_PIVOTS: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
@@ -142,7 +142,9 @@ def _traversal_kernel(
             active = tl.full((), 1, tl.int1)
             while active:
                 node = _get(path, idx, d)
-                y = _greedy_argmax(logits_ptr + node * vocab_size, vocab_size, BLOCK_V)
+                y, row_max = _greedy_argmax(logits_ptr + node * vocab_size, vocab_size, BLOCK_V)
+                if WRITE_THRESHOLD:
+                    tl.store(threshold_ptr + node, row_max)
                 c = tl.where(d < max_depth, tl.load(first_child_ptr + node), -1)
                 found = tl.full((), -1, tl.int64)
                 while (c >= 0) & (found < 0):
@@ -166,6 +168,7 @@ def _traversal_kernel(
             # Enter the root: m = p, M = 1.
             threshold = _threshold(logits_ptr + root * vocab_size, vocab_size, temperature, use_top_k, top_k, use_top_p,
                                    top_p, HAS_TOP_K, HAS_TOP_P, BLOCK_V, SEARCH_BLOCK_V, NUM_PIVOTS)
+            _store_threshold(threshold_ptr, root, threshold, WRITE_THRESHOLD)
             m, total = _softmax_stats(logits_ptr + root * vocab_size, vocab_size, temperature, threshold, BLOCK_V)
             _store_mass_row(logits_ptr + root * vocab_size, ws, vocab_size, temperature, threshold, m, total, 1.0,
                             BLOCK_V)
@@ -206,6 +209,7 @@ def _traversal_kernel(
                         row_ptr = logits_ptr + c * vocab_size
                         threshold = _threshold(row_ptr, vocab_size, temperature, use_top_k, top_k, use_top_p, top_p,
                                                HAS_TOP_K, HAS_TOP_P, BLOCK_V, SEARCH_BLOCK_V, NUM_PIVOTS)
+                        _store_threshold(threshold_ptr, c, threshold, WRITE_THRESHOLD)
                         m, total = _softmax_stats(row_ptr, vocab_size, temperature, threshold, BLOCK_V)
                         _store_mass_row(row_ptr, ws + d * vocab_size, vocab_size, temperature, threshold, m, total, a,
                                         BLOCK_V)
@@ -244,6 +248,7 @@ def _traversal_kernel(
                 row_ptr = logits_ptr + node * vocab_size
                 threshold = _threshold(row_ptr, vocab_size, temperature, use_top_k, top_k, use_top_p, top_p,
                                        HAS_TOP_K, HAS_TOP_P, BLOCK_V, SEARCH_BLOCK_V, NUM_PIVOTS)
+                _store_threshold(threshold_ptr, node, threshold, WRITE_THRESHOLD)
                 token = _gumbel_argmax(row_ptr, vocab_size, temperature, threshold, seed, (pos << 32) | (stream << 30),
                                        BLOCK_V)
         for i in range(0, BLOCK_D):
@@ -268,11 +273,14 @@ def verify_tree_traversal(
     position: torch.Tensor,
     sibling_sampling: str,
     max_depth: int,
+    row_threshold: torch.Tensor | None = None,
 ) -> TreeResult:
-    """Triton traversal verification on validated, normalised inputs (``verify_tree``'s contract). No host syncs."""
+    """Triton traversal verification on validated, normalised inputs (``verify_tree``'s contract). No host syncs.
+    ``row_threshold``: as ``triton.tree.verify_tree``'s (every node the traversal enters, the accepted path
+    included)."""
     if draft_probs is None:
         return verify_tree_token(target_logits_, node_token_ids, parent, cu_num_nodes, None, temperature, top_k,
-                                 top_p, seed, position, sibling_sampling, max_depth)
+                                 top_p, seed, position, sibling_sampling, max_depth, row_threshold)
     vocab_size = target_logits_.shape[1]
     num_reqs = cu_num_nodes.numel() - 1
     device = target_logits_.device
@@ -291,8 +299,10 @@ def verify_tree_traversal(
     _traversal_kernel[(num_reqs,)](
         target_logits_, node_token_ids, layout.first_child, layout.next_sibling, cu_num_nodes, draft_probs,
         temperature, temperature if top_k is None else top_k, temperature if top_p is None else top_p,
-        seed, position, r_ws, q_ws, out, path, num_accepted, vocab_size, max_depth, node_token_ids.numel(),
+        seed, position, r_ws, q_ws, out, path, num_accepted, temperature if row_threshold is None else row_threshold,
+        vocab_size, max_depth, node_token_ids.numel(),
         WITHOUT_REPLACEMENT=without_replacement, HAS_TOP_K=top_k is not None, HAS_TOP_P=top_p is not None,
+        WRITE_THRESHOLD=row_threshold is not None,
         BLOCK_V=config.block_v, SEARCH_BLOCK_V=config.search_block_v, NUM_PIVOTS=config.num_pivots,
         BLOCK_D=triton.next_power_of_2(width), num_warps=config.num_warps,
     )

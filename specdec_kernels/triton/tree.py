@@ -16,6 +16,7 @@ import triton.language as tl
 
 from ..reference.tree import TreeResult, tree_layout
 from . import gumbel
+from .chain import _key_value
 from .prologue import _request_span
 
 FLOAT32_MAX = tl.constexpr(3.4028234663852886e38)
@@ -27,10 +28,11 @@ FLOAT32_MAX = tl.constexpr(3.4028234663852886e38)
 
 @triton.jit
 def _scaled(row_ptr, offs, V, temp, GREEDY: tl.constexpr):
-    """Sanitized float32 scaled logits of one block (masked lanes -inf)."""
+    """Sanitized float32 scaled logits of one block (masked lanes -inf). Divides with ``div_rn`` as the chain
+    kernel and torch do: Triton lowers a float32 ``/`` to ``div.full.f32`` on NVIDIA GPUs (up to 2 ulp off)."""
     x = tl.load(row_ptr + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
     if not GREEDY:
-        x = x / temp
+        x = tl.math.div_rn(x, temp)
     x = tl.where(x != x, float("-inf"), x)
     x = tl.minimum(x, FLOAT32_MAX)
     return tl.where(offs < V, x, float("-inf"))
@@ -127,7 +129,8 @@ def _noise_base(pos, stream):
 @triton.jit
 def _sample_row(row_ptr, V, temp, kth_key, top_p_key, seed, pos, stream, GREEDY: tl.constexpr,
                 BLOCK: tl.constexpr):
-    """argmax of the greedy logits, or the two-level Gumbel-max sample of the truncated scaled logits."""
+    """argmax of the greedy logits, or the two-level Gumbel-max sample of the truncated scaled logits; and,
+    when greedy, the row max (the greedy kept set's threshold)."""
     best = tl.full((), float("-inf"), tl.float32)
     best_i = tl.zeros((), tl.int64)
     base = _noise_base(pos, stream)
@@ -145,7 +148,7 @@ def _sample_row(row_ptr, V, temp, kth_key, top_p_key, seed, pos, stream, GREEDY:
         z = _scaled(row_ptr, v, V, temp, False)
         z = _masked(z, _order_key(z), kth_key, top_p_key)
         best_i = gumbel.pick_in_block(best_i, z, seed, base)
-    return best_i
+    return best_i, best
 
 
 @triton.jit
@@ -171,7 +174,7 @@ def _init_p(row_ptr, p_ptr, V, temp, kth_key, top_p_key, BLOCK: tl.constexpr):
         offs = start + tl.arange(0, BLOCK)
         z = _scaled(row_ptr, offs, V, temp, False)
         z = _masked(z, _order_key(z), kth_key, top_p_key)
-        p = tl.where(finite, tl.exp(z - shift) / total, tl.where(offs == 0, 1.0, 0.0))
+        p = tl.where(finite, tl.math.div_rn(tl.exp(z - shift), total), tl.where(offs == 0, 1.0, 0.0))
         tl.store(p_ptr + offs, p, mask=offs < V)
 
 
@@ -190,7 +193,7 @@ def _update_residual(p_ptr, q_ptr, V, BLOCK: tl.constexpr):
             offs = start + tl.arange(0, BLOCK)
             p = tl.load(p_ptr + offs, mask=offs < V, other=0.0)
             q = tl.load(q_ptr + offs, mask=offs < V, other=0.0).to(tl.float32)
-            tl.store(p_ptr + offs, tl.maximum(p - q, 0.0) / total, mask=offs < V)
+            tl.store(p_ptr + offs, tl.math.div_rn(tl.maximum(p - q, 0.0), total), mask=offs < V)
     tl.debug_barrier()
 
 
@@ -209,7 +212,7 @@ def _remove_token(q_ptr, V, x, BLOCK: tl.constexpr):
     for start in range(0, V, BLOCK):
         offs = start + tl.arange(0, BLOCK)
         q = tl.load(q_ptr + offs, mask=offs < V, other=0.0)
-        tl.store(q_ptr + offs, tl.where(total > 0, q / safe_total, 0.0), mask=offs < V)
+        tl.store(q_ptr + offs, tl.where(total > 0, tl.math.div_rn(q, safe_total), 0.0), mask=offs < V)
     tl.debug_barrier()
 
 
@@ -247,9 +250,9 @@ def _log_p_sample(p_ptr, V, seed, pos, BLOCK: tl.constexpr):
 def _tree_kernel(
     logits_ptr, stride_logits, tokens_ptr, first_child_ptr, next_sibling_ptr, slot_ptr, cu_ptr,
     q_ptr, stride_q, temp_ptr, top_k_ptr, top_p_ptr, seed_ptr, pos_ptr, p_ws_ptr, q_ws_ptr,
-    out_ptr, path_ptr, num_acc_ptr, V, max_depth, num_nodes,
+    out_ptr, path_ptr, num_acc_ptr, threshold_ptr, V, max_depth, num_nodes,
     STOCHASTIC: tl.constexpr, WITHOUT_REPLACEMENT: tl.constexpr, HAS_TOP_K: tl.constexpr,
-    HAS_TOP_P: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_TOP_P: tl.constexpr, WRITE_THRESHOLD: tl.constexpr, BLOCK: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     width = max_depth + 1
@@ -285,7 +288,9 @@ def _tree_kernel(
         child = tl.full((), -1, tl.int64)
         y = tl.zeros((), tl.int64)
         if greedy:
-            y = _sample_row(row, V, safe_temp, no_cut, no_cut, seed, pos, stream, True, BLOCK)
+            y, row_max = _sample_row(row, V, safe_temp, no_cut, no_cut, seed, pos, stream, True, BLOCK)
+            if WRITE_THRESHOLD:
+                tl.store(threshold_ptr + cur, row_max)
             child = _find_child(tokens_ptr, next_sibling_ptr, first, y)
         else:
             kth_key = no_cut
@@ -296,6 +301,8 @@ def _tree_kernel(
             if HAS_TOP_P:
                 if top_p < 1.0:
                     top_p_key = _top_p_key(row, V, safe_temp, kth_key, top_p, BLOCK)
+            if WRITE_THRESHOLD:  # the row keeps its keys at or above both
+                tl.store(threshold_ptr + cur, _key_value(tl.maximum(kth_key, top_p_key)))
             stochastic = first >= 0
             if not STOCHASTIC:
                 stochastic = first < -1  # always False: deterministic tree
@@ -324,7 +331,7 @@ def _tree_kernel(
                 if child < 0:
                     y = _log_p_sample(p_row, V, seed, pos, BLOCK)
             else:
-                y = _sample_row(row, V, safe_temp, kth_key, top_p_key, seed, pos, stream, False, BLOCK)
+                y, _ = _sample_row(row, V, safe_temp, kth_key, top_p_key, seed, pos, stream, False, BLOCK)
                 child = _find_child(tokens_ptr, next_sibling_ptr, first, y)
         if child >= 0:
             tl.store(out_ptr + b * width + d, tl.load(tokens_ptr + child).to(tl.int32))
@@ -354,8 +361,11 @@ def verify_tree(
     position: torch.Tensor,
     sibling_sampling: str,
     max_depth: int,
+    row_threshold: torch.Tensor | None = None,
 ) -> TreeResult:
-    """Triton tree verification on validated, normalised inputs (same contract as the reference)."""
+    """Triton tree verification on validated, normalised inputs (same contract as the reference).
+    ``row_threshold`` [N] float32 or None: receives, for every node the walk decides at (the accepted path and
+    the node it stops at), the threshold of its row's kept set (``reference.sampling.kept_threshold``)."""
     num_nodes, vocab_size = target_logits_.shape
     num_reqs = cu_num_nodes.numel() - 1
     device = target_logits_.device
@@ -375,8 +385,9 @@ def verify_tree(
         target_logits_, target_logits_.stride(0), node_token_ids, layout.first_child, layout.next_sibling,
         layout.sibling_slot, cu_num_nodes, q, q.stride(0), temperature,
         top_k if top_k is not None else temperature, top_p if top_p is not None else temperature,
-        seed, position, p_ws, q_ws, out, path, num_accepted, vocab_size, max_depth, num_nodes,
-        STOCHASTIC=stochastic, WITHOUT_REPLACEMENT=without_replacement,
-        HAS_TOP_K=top_k is not None, HAS_TOP_P=top_p is not None, BLOCK=_block_size(vocab_size),
+        seed, position, p_ws, q_ws, out, path, num_accepted, temperature if row_threshold is None else row_threshold,
+        vocab_size, max_depth, num_nodes,
+        STOCHASTIC=stochastic, WITHOUT_REPLACEMENT=without_replacement, HAS_TOP_K=top_k is not None,
+        HAS_TOP_P=top_p is not None, WRITE_THRESHOLD=row_threshold is not None, BLOCK=_block_size(vocab_size),
     )
     return TreeResult(out, path, num_accepted)

@@ -75,12 +75,15 @@ def _api_calls() -> Iterator:
         for probs in (False, True):
             for top_k, top_p in ((False, False), (True, False), (False, True), (True, True)):
                 case = (batch, vocab, dtype, gen, probs, top_k, top_p)
-                for method in ("token", "block"):
-                    yield lambda c=case, m=method: verify_chain(**_chain_inputs(*c), backend="triton", method=m)
-                for sibling in ("iid", "without_replacement"):
-                    for method in ("token", "traversal"):
-                        yield lambda c=case, s=sibling, m=method: verify_tree(**_tree_inputs(*c, s), backend="triton",
-                                                                              method=m)
+                # The sampling mask's threshold stores (WRITE_THRESHOLD) are one more variant of each launch.
+                for mask in (False, True) if dtype == torch.float32 else (False,):
+                    for method in ("token", "block"):
+                        yield lambda c=case, m=method, r=mask: verify_chain(**_chain_inputs(*c), backend="triton",
+                                                                            method=m, return_mask=r)
+                    for sibling in ("iid", "without_replacement"):
+                        for method in ("token", "traversal"):
+                            yield lambda c=case, s=sibling, m=method, r=mask: verify_tree(
+                                **_tree_inputs(*c, s), backend="triton", method=m, return_mask=r)
     for dtype in (torch.float32, torch.bfloat16):
         x, w = torch.randn(5, 3 * 40, generator=gen).to(dtype), torch.randn(24, 3 * 40, generator=gen).to(dtype)
         for norm in (None, (torch.rand(3, 40, generator=gen) + 0.5).to(dtype)):

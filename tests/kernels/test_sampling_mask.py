@@ -202,12 +202,14 @@ def test_tree_mask(case, method, backend):
 @pytest.mark.parametrize("case", [CHAIN_CASES[3], CHAIN_CASES[4]], ids=_case_id)
 @pytest.mark.parametrize("method", api.CHAIN_METHODS)
 def test_chain_mask_cuda_emulation(case, method):
-    """The CUDA kernels (host emulation) emit the reference's tokens, so the shared post-pass over their
-    result gives the reference's mask."""
+    """The CUDA kernels (host emulation) emit the reference's tokens, and the mask from the thresholds they
+    write is the reference's."""
     inputs = _chain_inputs(case, 6, 300)
     ref, ref_mask = sk.verify_chain(**inputs, backend="reference", method=method, return_mask=True)
-    res = cuda_emulation.verify_chain(**inputs, method=method)
-    mask = sm.chain_sampling_mask(api.checked_chain_args(**inputs), res)
+    args = api.checked_chain_args(**inputs)
+    threshold = api._threshold_buffer(args[0])
+    res = cuda_emulation.verify_chain(**inputs, method=method, row_threshold=threshold)
+    mask = sm.chain_sampling_mask(args, res, threshold)
     check_mask(inputs, res, mask, _chain_oracle_rows(inputs, res))
     _assert_same_mask(mask, ref_mask, ("cuda_emulation", method, case))
 
@@ -219,8 +221,10 @@ def test_tree_mask_cuda_emulation(method):
     case = TREE_CASES[2]
     inputs = _tree_inputs(case, 5, 301)
     ref, ref_mask = sk.verify_tree(**inputs, backend="reference", method=method, return_mask=True)
-    res = cuda_emulation.verify_tree(**inputs, method=method)
-    mask = sm.tree_sampling_mask(api.checked_tree_args(**inputs), res)
+    args = api.checked_tree_args(**inputs)
+    threshold = api._threshold_buffer(args[0])
+    res = cuda_emulation.verify_tree(**inputs, method=method, row_threshold=threshold)
+    mask = sm.tree_sampling_mask(args, res, threshold)
     check_mask(inputs, res, mask, _tree_oracle_rows(inputs, res))
     _assert_same_mask(mask, ref_mask, ("cuda_emulation", method, case))
 
@@ -315,8 +319,8 @@ _KEPT_IDS = sm.kept_ids
 
 @pytest.mark.parametrize("mutant", ["untruncated_row", "next_row"])
 def test_planted_bugs_fail(mutant, monkeypatch):
-    """Both ways to the mask (the thresholds the reference and native CPU write, the shared post-pass of Triton
-    and CUDA) fail the checks with the untruncated row's set, or with the next row's."""
+    """Both ways to the mask (the thresholds every backend writes, the post-pass ``kept_ids`` that re-derives
+    them) fail the checks with the untruncated row's set, or with the next row's."""
     if mutant == "untruncated_row":
         monkeypatch.setattr(sm, "kept_ids", _untruncated_kept_ids)
         monkeypatch.setattr(sm, "kept_by_threshold", _untruncated_by_threshold)
@@ -355,7 +359,7 @@ def test_return_mask_must_be_a_bool(value):
 @pytest.mark.parametrize("backend", [b for b in BACKENDS if b != "triton"])
 def test_off_returns_the_plain_result_and_builds_no_mask(backend, monkeypatch):
     """Off (the default), on the checked path and on the unchecked CPU one, a call returns its result alone
-    and never reaches the mask's post-pass."""
+    and never builds a mask."""
     def forbidden(*args):
         raise AssertionError("the mask was built with return_mask=False")
 

@@ -1,12 +1,14 @@
-"""The sampling mask from the backends' own thresholds (``row_threshold``): the reference and the native CPU
-kernels write, in the verification pass, the threshold each decided row was truncated with, and the mask is
-the finite scaled logits at or above it (``sampling_mask.kept_by_threshold``).
+"""The sampling mask from the backends' own thresholds (``row_threshold``): every backend (the reference, the
+native CPU, Triton and CUDA kernels) writes, in the verification pass, the threshold each decided row was
+truncated with, and the mask is the finite scaled logits at or above it (``sampling_mask.kept_by_threshold``).
 
-Checked here, per backend that writes them: the kept set of its thresholds is the reference sampler's kept
+Checked here, per backend (CUDA through its host emulation, ``exactness.cuda_emulation``, and on a GPU where
+there is one): the kept set of its thresholds is the reference sampler's kept
 set (``tests/kernels/test_sampling_mask.py``'s oracle: full sorts) on rows built to sit on the boundaries
 (tie groups at top-k's k-th value and at top-p's limit, tied greedy maxima, rows that keep nothing, NaN and
-+inf logits, k past the finite values, V = 151936 rows); every decided row gets a threshold; and asking for
-them changes no token (the same call with and without ``row_threshold``, bit for bit).
++inf logits, k past the finite values, V = 151936 rows); every decided row gets a threshold, the reference's
+value wherever the row keeps something; and asking for them changes no token (the same call with and without
+``row_threshold``, bit for bit, and the reference's tokens).
 """
 
 from __future__ import annotations
@@ -17,21 +19,65 @@ import torch
 import specdec_kernels as sk
 from specdec_kernels import api, native
 from specdec_kernels import sampling_mask as sm
+from specdec_kernels.exactness import cuda_emulation
+from tests.conftest import DEVICE, TRITON_RUNNABLE, skip_if_interpreter_expensive, slow_when_interpreted
 from tests.kernels.test_sampling_mask import (
     CHAIN_CASES,
     TREE_CASES,
     _case_id,
     _chain_inputs,
     _chain_oracle_rows,
+    _moved,
     _tree_inputs,
     _tree_oracle_rows,
     check_mask,
 )
 
-# The backends whose verification pass writes row thresholds (api._writes_thresholds); Triton and CUDA take
-# the shared post-pass (tests/kernels/test_sampling_mask.py checks those masks).
-BACKENDS = ["reference"] + (["cpu"] if native.has_device("cpu") else [])
+# Every backend that runs here, and "cuda_emulation" (the CUDA kernels on the host, through
+# exactness.cuda_emulation rather than the api). Triton runs on DEVICE (the interpreter on CPU machines, where
+# its cases are marked slow).
+BACKENDS = (["reference"] + (["cpu"] if native.has_device("cpu") else []) + (["cuda"] if native.has_device("cuda") else [])
+            + ([pytest.param("cuda_emulation", marks=pytest.mark.native)] if cuda_emulation.available() else [])
+            + (["triton"] if TRITON_RUNNABLE else []))
 NEG_INF, INF, NAN = float("-inf"), float("inf"), float("nan")
+
+
+def _device(backend: str) -> str:
+    return DEVICE if backend == "triton" else "cuda" if backend == "cuda" else "cpu"
+
+
+def _emulated_op(op: str):
+    """The CUDA host emulation of ``op`` with a backend function's signature (normalised positional arguments,
+    ``row_threshold``)."""
+    if op in ("chain", "chain_block"):
+        method = "block" if op == "chain_block" else "token"
+        return lambda *args, row_threshold=None: cuda_emulation.verify_chain(
+            *args[:9], method=method, max_draft_len=args[9], row_threshold=row_threshold)
+    method = "traversal" if op == "tree_traversal" else "token"
+    return lambda *args, row_threshold=None: cuda_emulation.verify_tree(
+        *args[:11], method=method, max_depth=args[11], row_threshold=row_threshold)
+
+
+def _backend_op(backend: str, op: str):
+    if backend == "cuda_emulation":
+        return _emulated_op(op)
+    return api._resolve(backend, torch.device(_device(backend)), op)
+
+
+def _assert_reference_thresholds(args: tuple, temperature: torch.Tensor, rows: torch.Tensor, emitted: torch.Tensor,
+                                 threshold: torch.Tensor, want: torch.Tensor) -> None:
+    """The backend's ``threshold`` equals the reference's ``want`` at the row ``rows`` [B, W] of every emitted
+    token (``emitted`` [B, W]) whose row keeps something; a row that keeps nothing may hold any threshold that
+    keeps nothing (the reference writes top-p's +inf there, the native CPU kernel -inf: both masks are {0})."""
+    decided = rows[emitted]
+    t = temperature[:, None].expand_as(rows)[emitted]
+    z = args[0][decided].float() / torch.where(t == 0, 1.0, t)[:, None]  # as the mask's compare scales rows
+    nonempty = sm.kept_by_threshold(z, want[decided]).any(dim=-1)
+    got, ref = threshold[decided], want[decided]
+    assert not torch.isnan(got).any(), "a decided row without a threshold"
+    same = (got == ref) | ~nonempty
+    assert bool(same.all()), f"thresholds differ from the reference's: {got[~same]} != {ref[~same]}"
+    assert not sm.kept_by_threshold(z[~nonempty], got[~nonempty]).any()
 
 
 def _boundary_rows(V: int = 64) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -90,18 +136,27 @@ def _one_row_requests(logits, temperature, top_k, top_p, dtype, backend, op: str
     params = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=torch.arange(R) * 31 + 5,
                   position=torch.zeros(R, dtype=torch.int64))
     if op == "chain":
-        res, mask = sk.verify_chain(logits.to(dtype), torch.zeros(0, dtype=torch.int64),
-                                    torch.zeros(R + 1, dtype=torch.int64), **params, backend=backend, return_mask=True)
+        inputs = dict(target_logits=logits.to(dtype), draft_token_ids=torch.zeros(0, dtype=torch.int64),
+                      cu_num_draft_tokens=torch.zeros(R + 1, dtype=torch.int64), **params)
+        verify, checked, sampling_mask = sk.verify_chain, api.checked_chain_args, sm.chain_sampling_mask
     else:
-        res, mask = sk.verify_tree(logits.to(dtype), torch.full((R,), -1, dtype=torch.int64),
-                                   torch.full((R,), -1, dtype=torch.int64), torch.arange(R + 1), **params,
-                                   backend=backend, return_mask=True)
+        inputs = dict(target_logits=logits.to(dtype), node_token_ids=torch.full((R,), -1, dtype=torch.int64),
+                      parent=torch.full((R,), -1, dtype=torch.int64), cu_num_nodes=torch.arange(R + 1), **params)
+        verify, checked, sampling_mask = sk.verify_tree, api.checked_tree_args, sm.tree_sampling_mask
+    if backend == "cuda_emulation":  # what verify_* does with return_mask=True, on the emulated op
+        args = checked(**inputs)
+        threshold = api._threshold_buffer(args[0])
+        res = _emulated_op(op)(*args, row_threshold=threshold)
+        mask = sampling_mask(args, res, threshold)
+    else:
+        res, mask = verify(**_moved(inputs, _device(backend)), backend=backend, return_mask=True)
+    res, mask = type(res)(*(t.cpu() for t in res)), sk.SamplingMask(*(t.cpu() for t in mask))
     return res, mask, [[r] for r in range(R)]
 
 
 @pytest.mark.parametrize("op", ["chain", "tree"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", slow_when_interpreted(BACKENDS))
 def test_thresholds_keep_the_truncated_set_on_boundaries(backend, dtype, op):
     logits, temperature, top_k, top_p = _boundary_rows()
     res, mask, rows = _one_row_requests(logits, temperature, top_k, top_p, dtype, backend, op)
@@ -111,56 +166,62 @@ def test_thresholds_keep_the_truncated_set_on_boundaries(backend, dtype, op):
     assert sizes[:5] == [5, 5, 4, 1, 4] and sizes[5:10] == [3, 3, 1, 1, 1] and sizes[12:14] == [3, 3]
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", slow_when_interpreted(BACKENDS))
 def test_thresholds_keep_the_truncated_set_at_v151936(backend):
+    skip_if_interpreter_expensive(backend, cheap=False)
     logits, temperature, top_k, top_p = _large_rows()
     res, mask, rows = _one_row_requests(logits, temperature, top_k, top_p, torch.bfloat16, backend, "chain")
     inputs = dict(target_logits=logits.to(torch.bfloat16), temperature=temperature, top_k=top_k, top_p=top_p)
     check_mask(inputs, res, mask, rows)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+def _with_and_without(backend: str, op: str, args: tuple):
+    """``op``'s backend function on ``args`` (moved to the backend's device) without and with ``row_threshold``:
+    (plain result, result, thresholds), on the CPU; and the reference's (result, thresholds)."""
+    device = torch.device(_device(backend))
+    fn = _backend_op(backend, op)
+    moved = tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in args)
+    plain = fn(*moved)
+    threshold = api._threshold_buffer(moved[0])
+    res = fn(*moved, row_threshold=threshold)
+    on_cpu = [type(r)(*(t.cpu() for t in r)) for r in (plain, res)]
+    if backend == "reference":
+        return *on_cpu, threshold, on_cpu[1], threshold
+    ref_threshold = api._threshold_buffer(args[0])
+    ref = api._REFERENCE_OPS[op](*args, row_threshold=ref_threshold)
+    return *on_cpu, threshold.cpu(), ref, ref_threshold
+
+
+@pytest.mark.parametrize("backend", slow_when_interpreted(BACKENDS))
 @pytest.mark.parametrize("method", api.CHAIN_METHODS)
 @pytest.mark.parametrize("case", CHAIN_CASES, ids=_case_id)
 def test_chain_thresholds_change_no_token(case, method, backend):
-    """The backend's chain op with and without ``row_threshold``: the same tokens bit for bit; every decided
-    row written (no NaN left), and the mask from them is the oracle's."""
+    """The backend's chain op with and without ``row_threshold``: the same tokens bit for bit, and the
+    reference's; every decided row written (no NaN left) with the reference's threshold, and the mask from them
+    is the oracle's."""
     inputs = _chain_inputs(case, 6, 400 + CHAIN_CASES.index(case))
     args = api.checked_chain_args(**inputs)
-    fn = api._resolve(backend, torch.device("cpu"), api._METHOD_OPS["chain", method])
-    assert api._writes_thresholds(fn, api._METHOD_OPS["chain", method])
-    plain = fn(*args)
-    threshold = api._threshold_buffer(args[0])
-    res = fn(*args, row_threshold=threshold)
+    plain, res, threshold, ref, ref_threshold = _with_and_without(backend, api._METHOD_OPS["chain", method], args)
     assert all(torch.equal(a, b) for a, b in zip(plain, res, strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(ref, res, strict=True))
     rows = sm.chain_rows(args[2], args[1].numel(), res.output_token_ids.shape[1])
-    assert not torch.isnan(threshold[rows[res.output_token_ids >= 0]]).any()
+    _assert_reference_thresholds(args, args[4], rows, res.output_token_ids >= 0, threshold, ref_threshold)
     check_mask(inputs, res, sm.chain_sampling_mask(args, res, threshold), _chain_oracle_rows(inputs, res))
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", slow_when_interpreted(BACKENDS))
 @pytest.mark.parametrize("method", api.TREE_METHODS)
 @pytest.mark.parametrize("case", TREE_CASES, ids=_case_id)
 def test_tree_thresholds_change_no_token(case, method, backend):
     inputs = _tree_inputs(case, 5, 500 + TREE_CASES.index(case))
     args = api.checked_tree_args(**inputs)
-    fn = api._resolve(backend, torch.device("cpu"), api._METHOD_OPS["tree", method])
-    assert api._writes_thresholds(fn, api._METHOD_OPS["tree", method])
-    plain = fn(*args)
-    threshold = api._threshold_buffer(args[0])
-    res = fn(*args, row_threshold=threshold)
+    plain, res, threshold, ref, ref_threshold = _with_and_without(backend, api._METHOD_OPS["tree", method], args)
     assert all(torch.equal(a, b) for a, b in zip(plain, res, strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(ref, res, strict=True))
     rows = sm.tree_rows(args[3], args[2].numel(), res.accepted_nodes)
-    assert not torch.isnan(threshold[rows[res.output_token_ids >= 0]]).any()
+    _assert_reference_thresholds(args, args[5], rows, res.output_token_ids >= 0, threshold, ref_threshold)
     check_mask(inputs, res, sm.tree_sampling_mask(args, res, threshold), _tree_oracle_rows(inputs, res))
 
-
-def test_triton_and_cuda_take_the_post_pass():
-    """Only the reference and native CPU ops are handed ``row_threshold``; the Triton launchers are not."""
-    from specdec_kernels.triton import chain as triton_chain
-
-    assert not api._writes_thresholds(triton_chain.verify_chain, "chain")
-    assert api._writes_thresholds(api._REFERENCE_OPS["tree_traversal"], "tree_traversal")
 
 
 @pytest.mark.native

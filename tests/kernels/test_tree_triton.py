@@ -122,14 +122,18 @@ signature = {
     "next_sibling_ptr": ptr, "slot_ptr": ptr, "cu_ptr": ptr, "q_ptr": "*fp32", "stride_q": i64,
     "temp_ptr": "*fp32", "top_k_ptr": "*i32", "top_p_ptr": "*fp32", "seed_ptr": ptr, "pos_ptr": ptr,
     "p_ws_ptr": "*fp32", "q_ws_ptr": "*fp32", "out_ptr": "*i32", "path_ptr": "*i32", "num_acc_ptr": "*i32",
-    "V": "i32", "max_depth": "i32", "num_nodes": "i64", "STOCHASTIC": "constexpr", "WITHOUT_REPLACEMENT": "constexpr",
-    "HAS_TOP_K": "constexpr", "HAS_TOP_P": "constexpr", "BLOCK": "constexpr",
+    "threshold_ptr": "*fp32", "V": "i32", "max_depth": "i32", "num_nodes": "i64", "STOCHASTIC": "constexpr",
+    "WITHOUT_REPLACEMENT": "constexpr", "HAS_TOP_K": "constexpr", "HAS_TOP_P": "constexpr",
+    "WRITE_THRESHOLD": "constexpr", "BLOCK": "constexpr",
 }
 constexprs = {"STOCHASTIC": True, "WITHOUT_REPLACEMENT": True, "HAS_TOP_K": True, "HAS_TOP_P": True,
-              "BLOCK": 1024}
+              "WRITE_THRESHOLD": True, "BLOCK": 1024}
 compiled = triton.compile(ASTSource(_tree_kernel, signature, constexprs=constexprs),
                           target=GPUTarget("cuda", 90, 32))
 assert "ptx" in compiled.asm
+# Every float32 division correctly rounded (tl.math.div_rn): a float32 / lowers to div.full.f32 (89 of them
+# when _scaled, _init_p, _update_residual and _remove_token divided with /).
+assert "div.full.f32" not in compiled.asm["ptx"] and "div.rn.f32" in compiled.asm["ptx"]
 """
 
 
@@ -147,8 +151,9 @@ def _ptxas_absent() -> str | None:
 
 def test_kernel_compiles_for_sm90_without_a_gpu():
     """Ahead-of-time compile to Hopper PTX/cubin in a subprocess without the interpreter: the interpreter
-    does not type-check control flow, the compiler does (scalar ifs, while loops, loop-carried values).
-    Skips only when ptxas is absent; a ptxas that runs and fails is a failure."""
+    does not type-check control flow, the compiler does (scalar ifs, while loops, loop-carried values); and
+    the PTX divides float32 only with div.rn (the interpreter's numpy division is exact either way). Skips
+    only when ptxas is absent; a ptxas that runs and fails is a failure."""
     import os
     import subprocess
     import sys

@@ -7,6 +7,12 @@ enforce, checked on the kernels' source. Each rule broke a kernel on an H200 whi
   inside the loop is not carried out of the loop: the compiler finds loop-carried names by comparing each
   name's value before and after one pass over the body, and the alias leaves the value unchanged (block
   verification emitted from w = 1 instead of w_tau in 117 of 65476 requests).
+- a float32 division of a verification kernel (not the drafter head's, judged by a tolerance) is
+  ``tl.math.div_rn``, never ``/``: on NVIDIA GPUs Triton lowers a float32 ``/`` to
+  ``div.full.f32``, up to 2 ulp off the correctly rounded quotient the reference (torch) and the interpreter
+  compute (triton-lang/triton#10661), so a kernel's tokens would match the reference's on the CPU alone
+  (``triton/tree.py`` scaled its logits with ``/``). ``/`` stays only where both operands are float64
+  (``FLOAT64_DIVISIONS``), which is correctly rounded.
 """
 
 from __future__ import annotations
@@ -49,6 +55,17 @@ def test_the_kernels_are_found():
     names = {name for name, _ in JIT_FUNCTIONS}
     assert {"block._verify_chain_block_kernel", "chain._verify_chain_kernel", "traversal._traversal_kernel",
             "tree._tree_kernel", "drafter._head_tile_kernel"} <= names
+
+
+# The jit functions whose ``/`` divide float64 values (the stop probability Z / (Z + 1 - w) of block and
+# traversal verification), each with its number of them.
+FLOAT64_DIVISIONS = {"block._stop_probability": 1, "traversal._traversal_kernel": 1}
+
+
+def true_divisions(src: str) -> int:
+    """The number of ``/`` (not ``//``) in a jit function's source."""
+    return sum(isinstance(n, (ast.BinOp, ast.AugAssign)) and isinstance(n.op, ast.Div)
+               for n in ast.walk(ast.parse(textwrap.dedent(src))))
 
 
 def non_constexpr_globals(src: str, namespace: dict) -> list[str]:
@@ -112,6 +129,14 @@ def test_no_loop_carried_name_starts_as_an_alias(name, fn):
     assert aliased_loop_assignments(inspect.getsource(fn.fn)) == [], name
 
 
+VERIFICATION_FUNCTIONS = [(n, f) for n, f in JIT_FUNCTIONS if not n.startswith("drafter.")]
+
+
+@pytest.mark.parametrize("name,fn", VERIFICATION_FUNCTIONS, ids=[n for n, _ in VERIFICATION_FUNCTIONS])
+def test_float32_divisions_are_correctly_rounded(name, fn):
+    assert true_divisions(inspect.getsource(fn.fn)) == FLOAT64_DIVISIONS.get(name, 0), name
+
+
 def test_the_checks_find_the_patterns_that_broke_kernels():
     """The two kernels as they were (abridged), and their fixes."""
     plain, wrapped = 3, tl.constexpr(3)
@@ -134,3 +159,5 @@ def test_the_checks_find_the_patterns_that_broke_kernels():
     assert aliased_loop_assignments(fixed) == []
     reassigned = broken.replace("w_tau = w\n        for", "w_tau = w\n        w = w * 0.5\n        for")
     assert aliased_loop_assignments(reassigned) == []
+    assert true_divisions("def f(x, t):\n    return x / t\n") == 1  # triton/tree.py's _scaled as it was
+    assert true_divisions("def f(x, t, n):\n    x /= t\n    return tl.math.div_rn(x, t) + n // 2\n") == 1

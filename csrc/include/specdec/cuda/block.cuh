@@ -107,6 +107,7 @@ __global__ void chain_block_kernel(CudaChainArgs a, float* workspace) {
       });
       best = block_argmax(best, amax);
       const int64_t y = best.value == -kInf ? 0 : best.index;
+      if (threadIdx.x == 0) store_threshold(a.row_threshold, row0 + tau, best.value);
       if (tau < k && a.draft_ids[first_draft + tau] == y) continue;
       token = y;
       break;
@@ -123,6 +124,7 @@ __global__ void chain_block_kernel(CudaChainArgs a, float* workspace) {
     float w = 1.0f, w_tau = 1.0f;
     for (int64_t j = 0; j <= block_len; ++j) {
       const uint32_t lo_key = row_lo_key<D>(row_ptr(j), V, temp, top_k, top_p, smem, amax);
+      if (threadIdx.x == 0) store_threshold(a.row_threshold, row0 + j, key_threshold(lo_key));
       if (j == block_len) {  // h = w: a stop here is the largest; emit from p itself
         if (j == 0 || static_cast<double>(sequence_coin(seed, position, static_cast<uint32_t>(j))) <
                           static_cast<double>(w)) {

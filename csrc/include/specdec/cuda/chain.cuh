@@ -9,7 +9,7 @@
 //                         (gumbel.h: one thread per 16-entry block; deterministic drafts need nothing
 //                         else), plus the online-softmax (max, sum) of stochastic rows;
 //   3. decide_kernel     per row: combine slices, level 2 in the winning block; stochastic rows draw the
-//                         acceptance coin;
+//                         acceptance coin; the row's sampling-mask threshold when asked for (row_threshold);
 //   4. residual_kernel   grid (slices, rows <= 65535), stochastic rows that rejected only: recovery sample from
 //                         norm(max(0, p - q)) (level 1; level 2 in residual_combine_kernel);
 //   5. assemble_kernel   per request: accepted prefix, then the recovery or bonus token.
@@ -152,6 +152,8 @@ __global__ void decide_kernel(CudaChainArgs a, int64_t slices, const ChainRowPar
   st.accept = 0;
   st.recovered = -1;
   const float temp = a.temperature[info.req];
+  // The sampling mask's threshold, of every row (greedy: the combined argmax's value is the row max).
+  store_threshold(a.row_threshold, r, temp == 0.0f ? pick.value : key_threshold(st.lo_key));
   if (temp != 0.0f) {  // level 2 of the Gumbel-max sample, in the winning block (block 0 if all are -inf)
     const PhiloxKey key = philox_key(a.seed[info.req]);
     const uint32_t hi = philox_offset_hi(a.position[info.req] + info.local);

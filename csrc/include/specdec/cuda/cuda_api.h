@@ -28,6 +28,7 @@ struct CudaChainArgs {
   int64_t out_width;
   int32_t* out_tokens;          // [B, out_width], pre-filled with -1
   int32_t* num_accepted;        // [B]
+  float* row_threshold;         // [T + B] or nullptr: each row's kept-set threshold (the sampling mask)
 };
 
 // Workspace (device memory, sized by chain_workspace_bytes): per (row, slice) partials and per-row state.
@@ -71,6 +72,7 @@ struct CudaTreeArgs {
   int32_t* out_tokens;            // [B, D + 1], pre-filled with -1
   int32_t* accepted_nodes;        // [B, D + 1], pre-filled with -1
   int32_t* num_accepted;          // [B]
+  float* row_threshold;           // [N] or nullptr: each decided node's kept-set threshold (the sampling mask)
 };
 
 }  // namespace specdec

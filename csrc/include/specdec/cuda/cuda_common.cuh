@@ -1,6 +1,6 @@
 // CUDA building blocks shared by the chain and tree kernels: (value, index) argmax with ties to the
 // lowest index, block reductions, 16-byte vectorised row loads, truncated logits and their order-key
-// statistics (top-k / top-p thresholds), and the launch macro.
+// statistics (top-k / top-p thresholds, and the sampling mask's threshold of a row), and the launch macro.
 // Framework-free (no torch headers), so CI compiles it with nvcc alone.
 #pragma once
 
@@ -164,6 +164,16 @@ __device__ uint32_t row_lo_key(const void* row, int64_t V, float temp, int32_t k
     }
   }
   return lo_key;
+}
+
+// The sampling mask's threshold of a row truncated at key `lo_key` (row_lo_key's; 0 keeps everything: -inf):
+// the row keeps its finite values at or above it (reference.sampling.kept_threshold; a greedy row's is its max).
+__device__ __forceinline__ float key_threshold(uint32_t lo_key) { return lo_key == 0 ? -kInf : key_value(lo_key); }
+
+// Stores `value` at row_threshold[row] when the mask is asked for (a null row_threshold: nothing). One thread
+// of a block-per-request kernel calls it.
+__device__ __forceinline__ void store_threshold(float* row_threshold, int64_t row, float value) {
+  if (row_threshold != nullptr) row_threshold[row] = value;
 }
 
 __device__ __forceinline__ float load_prob(const void* q, DType d, int64_t v) {

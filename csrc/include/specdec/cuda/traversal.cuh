@@ -80,6 +80,7 @@ __global__ void tree_traversal_kernel(CudaTreeArgs a, float* rows, TraversalDept
       });
       best = block_argmax(best, amax);
       y = best.value == -kInf ? 0 : best.index;
+      if (threadIdx.x == 0) store_threshold(a.row_threshold, first + cur, best.value);
       int64_t child = -1;
       for (int64_t i = cur + 1; i < n && d < a.max_depth; ++i) {
         if (a.parent[first + i] == cur && a.node_token_ids[first + i] == y) {
@@ -114,6 +115,7 @@ __global__ void tree_traversal_kernel(CudaTreeArgs a, float* rows, TraversalDept
     }
     if (w > 0.0f) {
       const uint32_t lo_key = row_lo_key<D>(row_ptr(local), V, temp, top_k, top_p, smem, amax);
+      if (threadIdx.x == 0) store_threshold(a.row_threshold, first + local, key_threshold(lo_key));
       float* r = r_at(d);
       row_probs<D>(row_ptr(local), V, temp, lo_key, r, smem, amax);
       for (int64_t v = threadIdx.x; v < V; v += blockDim.x) r[v] = w * r[v];

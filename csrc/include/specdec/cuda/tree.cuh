@@ -60,9 +60,11 @@ __global__ void tree_walk_kernel(CudaTreeArgs a, float* workspace) {
       for_each_elem<D>(row, 0, V, [&](int64_t v, float x) { best = better(best, DevArgMax{sanitize(x), static_cast<int32_t>(v)}); });
       best = block_argmax(best, amax);
       y = best.value == -kInf ? 0 : best.index;
+      if (threadIdx.x == 0) store_threshold(a.row_threshold, g, best.value);
     } else {
       const uint32_t lo_key = row_lo_key<D>(row, V, temp, rs.top_k, rs.top_p,
                                             smem, amax);
+      if (threadIdx.x == 0) store_threshold(a.row_threshold, g, key_threshold(lo_key));
       if (a.draft_probs == nullptr || leaf) {  // two-level Gumbel-max (gumbel.h)
         const int stream = leaf ? kStreamBonus : kStreamRecovery;
         const uint32_t hi = philox_offset_hi(pos);
