@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # The one command of a GPU device lease (at most about 8.5 minutes on an H100): machine record, builds,
-# identity check, the chain sweep against FlashInfer / vLLM / torch, the peers' audits, rl_loop's GPU rollout
-# figure (AR against speculative rollouts of the LLM-shape policy). Everything lands in $OUT as it
+# identity check, the chain sweep against FlashInfer / vLLM / torch, the sampling mask's cost on our CUDA and
+# Triton kernels, the peers' audits, rl_loop's GPU rollout figure (AR against speculative rollouts of the
+# LLM-shape policy). Everything lands in $OUT as it
 # goes (a phase cut by its timeout keeps what it wrote):
 #   run.log               this script's whole output (phases, each phase's tail, the sweep's summary)
 #   chain_sweep.csv       one row per (case, provider), flushed as measured (benchmarks/gpu/sweep.py)
 #   chain_sweep.env.json  the run's provenance: command, commit, GPU / driver / clocks, versions
+#   sampling_mask.csv     return_mask off / on / post-pass, per backend (benchmarks/bench_sampling_mask.py)
 #   artefacts.tar.gz      $WORK re-packed after every phase: machine.txt, build logs, identity_<backend>.log,
 #                         audit/<target>.{md,json}, rl_rollout.log
 #   gpu_rollout.json      rl_loop's rollout figure (python -m rl_loop.experiments.gpu_rollout), written at its end
-# (five files: a device run brings back at most eight.)
+# (six files: a device run brings back at most eight.)
 #
 # Before the lease, here:   python -m benchmarks.gpu.prepare     (fills the ignored .cache/peers)
 # On the device, from the repository root, carrying .cache/peers (the copy there has no .git: pass the commit):
@@ -20,8 +22,8 @@
 # SPECDEC_GIT_COMMIT (the commit the CSV, env.json and audit reports record where git cannot tell),
 # PYTHON (default python3), SWEEP_ARGS (extra sweep arguments, e.g. "--max-cases 6"), IDENTITY_N (requests
 # per identity case; default 4096 GPU, 8 CPU); timeouts in seconds: BUILD_TIMEOUT (90), IDENTITY_TIMEOUT
-# (25 per backend; 60 on CPU), SWEEP_TIMEOUT (150), AUDIT_TIMEOUT (40, both audits in parallel),
-# ROLLOUT_TIMEOUT (170). The defaults add up to 500 s, about 8.5 minutes with the start-up.
+# (25 per backend; 60 on CPU), SWEEP_TIMEOUT (130), MASK_TIMEOUT (30), AUDIT_TIMEOUT (40, both audits in
+# parallel), ROLLOUT_TIMEOUT (160). The defaults add up to 500 s, about 8.5 minutes with the start-up.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/results/benchmarks/gpu_device_run}
@@ -89,8 +91,17 @@ pack
 
 step "chain sweep -> $OUT/chain_sweep.csv"
 # shellcheck disable=SC2086  # SWEEP_ARGS is a list of arguments
-timeout "${SWEEP_TIMEOUT:-150}" "$PY" -m benchmarks.gpu.sweep --device "$DEV" --out "$OUT/chain_sweep.csv" ${SWEEP_ARGS:-}
+timeout "${SWEEP_TIMEOUT:-130}" "$PY" -m benchmarks.gpu.sweep --device "$DEV" --out "$OUT/chain_sweep.csv" ${SWEEP_ARGS:-}
 echo "sweep exit code: $? (124 = timed out; rows are flushed one by one)"
+pack
+
+step "sampling mask: return_mask off / on / post-pass -> $OUT/sampling_mask.csv"
+if [ "$DEV" = cuda ]; then mask_args="--backend cuda,triton --rounds 5 --reps 3"
+else mask_args="--backend cpu --batch 4 --vocab 4096 --rounds 2 --reps 1"; fi
+# shellcheck disable=SC2086  # mask_args is a list of arguments
+timeout "${MASK_TIMEOUT:-30}" "$PY" -m benchmarks.bench_sampling_mask --device "$DEV" $mask_args \
+  --note "device run, alone on the machine" --out "$OUT/sampling_mask.csv"
+echo "sampling mask exit code: $? (124 = timed out; each backend's rows are written when it is measured)"
 pack
 
 step "audits of FlashInfer's kernel and vLLM V2's kernels (short budget, in parallel)"
@@ -109,7 +120,7 @@ pack
 step "rl_loop GPU rollout figure -> $OUT/gpu_rollout.json"
 if [ "$DEV" = cuda ]; then rollout_args="--device cuda"; else rollout_args="--device cpu --tiny --seeds 3 --repeats 2"; fi
 # shellcheck disable=SC2086  # rollout_args is a list of arguments
-timeout "${ROLLOUT_TIMEOUT:-170}" "$PY" -m rl_loop.experiments.gpu_rollout $rollout_args --out "$WORK/rl_rollout" \
+timeout "${ROLLOUT_TIMEOUT:-160}" "$PY" -m rl_loop.experiments.gpu_rollout $rollout_args --out "$WORK/rl_rollout" \
   > "$WORK/rl_rollout.log" 2>&1
 echo "rollout exit code: $? (124 = timed out)"
 tail -n 3 "$WORK/rl_rollout.log"

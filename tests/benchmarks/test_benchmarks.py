@@ -373,7 +373,7 @@ def test_bench_sampling_mask_times_off_and_on_interleaved(capsys, tmp_path):
     out_csv = tmp_path / "mask.csv"
     result = bench_sampling_mask.main(["--rounds", "2", "--reps", "1", "--batch", "3", "--vocab", "700",
                                        "--backend", backend, "--out", str(out_csv), "--note", "shared"])
-    assert set(result) == {(name, mode) for name in bench_sampling_mask.TRUNCATIONS
+    assert set(result) == {(backend, name, mode) for name in bench_sampling_mask.TRUNCATIONS
                            for mode in bench_sampling_mask.MODES}
     assert all(0 < low <= median <= high for median, low, high in result.values())
     out = capsys.readouterr().out
@@ -385,6 +385,13 @@ def test_bench_sampling_mask_times_off_and_on_interleaved(capsys, tmp_path):
     with pytest.raises(SystemExit):
         bench_sampling_mask.main(["--rounds", "0"])
     assert "--rounds must be >= 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench_sampling_mask.main(["--backend", "cpu,nope"])
+    assert "--backend nope: not available on cpu" in capsys.readouterr().err
+    both = bench_sampling_mask.main(["--rounds", "1", "--reps", "1", "--batch", "2", "--vocab", "300",
+                                     "--backend", f"{backend},reference", "--out", str(out_csv)])
+    assert {key[0] for key in both} == {backend, "reference"}  # each backend in turn, rows per backend
+    assert sorted({r["provider"] for r in read_csv([out_csv])}) == sorted({backend, "reference"})
 
 
 def test_call_overhead_rejects_bad_counts(capsys):

@@ -36,7 +36,10 @@ def test_cpu_dry_run_writes_every_provider_with_provenance(tmp_path):
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     names = sorted(p.name for p in out.iterdir())  # a device run brings back at most 8 files
-    assert names == ["artefacts.tar.gz", "chain_sweep.csv", "chain_sweep.env.json", "gpu_rollout.json", "run.log"]
+    assert names == ["artefacts.tar.gz", "chain_sweep.csv", "chain_sweep.env.json", "gpu_rollout.json", "run.log",
+                     "sampling_mask.csv"]
+    mask = read_csv([out / "sampling_mask.csv"])
+    assert len(mask) == 9 and {r["provider"] for r in mask} == {"cpu"} and all(r["git_commit"] for r in mask)
     rows = read_csv([out / "chain_sweep.csv"])
     assert {r["provider"] for r in rows} == set(sweep.PROVIDERS)
     for row in rows:
