@@ -16,6 +16,7 @@ import torch
 from . import sampling_mask as _mask
 from .reference import block as _ref_block
 from .reference import chain as _ref_chain
+from .reference import sampling as _ref_sampling
 from .reference import traversal as _ref_traversal
 from .reference import tree as _ref_tree
 from .reference.chain import ChainResult
@@ -277,6 +278,28 @@ def normalize_sampling_params(
     return temperature, top_k, top_p, seed, position
 
 
+def _min_p_rows(
+    logits: torch.Tensor, temperature: torch.Tensor, min_p: torch.Tensor | None, row_starts: torch.Tensor,
+    checks: ValueChecks | None,
+) -> torch.Tensor:
+    """The target rows after min-p (``reference.sampling.min_p_logits``), each row under its request's
+    temperature and ``min_p`` [B] (None: the logits as they are); ``row_starts`` [B] holds each request's first
+    row (clamped spans: any row maps to a request, so an invalid cu stays in bounds). The range check goes to
+    ``checks`` (the caller's one host sync) when given."""
+    if min_p is None:
+        return logits
+    num_reqs = row_starts.numel()
+    _check_per_request("min_p", min_p, num_reqs, FLOAT_DTYPES, logits.device)
+    min_p = _as(min_p, torch.float32)
+    if checks is not None and num_reqs:
+        checks.fail_if(~((min_p >= 0) & (min_p <= 1)), "min_p must be in [0, 1] (0 disables it)")
+    if num_reqs == 0 or logits.shape[0] == 0:
+        return logits
+    rows = torch.arange(logits.shape[0], device=logits.device)
+    req = (torch.searchsorted(row_starts.contiguous(), rows, right=True) - 1).clamp(0, num_reqs - 1)
+    return _ref_sampling.min_p_logits(logits, temperature[req], min_p[req])
+
+
 def _check_draft_probs(
     draft_probs, rows_name: str, num_rows: int, vocab_size: int, device: torch.device
 ) -> torch.Tensor | None:
@@ -329,6 +352,7 @@ def verify_chain(
     max_draft_len: int | None = None,
     validate: bool = True,
     return_mask: bool = False,
+    min_p: torch.Tensor | None = None,
 ) -> ChainResult | tuple[ChainResult, SamplingMask]:
     """Losslessly verify a ragged batch of draft chains against the target model's logits.
 
@@ -342,6 +366,10 @@ def verify_chain(
         temperature: [B] float, 0 = greedy; None means every request is greedy.
         top_k: [B] int, 0 (or >= V) disables; top_p: [B] float in (0, 1], 1 disables. The verifier is
             lossless with respect to the truncated target (rules in ``reference/sampling.py``).
+        min_p: [B] float in [0, 1], 0 disables (keyword): drops the tokens whose tempered probability is
+            below min_p times the row's largest, after temperature and before top-k / top-p (vLLM's order;
+            ``reference.sampling.min_p_logits``). Applied once to the logits before the backend runs (one
+            softmax pass and a copy of the logits), so every backend, the law and the mask see the same rows.
         seed: [B] int64 Philox key per request; None draws fresh keys from torch's generator.
         position: [B] int64 absolute position of each request's first draft token (default 0).
         backend: "auto" | "reference" | "triton" | "cpu" | "cuda".
@@ -361,7 +389,7 @@ def verify_chain(
             draft is sampled as the bonus row), and the CPU backend, which reads its cu on the host for free,
             raises ValueError on an inconsistent cu instead.
         return_mask: also return the sampling mask, per emitted token the ids its row's target kept after
-            temperature, top-k and top-p (the argmax set when greedy): ``sampling_mask.SamplingMask``, CSR as
+            temperature, min-p, top-k and top-p (the argmax set when greedy): ``sampling_mask.SamplingMask``, CSR as
             vLLM's ``return_sampling_mask``. Every backend writes each decided row's truncation threshold
             during verification and the mask is enumerated from it (one compare per emitted row,
             ``sampling_mask``). Host syncs (not CUDA-graph capturable); False adds no work.
@@ -373,7 +401,8 @@ def verify_chain(
     """
     if return_mask is not False:
         _check_flag("return_mask", return_mask)
-    if (not return_mask and not validate and type(max_draft_len) is int and top_k is None and temperature is not None
+    if (not return_mask and not validate and type(max_draft_len) is int and top_k is None and min_p is None
+            and temperature is not None
             and seed is not None and position is not None and type(backend) is str and type(method) is str):
         fn = _UNCHECKED_CPU_CHAIN.get((backend, method))
         if fn is not None and (backend == "cpu" or getattr(target_logits, "is_cpu", False) is True):
@@ -385,7 +414,7 @@ def verify_chain(
     op = _check_method(method, "chain")
     args = checked_chain_args(
         target_logits, draft_token_ids, cu_num_draft_tokens, draft_probs, temperature, top_k, top_p, seed, position,
-        max_draft_len=max_draft_len, validate=validate,
+        max_draft_len=max_draft_len, validate=validate, min_p=min_p,
     )
     fn = _resolve(backend, target_logits.device, op)
     if fn is _NATIVE_RESOLVED.get(("cpu", op)):  # resolves only for CPU tensors
@@ -406,12 +435,13 @@ def checked_chain_args(
     *,
     max_draft_len: int | None = None,
     validate: bool = True,
+    min_p: torch.Tensor | None = None,
 ) -> tuple:
     """``verify_chain``'s argument checks and normalisation (same arguments, same errors, same one host sync).
 
     Returns the positional arguments every backend's ``verify_chain`` takes: (logits, draft ids, cu,
     draft_probs, temperature, top_k, top_p, seed, position, max_draft_len), normalised as the module
-    docstring says. Test harnesses that launch kernels themselves (``exactness.cuda_emulation``) start here.
+    docstring says, the logits with ``min_p`` applied when it is given. Test harnesses that launch kernels themselves (``exactness.cuda_emulation``) start here.
     """
     _check_logits("target_logits", target_logits)
     device = target_logits.device
@@ -439,6 +469,9 @@ def checked_chain_args(
     # widths and sums below stay in range on any cu; equal to cu[1:] - cu[:-1] on a valid cu. Only the
     # checks and max_draft_len=None read them.
     lengths = _ref_chain.chain_spans(cu, num_drafts)[1] if validate or max_draft_len is None else None
+    target_logits = _min_p_rows(target_logits, temperature, min_p,
+                                _ref_chain.chain_spans(cu, num_drafts)[0] + torch.arange(num_reqs, device=device),
+                                checks if validate else None)
     if validate:
         checks.fail_if(cu[:1] != 0, "cu_num_draft_tokens must start at 0")
         checks.fail_if(cu[1:] < cu[:-1], "cu_num_draft_tokens must be non-decreasing")
@@ -528,6 +561,7 @@ def verify_tree(
     max_depth: int | None = None,
     validate: bool = True,
     return_mask: bool = False,
+    min_p: torch.Tensor | None = None,
 ) -> TreeResult | tuple[TreeResult, SamplingMask]:
     """Losslessly verify a ragged batch of token trees against the target model's logits.
 
@@ -541,7 +575,7 @@ def verify_tree(
         cu_num_nodes: [B + 1] int32/int64 cumulative node counts (every request has >= 1 node).
         draft_probs: [N, V] float, row i the draft distribution q from which node i's children were drawn
             (stochastic trees), or None for deterministic trees (top-k / greedy drafters, static trees).
-        temperature, top_k, top_p, seed: [B] as in ``verify_chain``.
+        temperature, top_k, top_p, seed, min_p: [B] as in ``verify_chain``.
         position: [B] int64 absolute position of the token after each root (a depth-d node decides the
             token at ``position + d``); default 0.
         sibling_sampling: how siblings were drawn from q in stochastic trees: "iid" (SpecInfer multi-step
@@ -575,7 +609,7 @@ def verify_tree(
     op = _check_method(method, "tree")
     args = checked_tree_args(
         target_logits, node_token_ids, parent, cu_num_nodes, draft_probs, temperature, top_k, top_p, seed, position,
-        sibling_sampling, max_depth=max_depth, validate=validate,
+        sibling_sampling, max_depth=max_depth, validate=validate, min_p=min_p,
     )
     fn = _resolve(backend, target_logits.device, op)
     return _with_mask(fn, args, _mask.tree_sampling_mask) if return_mask else fn(*args)
@@ -596,11 +630,13 @@ def checked_tree_args(
     *,
     max_depth: int | None = None,
     validate: bool = True,
+    min_p: torch.Tensor | None = None,
 ) -> tuple:
     """``verify_tree``'s argument checks and normalisation (same arguments, same errors, same one host sync).
 
     Returns the positional arguments every backend's ``verify_tree`` takes: (logits, node ids, parent, cu,
-    draft_probs, temperature, top_k, top_p, seed, position, sibling_sampling, max_depth), normalised.
+    draft_probs, temperature, top_k, top_p, seed, position, sibling_sampling, max_depth), normalised, the
+    logits with ``min_p`` applied when it is given.
     """
     _check_logits("target_logits", target_logits)
     device = target_logits.device
@@ -626,6 +662,8 @@ def checked_tree_args(
         num_reqs, device, temperature, top_k, top_p, seed, position, validate, checks
     )
     cu = _as(cu_num_nodes, torch.int64)
+    target_logits = _min_p_rows(target_logits, temperature, min_p, _ref_tree.tree_spans(cu, num_nodes)[0],
+                                checks if validate else None)
     if max_depth is not None:
         max_depth = _check_width("max_depth", max_depth)
     depth = None

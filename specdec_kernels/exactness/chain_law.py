@@ -77,9 +77,9 @@ def backend_verifier(backend: str, device: torch.device | str = "cpu", method: s
     from .. import verify_chain
     from ..reference.chain import ChainResult
 
-    def verify(*args):
+    def verify(*args, **kwargs):  # kwargs: min_p, when a case sets it
         moved = [a.to(device) if isinstance(a, torch.Tensor) else a for a in args]
-        res = verify_chain(*moved, backend=backend, method=method)
+        res = verify_chain(*moved, backend=backend, method=method, **{k: v.to(device) for k, v in kwargs.items()})
         return ChainResult(res.output_token_ids.cpu(), res.num_accepted.cpu())
 
     verify.__name__ = f"verify_chain_{backend}" if method == "token" else f"verify_chain_{method}_{backend}"

@@ -46,9 +46,9 @@ class SamplingConfig:
     """Per-request sampling parameters: temperature (0 = greedy), top_k (0 = off), top_p (1 = off).
 
     ``min_p`` (0 = off) keeps the tokens whose tempered probability is at least ``min_p`` times the
-    largest one, applied after temperature and before top-k / top-p (vLLM's order). ``verify_chain`` has
-    no min-p; the cases that set it are for verifiers that take a ``min_p=`` keyword (the audit's vLLM
-    adapters), and verifiers are passed ``min_p`` only when it is set.
+    largest one, applied after temperature and before top-k / top-p (vLLM's order,
+    ``reference.sampling.min_p_logits``). Verifiers are passed ``min_p`` only when it is set (our
+    ``verify_chain`` / ``verify_tree`` and the audit's vLLM adapters take it).
     """
 
     temperature: float = 1.0
@@ -129,9 +129,7 @@ def step_probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
         idx = torch.argmax(sampling.greedy_logits(logits), dim=-1)
         return torch.nn.functional.one_hot(idx, logits.shape[-1]).float()
     if cfg.min_p > 0:
-        tempered = sampling.softmax(sampling.scale_logits(logits, torch.full((n,), cfg.temperature)))
-        below = tempered < cfg.min_p * tempered.max(dim=-1, keepdim=True).values
-        logits = logits.float().masked_fill(below, float("-inf"))
+        logits = sampling.min_p_logits(logits.float(), torch.full((n,), cfg.temperature), torch.full((n,), cfg.min_p))
     return sampling.target_probs(
         logits,
         torch.full((n,), cfg.temperature),

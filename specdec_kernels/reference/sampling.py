@@ -1,4 +1,4 @@
-"""Temperature, top-k and top-p as transforms of a target distribution (the spec every backend follows).
+"""Temperature, min-p, top-k and top-p as transforms of a target distribution (the spec every backend follows).
 
 All transforms act on *scaled logits* ``z = sanitize(logits.float() / temperature)`` per row:
 
@@ -12,6 +12,12 @@ All transforms act on *scaled logits* ``z = sanitize(logits.float() / temperatur
 
 Both rules depend only on the multiset of values, never on the order of indices, so every backend can
 implement them with a threshold search instead of a full sort. Dropped tokens get z = -inf.
+
+min-p (``min_p_logits``, vLLM's order: after temperature, before top-k and top-p) drops token v iff its
+tempered probability ``softmax(z)_v`` is below ``min_p`` times the row's largest; it never drops the most
+likely token, and ``min_p = 0`` or a greedy row leaves the row as it is. ``verify_chain`` / ``verify_tree``
+apply it once to the logits, before any backend runs, so every backend and the sampling mask see the rows
+it leaves.
 """
 
 from __future__ import annotations
@@ -124,6 +130,16 @@ def kept_threshold(threshold: torch.Tensor, greedy: torch.Tensor, greedy_z: torc
     truncation ``threshold`` [R] of a random row, the row max of ``greedy_logits`` ``greedy_z`` [R, V] (the
     argmax set) where ``greedy`` [R]."""
     return torch.where(greedy, greedy_z.max(dim=-1).values, threshold)
+
+
+def min_p_logits(logits: torch.Tensor, temperature: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """[R, V] ``logits`` (same dtype) with the tokens min-p drops set to -inf: v is dropped iff
+    ``softmax(z)_v < min_p * max_u softmax(z)_u``, z = ``scale_logits(logits, temperature)``; per row
+    ``temperature`` [R] (0 = greedy: untouched) and ``min_p`` [R] in [0, 1] (0: untouched)."""
+    sampled = temperature > 0
+    tempered = softmax(scale_logits(logits, torch.where(sampled, temperature, torch.ones_like(temperature))))
+    below = tempered < min_p.float()[:, None] * tempered.max(dim=-1, keepdim=True).values
+    return logits.masked_fill(below & sampled[:, None], NEG_INF)
 
 
 def softmax(z: torch.Tensor) -> torch.Tensor:
