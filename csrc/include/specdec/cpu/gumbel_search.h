@@ -150,6 +150,23 @@ SPECDEC_SIMD_INLINE float z_group_max(const ZSource& src, int64_t b0, int nb) {
   return sanitize(m / src.temperature);
 }
 
+// z_part_maxima_16bit's last step: max_16bit's rule on each part's integer extremes (top[stride q], the max,
+// and bottom[stride q], the min: the max when it is >= 0, else the min), a part whose extreme is a NaN taking
+// z_group_max itself; returns the largest part maximum.
+template <DType D>
+SPECDEC_SIMD_INLINE float parts_from_extremes(const ZSource& src, int64_t b0, const int16_t* top, const int16_t* bottom,
+                                              int stride, float* part) {
+  float best = -kInf;
+  for (int q = 0; q < kParts; ++q) {
+    const int16_t t = top[stride * q] >= 0 ? top[stride * q] : bottom[stride * q];
+    const auto bits = static_cast<uint16_t>(t);
+    const float m = D == DType::kBFloat16 ? bf16_to_float(bits) : fp16_to_float(bits);
+    part[q] = m == m ? sanitize(m / src.temperature) : z_group_max<D>(src, b0 + q * kPartBlocks, kPartBlocks);
+    best = part[q] > best ? part[q] : best;
+  }
+  return best;
+}
+
 #if defined(__AVX512BW__)
 // Each 128-bit quarter of the result holds, in its first 16-bit lane, op over the 32 int16 lanes of r[q] (q
 // the quarter): the four reductions as one transposed tree, 15 shuffles and ops where four separate ones
@@ -184,15 +201,7 @@ SPECDEC_SIMD_INLINE float z_part_maxima_16bit(const ZSource& src, int64_t b0, fl
   alignas(64) int16_t top[32], bottom[32];
   _mm512_store_si512(top, reduce4_i16(hi, [](__m512i a, __m512i b) { return _mm512_max_epi16(a, b); }));
   _mm512_store_si512(bottom, reduce4_i16(lo, [](__m512i a, __m512i b) { return _mm512_min_epi16(a, b); }));
-  float best = -kInf;
-  for (int q = 0; q < kParts; ++q) {
-    const int16_t t = top[8 * q] >= 0 ? top[8 * q] : bottom[8 * q];
-    const auto bits = static_cast<uint16_t>(t);
-    const float m = D == DType::kBFloat16 ? bf16_to_float(bits) : fp16_to_float(bits);
-    part[q] = m == m ? sanitize(m / src.temperature) : z_group_max<D>(src, b0 + q * kPartBlocks, kPartBlocks);
-    best = part[q] > best ? part[q] : best;
-  }
-  return best;
+  return parts_from_extremes<D>(src, b0, top, bottom, 8, part);
 }
 #elif defined(__AVX2__)
 // z_part_maxima_16bit with AVX2: a part is eight 16-lane int16 vectors; lane q's low half of the result is
@@ -228,15 +237,7 @@ SPECDEC_SIMD_INLINE float z_part_maxima_16bit(const ZSource& src, int64_t b0, fl
                      reduce4_i16(hi, [](__m256i a, __m256i b) { return _mm256_max_epi16(a, b); }));
   _mm256_store_si256(reinterpret_cast<__m256i*>(bottom),
                      reduce4_i16(lo, [](__m256i a, __m256i b) { return _mm256_min_epi16(a, b); }));
-  float best = -kInf;
-  for (int q = 0; q < kParts; ++q) {
-    const int16_t t = top[2 * q] >= 0 ? top[2 * q] : bottom[2 * q];
-    const auto bits = static_cast<uint16_t>(t);
-    const float m = D == DType::kBFloat16 ? bf16_to_float(bits) : fp16_to_float(bits);
-    part[q] = m == m ? sanitize(m / src.temperature) : z_group_max<D>(src, b0 + q * kPartBlocks, kPartBlocks);
-    best = part[q] > best ? part[q] : best;
-  }
-  return best;
+  return parts_from_extremes<D>(src, b0, top, bottom, 2, part);
 }
 #endif
 
