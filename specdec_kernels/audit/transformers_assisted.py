@@ -365,8 +365,13 @@ class AssistedGeneration:
         return names.get(family, [])
 
     def run(self, family: str, options: AuditOptions) -> Iterator[Outcome]:
-        with _quiet_transformers():
-            yield from self._run(family, options)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # models of 16 channels: more threads only wait on each other (20x slower on 2)
+        try:
+            with _quiet_transformers():
+                yield from self._run(family, options)
+        finally:
+            torch.set_num_threads(threads)
 
     def _run(self, family: str, options: AuditOptions) -> Iterator[Outcome]:
         if family == "sequence":
@@ -390,7 +395,7 @@ DESCRIPTION = (
     f"candidate counts and the assistant's confidence stopping as shipped. Tiny Llamas from seeded random weights "
     f"sharing a {VOCAB}-token vocabulary (target; a close assistant, the target's output head perturbed; a far one, "
     f"independent weights); prompt {list(PROMPT)}, {NEW_TOKENS} new tokens, each generation seeded by "
-    "torch.manual_seed. Law: the target's own generate(do_sample=True), softmax of its logits after transformers' "
+    "torch.manual_seed, on one torch thread. Law: the target's own generate(do_sample=True), softmax of its logits after transformers' "
     "logits processors, enumerated over every sequence. Negative controls: a candidate generator returning raw "
     "logits as q while sampling from the processed ones (transformers #47932), one proposing the assistant's "
     "argmax with its scores as q, and planted verification bugs in `_speculative_sampling`'s place.")

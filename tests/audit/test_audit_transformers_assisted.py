@@ -98,8 +98,10 @@ def test_target_is_a_system_with_its_own_families():
     assert target.verify is not None and target.system is not None and target.versions["transformers"]
     names = {f: target.system.case_names(f) for f in target.system.families}
     assert names["sequence"][0] == "hf-plain-T1" and "candidates-raw-logits" in names["mutants"]
+    threads = torch.get_num_threads()
     selected = list(target.system.run("greedy", AuditOptions(cases=("assisted-greedy-close",), exact=True)))
     assert [o.name for o in selected] == ["assisted-greedy-close"]
+    assert torch.get_num_threads() == threads  # one thread while it runs, the caller's after
 
 
 def test_refused_without_transformers(monkeypatch):
