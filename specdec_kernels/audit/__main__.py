@@ -3,7 +3,8 @@
 TARGET is a built-in name (``reference``, ``cpu``, ``triton``, ``cuda``, ``cuda-emulated`` (our CUDA kernels
 through the CUDA host emulation, on CPU), ``vllm-v1-cpu``, ``vllm-v1-triton``,
 ``vllm-v1-cpu-expand-fixed``, ``vllm-v1-cpu-fixed`` (diagnostics), ``vllm-v1-plugin``, ``vllm-v2-triton``
-(``-block``, ``-synthetic``: V2's other rejection methods), ``flashinfer``, ``sglang``, ``transformers``) or
+(``-block``, ``-synthetic``: V2's other rejection methods), ``flashinfer``, ``sglang``, ``transformers``,
+``transformers-assisted`` (assisted generation end to end: its own law cases, greedy and negative controls) or
 ``package.module:function`` naming a verifier with ``specdec_kernels.verify_chain``'s positional signature (or an
 ``AuditTarget``).
 
@@ -129,6 +130,10 @@ def main(argv: list[str] | None = None) -> int:
         target = resolve_target(args.target, args.method)
     except TargetError as exc:
         print(f"audit: error: {exc}", file=sys.stderr)
+        return 2
+    if target.system is not None and not set(args.families) & set(target.system.families):
+        print(f"audit: error: --families: {target.name} has cases in {','.join(target.system.families)} only",
+              file=sys.stderr)
         return 2
     if args.vllm_src is not None:
         source = Path(args.vllm_src).resolve()

@@ -6,21 +6,23 @@ draft_token_ids, cu_num_draft_tokens, draft_probs, temperature, top_k, top_p, se
 (-1 padded) and ``num_accepted`` [B]. Adapters translate that call into a peer's own signature and the
 peer's output back. ``mutant(bug)`` returns the same adapter path with the peer's verification replaced
 by one of the suite's planted-bug samplers, so the audit can show that it would have caught a bug in that
-very harness. The built-in targets and ``module:function`` lookup are in :mod:`.targets`; the peer adapters
+very harness. A target that is a whole generation loop rather than a verifier (``transformers-assisted``)
+carries a :class:`System`: its own cases, run by the audit in the verifier families' place. The built-in targets and ``module:function`` lookup are in :mod:`.targets`; the peer adapters
 import only this module, so that the registry imports them and nothing imports it back.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
 from ..exactness.markov_models import Verifier
 
-__all__ = ["ALL_ARGUMENTS", "AuditTarget", "FEATURES", "TargetError", "device_verifier", "reference_verifier"]
+__all__ = ["ALL_ARGUMENTS", "AuditTarget", "FEATURES", "System", "TargetError", "device_verifier", "reference_verifier"]
 
 FEATURES = ("min_p", "per_request_seed", "validation", "method")
 """``supports`` entries: ``min_p`` (takes a ``min_p=`` keyword), ``per_request_seed`` (a request's tokens
@@ -32,6 +34,18 @@ class TargetError(ValueError):
     """The TARGET cannot be resolved or cannot run here; the message is one line for the user."""
 
 
+class System(Protocol):
+    """An end-to-end system under audit (drafting, verification and sampling all its own): the families it has
+    cases in, their names in run order, and ``run(family, options)`` yielding one ``Outcome`` per selected case
+    (``options.selected``), as :func:`.families.run_family` does for a verifier."""
+
+    families: tuple[str, ...]
+
+    def case_names(self, family: str) -> list[str]: ...
+
+    def run(self, family: str, options) -> Iterator: ...
+
+
 @dataclass(frozen=True)
 class AuditTarget:
     """One verifier under audit.
@@ -40,7 +54,9 @@ class AuditTarget:
     ``value_arguments`` names the arguments whose values the adapter hands to the peer unchanged (the
     "value" rows of the bad-input table run only for those). ``versions`` records the peer's version.
     ``mutant_base`` is the mutant path with the unmutated reference verification in the bug's place: a
-    planted bug whose counts equal its counts is reported inert (it cannot act on this path).
+    planted bug whose counts equal its counts is reported inert (it cannot act on this path). ``system``: the
+    target is a whole generation loop whose own cases run instead of the verifier families' (``verify`` is
+    then the verification step it calls, not run by the audit).
     """
 
     name: str
@@ -52,6 +68,7 @@ class AuditTarget:
     mutant_base: Verifier | None = None
     value_arguments: frozenset[str] = frozenset()
     versions: dict[str, str] = field(default_factory=dict)
+    system: System | None = None
 
     def __post_init__(self) -> None:
         unknown = set(self.supports) - set(FEATURES)

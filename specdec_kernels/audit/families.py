@@ -495,8 +495,11 @@ def _bad_input_rows():
     return [(row, False) for row in BAD_ARGUMENTS if row.argument in POSITIONAL] + [(r, True) for r in HOSTILE_VALUES]
 
 
-def case_names(family: str) -> list[str]:
-    """Every case name of ``family``, in run order, without running anything."""
+def case_names(family: str, target: AuditTarget | None = None) -> list[str]:
+    """Every case name of ``family`` (of ``target``'s system where it has one), in run order, without running
+    anything."""
+    if target is not None and target.system is not None:
+        return target.system.case_names(family)
     if family in ("first-token", "sequence"):
         kind = FirstTokenCase if family == "first-token" else SequenceCase
         return [c.name for c in LAW_CASES if isinstance(c, kind)]
@@ -516,7 +519,10 @@ def case_names(family: str) -> list[str]:
 
 
 def run_family(target: AuditTarget, family: str, opts: AuditOptions) -> Iterator[Outcome]:
-    """Yield the outcomes of one family's cases for ``target`` (which must be runnable here)."""
+    """Yield the outcomes of one family's cases for ``target`` (which must be runnable here); an end-to-end
+    system runs its own cases."""
+    if target.system is not None:
+        return target.system.run(family, opts)
     if family not in RUNNERS:
         raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
     return RUNNERS[family](target, opts)

@@ -15,7 +15,7 @@ __all__ = ["to_json", "to_markdown", "write_report", "report_stem"]
 VERDICTS = ("pass", "FAIL", "n/a", "error", "caught", "MISSED", "inert")
 TITLES = {
     "first-token": "First-token law",
-    "sequence": "Whole-sequence law (toy Markov target, full speculative loop)",
+    "sequence": "Whole-sequence law (full speculative loop)",
     "greedy": "Greedy identity",
     "batch": "Replay and batch invariance",
     "bad-input": "Bad input",

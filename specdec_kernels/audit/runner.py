@@ -117,6 +117,8 @@ def run_audit(
     unknown = [f for f in families if f not in FAMILIES]
     if unknown:
         raise ValueError(f"families must be among {FAMILIES}, got {unknown}")
+    if target.system is not None:  # an end-to-end system has cases in its own families only
+        families = tuple(f for f in families if f in target.system.families)
     report = AuditReport(target, command, options, tuple(families), environment=_environment(target))
     if report.refused:
         return report
@@ -128,7 +130,7 @@ def run_audit(
     start = time.perf_counter()
     for family in families:
         fresh = iter(run_family(target, family, options))
-        for outcome in _in_case_order(family, kept, fresh):
+        for outcome in _in_case_order(case_names(family, target), family, kept, fresh):
             if family in STATISTICAL_FAMILIES and outcome.pvalue is not None:
                 budget.claim(f"{family}:{outcome.name}")
             report.outcomes.append(outcome)
@@ -145,10 +147,10 @@ def run_audit(
     return report
 
 
-def _in_case_order(family: str, kept: dict[str, Outcome], fresh):
-    """Kept outcomes and freshly run ones, merged in the family's case order."""
+def _in_case_order(names: list[str], family: str, kept: dict[str, Outcome], fresh):
+    """Kept outcomes and freshly run ones, merged in the family's case order ``names``."""
     ran = {}
-    for name in case_names(family):
+    for name in names:
         key = f"{family}:{name}"
         if key in kept:
             yield kept[key]

@@ -116,6 +116,12 @@ def _transformers() -> AuditTarget:
     return transformers_target.target()
 
 
+def _transformers_assisted() -> AuditTarget:
+    from . import transformers_assisted
+
+    return transformers_assisted.target()
+
+
 BUILTIN_TARGETS: dict[str, Callable[[], AuditTarget]] = {
     "reference": functools.partial(ours_target, "reference"),
     "cpu": functools.partial(ours_target, "cpu"),
@@ -133,6 +139,7 @@ BUILTIN_TARGETS: dict[str, Callable[[], AuditTarget]] = {
     "flashinfer": _flashinfer,
     "sglang": _sglang,
     "transformers": _transformers,
+    "transformers-assisted": _transformers_assisted,
 }
 """Built-in TARGET names (anything with a colon is ``module:function``)."""
 OURS = ("reference", "cpu", "triton", "cuda", "cuda-emulated")

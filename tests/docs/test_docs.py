@@ -414,6 +414,8 @@ def test_audit_findings_counts_are_the_reports():
     import json
     from collections import Counter
 
+    from specdec_kernels.audit.report import _fmt_p
+
     def counts(target):
         data = json.loads((ROOT / "results" / "audit" / f"{target}.json").read_text())
         return data, Counter((o["family"], o["verdict"]) for o in data["outcomes"])
@@ -463,6 +465,23 @@ def test_audit_findings_counts_are_the_reports():
                  f"greedy, {c['batch', 'pass']} batch and {c['bad-input', 'pass']} bad-input cases pass and all "
                  f"{c['mutants', 'caught']} planted bugs are caught; the "
                  f"{c['first-token', 'n/a'] + c['sequence', 'n/a']} min-p cases are not applicable")
+    hfa, c = counts("transformers-assisted")
+    assert hfa["verdict"] == "PASS" and hfa["complete"], hfa["verdict"]
+    assert set(c) == {("sequence", "pass"), ("greedy", "pass"), ("mutants", "caught")}, c
+    law = [o for o in hfa["outcomes"] if o["family"] == "sequence"]
+    named = {o["name"]: o for o in hfa["outcomes"]}
+
+    def accepted(name):
+        return named[name]["detail"].split("calls, ")[1].split(" candidates")[0]
+
+    shown += [f"passes {len(law)} whole-sequence law cases", f"{accepted('hf-assisted-close-T1')} candidates accepted at "
+              f"T = 1 with the close assistant, {accepted('hf-assisted-far-T1')} with the far one), smallest p = "
+              f"{_fmt_p(min(o['pvalue'] for o in law))}; {c['greedy', 'pass']} greedy cases",
+              f"All {c['mutants', 'caught']} negative controls are rejected"]
+    shown += [f"returns the raw logits as q (the transformers #47932 class) at p = "
+              f"{_fmt_p(named['candidates-raw-logits']['pvalue'])}",
+              f"passed off as sampled at p = {_fmt_p(named['candidates-argmax']['pvalue'])},"]
+    shown.append(f"at p = {_fmt_p(named['ratio_inverted']['pvalue'])} and {_fmt_p(named['bonus_wrong_row']['pvalue'])}")
     for target, level in (("cuda-emulated", "`--tv 0.2`"), ("triton", "interpreted, `--tv 0.3`")):
         report, c = counts(target)
         assert report["verdict"] == "PASS" and not any(v in ("FAIL", "error") for _, v in c), (target, c)
