@@ -19,6 +19,10 @@ reads slower, so its fractions, if anything, come out high). The read
 bandwidth rows (``read_gbs/<family>/<dtype>``) hold GB/s, not milliseconds. Only our calls and the read
 probes are timed (the other providers are ``bench_native_cpu``'s). ``SPECDEC_CPU_ISA`` caps both builds alike:
 the command records it, and the device column the instruction set the builds picked (``isa=...``).
+``--before-isa`` / ``--after-isa`` cap one side only: with one checkout given twice, its AVX2 and AVX-512
+builds side by side on one machine (``isa before=avx512 after=avx2``)::
+
+    python -m benchmarks.ab_builds --before . --before-isa avx512 --after-isa avx2 --pair avx2_vs_avx512 --rounds 5
 """
 
 from __future__ import annotations
@@ -98,6 +102,10 @@ def main(argv: list[str] | None = None) -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--before", help="checkout of the old kernels (built in place: pip install -e there)")
     ap.add_argument("--after", default=str(REPO), help="checkout of the new kernels (default: this one)")
+    ap.add_argument("--before-isa", choices=("generic", "avx2", "avx512"),
+                    help="SPECDEC_CPU_ISA of the before processes only (one checkout's two builds side by side)")
+    ap.add_argument("--after-isa", choices=("generic", "avx2", "avx512"),
+                    help="SPECDEC_CPU_ISA of the after processes only")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--batch", type=int, default=64)
@@ -132,16 +140,18 @@ def main(argv: list[str] | None = None) -> None:
               "--reps", str(args.reps)]
     times: dict[str, dict[str, list[float]]] = {}  # key -> build -> one value per round
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
-    isas: set[str] = set()  # the instruction set each worker's build picked (SPECDEC_CPU_ISA caps it)
+    envs = {label: {**env, **({"SPECDEC_CPU_ISA": isa} if isa else {})}
+            for label, isa in (("before", args.before_isa), ("after", args.after_isa))}
+    isas: dict[str, set[str]] = {"before": set(), "after": set()}  # each build's picks (SPECDEC_CPU_ISA caps them)
     for r in range(args.rounds):
         order = ("before", "after") if r % 2 == 0 else ("after", "before")
         for label in order:
             cmd = [sys.executable, "-m", "benchmarks.ab_builds", "--worker", "--package", builds[label], *common]
-            proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
+            proc = subprocess.run(cmd, cwd=REPO, env=envs[label], capture_output=True, text=True)
             if proc.returncode != 0:
                 sys.exit(f"ab_builds: the {label} build failed: {proc.stderr.strip().splitlines()[-1:]}")
             result = json.loads(proc.stdout.strip().splitlines()[-1])
-            isas.add(result["isa"])
+            isas[label].add(result["isa"])
             for key, value in result.items():
                 if key not in ("package", "isa"):
                     times.setdefault(key, {"before": [], "after": []})[label].append(value)
@@ -152,7 +162,9 @@ def main(argv: list[str] | None = None) -> None:
     isa = os.environ.get("SPECDEC_CPU_ISA")  # part of the command and the device: it picks the build both run
     command = (f"SPECDEC_CPU_ISA={isa} " if isa else "") + "python -m benchmarks.ab_builds " + \
         " ".join(sys.argv[1:] if argv is None else argv)
-    info["device"] += f" isa={'/'.join(sorted(isas))}"  # the builds' picks on this CPU under this setting
+    picked = {label: "/".join(sorted(v)) for label, v in isas.items()}  # the builds' picks on this CPU
+    info["device"] += (f" isa={picked['after']}" if picked["before"] == picked["after"]
+                       else f" isa before={picked['before']} after={picked['after']}")
     commits = {label: _commit_of(path) for label, path in builds.items()}
     pair = args.pair or f"ab_cpu_{commits['before'][:7]}_vs_{commits['after'][:7]}"
     with CsvWriter(args.out, COLUMNS, append=True) as writer:

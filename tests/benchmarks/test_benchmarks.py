@@ -347,6 +347,10 @@ def test_ab_builds_times_two_checkouts_alternately(tmp_path, capsys, monkeypatch
     assert {r["command"] for r in capped} == {"SPECDEC_CPU_ISA=generic python -m benchmarks.ab_builds " +
                                              " ".join([*argv, "--pair", "capped", "--rounds", "1"])}
     assert {r["device"].rsplit(" ", 1)[1] for r in capped} == {"isa=generic"}
+    monkeypatch.delenv("SPECDEC_CPU_ISA")
+    ab_builds.main([*argv, "--pair", "sides", "--rounds", "1", "--before-isa", "generic"])  # one side capped
+    sides = {r["device"].split(" isa", 1)[1] for r in read_csv([out]) if r["pair"] == "sides"}
+    assert sides == ({"=generic"} if isa == "generic" else {f" before=generic after={isa}"})
     with pytest.raises(SystemExit):
         ab_builds.main(["--before", str(tmp_path), "--out", str(out)])  # no checkout there
     other = tmp_path / "other.csv"
