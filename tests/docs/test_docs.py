@@ -197,7 +197,8 @@ def test_readme_rl_loop_row_is_the_default_run():
     assert all(lo * 60 <= w <= hi * 60 for w in walls), (walls, lo, hi)
 
 
-@pytest.mark.parametrize("artefact", [CHAIN_CSV, "results/benchmarks/chain_cpu_b64_k3_v151936_zen2_avx2.csv"])
+@pytest.mark.parametrize("artefact", [CHAIN_CSV, "results/benchmarks/chain_cpu_b64_k3_v151936_zen2_avx2.csv",
+                                      "results/benchmarks/chain_cpu_b64_k3_v151936_avx2_capped.csv"])
 def test_performance_page_table_is_the_artefacts(artefact):
     """docs/performance.md holds native_cpu_table's output for each committed sweep (the AVX-512 Xeon one and
     the AVX2 Zen 2 one), verbatim, beside the command recorded in the CSV."""
@@ -237,6 +238,51 @@ def test_performance_page_ab_reading_is_the_artefacts():
              f"moved the deterministic-draft rows by at most {math.ceil(100 * max(map(abs, saved['random_det'])))} % "
              "either way",
              f"pair `{pair}`: {rounds} rounds, interleaved"]
+    missing = [x for x in shown if x not in text]
+    assert not missing, f"docs/performance.md should say, from ab_history.csv: {missing}"
+
+
+def _ab_pair(pair: str) -> tuple[list[dict], list[dict]]:
+    """A pair's case rows and its read-bandwidth rows, from ab_history.csv."""
+    rows = [r for r in _csv_rows("ab_history.csv") if r["pair"] == pair]
+    return ([r for r in rows if not r["case"].startswith("read_gbs/")],
+            [r for r in rows if r["case"].startswith("read_gbs/")])
+
+
+def test_performance_page_avx2_shortcuts_and_side_by_side_are_the_artefacts():
+    """The AVX2 section's later readings: the shortcuts' before / after changes, and the AVX2 build beside the
+    AVX-512 build (time ratios, each build's lowest fraction per mode, the run's read bandwidth), from
+    ab_history.csv; the capped table's per-family bandwidths from its CSV."""
+    text = " ".join(PERFORMANCE.read_text().split())
+    cases, _ = _ab_pair("ab_cpu_86c4065_vs_4cf1f63")
+    ratio = {r["case"]: float(r["after_over_before"]) for r in cases}
+    stoch = [1 - v for c, v in ratio.items() if "/random_stoch/model" in c]
+    det = [v - 1 for c, v in ratio.items() if "/random_det/" in c]
+    (rounds,) = {r["rounds"] for r in cases}
+    shown = [f"took {100 * min(stoch):.1f}-{100 * max(stoch):.1f} % off every family's bf16 stochastic-draft rows",
+             f"moved the deterministic-draft rows from {100 * min(det):.1f} % to +{100 * max(det):.1f} %",
+             f"pair `ab_cpu_86c4065_vs_4cf1f63`: {rounds} rounds, interleaved"]
+    cases, reads = _ab_pair("avx2_vs_avx512_f8d5f29")
+    ratios = [float(r["after_over_before"]) for r in cases]
+    gbs = [float(r[f"{side}_median_ms"]) for r in reads for side in ("before", "after")]  # GB/s in these rows
+    shown += [f"takes {min(ratios):.2f}x to {max(ratios):.2f}x the AVX-512 build's time",
+              f"reads {math.floor(min(gbs))}-{math.floor(max(gbs))} GB/s on 2 threads in that run"]
+    lows = {}
+    for mode in ("greedy", "random_det", "random_stoch"):
+        of_mode = [r for r in cases if r["case"].split("/")[2] == mode]
+        lows[mode] = [round(100 * min(float(r[f"{side}_read_fraction"]) for r in of_mode))
+                      for side in ("after", "before")]
+    shown += [f"{lows['greedy'][0]} % greedy", f"the AVX-512 build's lowest is {lows['greedy'][1]} %",
+              f"{lows['random_det'][0]} % with deterministic drafts (AVX-512: {lows['random_det'][1]} %)",
+              f"{lows['random_stoch'][0]} % with stochastic drafts (bf16 flat; AVX-512: {lows['random_stoch'][1]} %)"]
+    with (ROOT / "results/benchmarks/chain_cpu_b64_k3_v151936_avx2_capped.csv").open() as f:
+        read = {}  # family -> the read GB/s bench_native_cpu recorded for its dtypes (native_cpu_table.bandwidth)
+        for r in csv.DictReader(f):
+            if r["provider"] == "sum":
+                read.setdefault(r["family"], set()).add(float(r["read_gbs"]))
+    others = [g for family, v in read.items() if family != "qwen3" for g in v]
+    shown.append(f"probes read {math.floor(min(read['qwen3']))}-{math.ceil(max(read['qwen3']))} GB/s where the others "
+                 f"read {math.floor(min(others))}-{math.ceil(max(others))}")
     missing = [x for x in shown if x not in text]
     assert not missing, f"docs/performance.md should say, from ab_history.csv: {missing}"
 
