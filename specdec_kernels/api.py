@@ -441,7 +441,8 @@ def checked_chain_args(
 
     Returns the positional arguments every backend's ``verify_chain`` takes: (logits, draft ids, cu,
     draft_probs, temperature, top_k, top_p, seed, position, max_draft_len), normalised as the module
-    docstring says, the logits with ``min_p`` applied when it is given. Test harnesses that launch kernels themselves (``exactness.cuda_emulation``) start here.
+    docstring says, the logits with ``min_p`` applied when it is given. Test harnesses that launch kernels
+    themselves (``exactness.cuda_emulation``) start here.
     """
     _check_logits("target_logits", target_logits)
     device = target_logits.device

@@ -7,8 +7,9 @@ draft_token_ids, cu_num_draft_tokens, draft_probs, temperature, top_k, top_p, se
 peer's output back. ``mutant(bug)`` returns the same adapter path with the peer's verification replaced
 by one of the suite's planted-bug samplers, so the audit can show that it would have caught a bug in that
 very harness. A target that is a whole generation loop rather than a verifier (``transformers-assisted``)
-carries a :class:`System`: its own cases, run by the audit in the verifier families' place. The built-in targets and ``module:function`` lookup are in :mod:`.targets`; the peer adapters
-import only this module, so that the registry imports them and nothing imports it back.
+carries a :class:`System`: its own cases, run by the audit in the verifier families' place. The built-in
+targets and ``module:function`` lookup are in :mod:`.targets`; the peer adapters import only this module, so
+that the registry imports them and nothing imports it back.
 """
 
 from __future__ import annotations

@@ -325,7 +325,8 @@ def _greedy_outcome(name: str) -> Outcome:
         with torch.no_grad():
             for prompt in prompts:
                 alone = models["target"].generate(prompt[None], generation_config=config)[0]
-                assisted = models["target"].generate(prompt[None], generation_config=config, assistant_model=assistant)[0]
+                assisted = models["target"].generate(prompt[None], generation_config=config,
+                                                     assistant_model=assistant)[0]
                 if not torch.equal(alone, assisted):
                     wrong.append((prompt.tolist(), alone[3:].tolist(), assisted[3:].tolist()))
     except Exception as exc:
@@ -335,7 +336,8 @@ def _greedy_outcome(name: str) -> Outcome:
         detail = (f"{len(wrong)} of {GREEDY_PROMPTS} prompts differ; prompt {prompt}: alone {alone}, "
                   f"assisted {assisted}")
     else:
-        detail = f"{GREEDY_PROMPTS} prompts, {GREEDY_TOKENS} new tokens each: assisted tokens identical to the target's greedy"
+        detail = (f"{GREEDY_PROMPTS} prompts, {GREEDY_TOKENS} new tokens each: assisted tokens identical to the "
+                  "target's greedy")
     return Outcome("greedy", name, FAIL if wrong else PASS, detail, num_samples=GREEDY_PROMPTS,
                    seconds=time.perf_counter() - start)
 
@@ -395,7 +397,8 @@ DESCRIPTION = (
     f"candidate counts and the assistant's confidence stopping as shipped. Tiny Llamas from seeded random weights "
     f"sharing a {VOCAB}-token vocabulary (target; a close assistant, the target's output head perturbed; a far one, "
     f"independent weights); prompt {list(PROMPT)}, {NEW_TOKENS} new tokens, each generation seeded by "
-    "torch.manual_seed, on one torch thread. Law: the target's own generate(do_sample=True), softmax of its logits after transformers' "
+    "torch.manual_seed, on one torch thread. Law: the target's own generate(do_sample=True), softmax of its "
+    "logits after transformers' "
     "logits processors, enumerated over every sequence. Negative controls: a candidate generator returning raw "
     "logits as q while sampling from the processed ones (transformers #47932), one proposing the assistant's "
     "argmax with its scores as q, and planted verification bugs in `_speculative_sampling`'s place.")

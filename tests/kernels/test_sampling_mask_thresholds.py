@@ -36,7 +36,8 @@ from tests.kernels.test_sampling_mask import (
 # Every backend that runs here, and "cuda_emulation" (the CUDA kernels on the host, through
 # exactness.cuda_emulation rather than the api). Triton runs on DEVICE (the interpreter on CPU machines, where
 # its cases are marked slow).
-BACKENDS = (["reference"] + (["cpu"] if native.has_device("cpu") else []) + (["cuda"] if native.has_device("cuda") else [])
+BACKENDS = (["reference"] + (["cpu"] if native.has_device("cpu") else [])
+            + (["cuda"] if native.has_device("cuda") else [])
             + ([pytest.param("cuda_emulation", marks=pytest.mark.native)] if cuda_emulation.available() else [])
             + (["triton"] if TRITON_RUNNABLE else []))
 NEG_INF, INF, NAN = float("-inf"), float("inf"), float("nan")
