@@ -279,15 +279,13 @@ def normalize_sampling_params(
 
 
 def _min_p_rows(
-    logits: torch.Tensor, temperature: torch.Tensor, min_p: torch.Tensor | None, row_starts: torch.Tensor,
+    logits: torch.Tensor, temperature: torch.Tensor, min_p: torch.Tensor, row_starts: torch.Tensor,
     checks: ValueChecks | None,
 ) -> torch.Tensor:
     """The target rows after min-p (``reference.sampling.min_p_logits``), each row under its request's
-    temperature and ``min_p`` [B] (None: the logits as they are); ``row_starts`` [B] holds each request's first
-    row (clamped spans: any row maps to a request, so an invalid cu stays in bounds). The range check goes to
-    ``checks`` (the caller's one host sync) when given."""
-    if min_p is None:
-        return logits
+    temperature and ``min_p`` [B]; ``row_starts`` [B] holds each request's first row (clamped spans: any row
+    maps to a request, so an invalid cu stays in bounds). The range check goes to ``checks`` (the caller's one
+    host sync) when given. Called only when ``min_p`` is given: without it a call builds no spans for it."""
     num_reqs = row_starts.numel()
     _check_per_request("min_p", min_p, num_reqs, FLOAT_DTYPES, logits.device)
     min_p = _as(min_p, torch.float32)
@@ -469,10 +467,12 @@ def checked_chain_args(
     # Chain lengths as the kernels read them (reference.chain.chain_spans: clamped into [0, T]), so the
     # widths and sums below stay in range on any cu; equal to cu[1:] - cu[:-1] on a valid cu. Only the
     # checks and max_draft_len=None read them.
-    lengths = _ref_chain.chain_spans(cu, num_drafts)[1] if validate or max_draft_len is None else None
-    target_logits = _min_p_rows(target_logits, temperature, min_p,
-                                _ref_chain.chain_spans(cu, num_drafts)[0] + torch.arange(num_reqs, device=device),
-                                checks if validate else None)
+    needs_spans = validate or max_draft_len is None or min_p is not None
+    spans = _ref_chain.chain_spans(cu, num_drafts) if needs_spans else None
+    lengths = spans[1] if validate or max_draft_len is None else None
+    if min_p is not None:  # request b's rows start at its first draft's index plus b (one bonus row each before)
+        target_logits = _min_p_rows(target_logits, temperature, min_p,
+                                    spans[0] + torch.arange(num_reqs, device=device), checks if validate else None)
     if validate:
         checks.fail_if(cu[:1] != 0, "cu_num_draft_tokens must start at 0")
         checks.fail_if(cu[1:] < cu[:-1], "cu_num_draft_tokens must be non-decreasing")
@@ -663,8 +663,9 @@ def checked_tree_args(
         num_reqs, device, temperature, top_k, top_p, seed, position, validate, checks
     )
     cu = _as(cu_num_nodes, torch.int64)
-    target_logits = _min_p_rows(target_logits, temperature, min_p, _ref_tree.tree_spans(cu, num_nodes)[0],
-                                checks if validate else None)
+    if min_p is not None:
+        target_logits = _min_p_rows(target_logits, temperature, min_p, _ref_tree.tree_spans(cu, num_nodes)[0],
+                                    checks if validate else None)
     if max_depth is not None:
         max_depth = _check_width("max_depth", max_depth)
     depth = None
