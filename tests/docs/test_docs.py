@@ -228,7 +228,7 @@ PERFORMANCE = DOCS / "performance.md"
 def test_performance_page_ab_reading_is_the_artefacts():
     """The AVX2 section's before / after figures: the pair's rounds and its time changes, from ab_history.csv."""
     pair = "ab_cpu_3c5ba63_vs_5433065"
-    rows = [r for r in _csv_rows("ab_history.csv") if r["pair"] == pair and not r["case"].startswith("read_gbs/")]
+    rows, _ = _ab_pair(pair)
     saved = {mode: [1 - float(r["after_over_before"]) for r in rows if r["case"].split("/")[2] == mode]
              for mode in ("random_stoch", "random_det")}
     (rounds,) = {r["rounds"] for r in rows}
