@@ -8,8 +8,7 @@ from dataclasses import dataclass, field, fields, replace
 
 from specdec_kernels.models import ModelConfig
 
-from .step.decode import DECODE_PATHS
-from .step.device import DEVICES
+from .step.engine import DECODE_PATHS, DEVICES
 from .step.rollouts import VERIFY_METHODS, VERIFY_SPEC, GenerationConfig, TreeShape, resolve_verify_backend
 from .task import TaskConfig
 
@@ -145,7 +144,7 @@ class RunConfig:
     verify: str = option("token", "verification method: token (token level, chains and trees), block (block "
                          "verification of --spec chain) or traversal (traversal verification of --spec tree); "
                          "all lossless", choices=VERIFY_METHODS)
-    # The policy's decode path for BOTH arms (``step/decode.py``); "auto": the fastest measured here (native).
+    # The policy's decode path for BOTH arms (``step/engine.py``); "auto": the fastest measured here (native).
     decode: str = option("auto", "the policy's decode path for both arms (auto: native fused layer step when built)",
                          choices=DECODE_PATHS)
     model: ModelConfig = field(default_factory=default_policy)
@@ -200,7 +199,7 @@ class RunConfig:
     # responses per problem with fixed Philox keys; 0: greedy. val_greedy_accuracy is always reported too.
     eval_samples: int = option(4, "sampled responses per validation problem (0: greedy only)", check=_at_least(0))
     eval_every: int = option(0, "validate every n steps (0: at the start and the end only)", check=_at_least(0))
-    # held-out test split (``run/heldout.py``), scored at the start and the end only: test_samples responses
+    # held-out test split (``run/session.py``), scored at the start and the end only: test_samples responses
     # per problem at the rollout temperature (pass@test_samples beside) and greedy
     num_test: int = 512
     test_samples: int = 4
@@ -210,7 +209,7 @@ class RunConfig:
     equivalence_samples: int = 160
     checkpoint_every: int = option(8, "write OUT/checkpoint.pt every n steps (0: never)", check=_at_least(0))
     resume: bool = option(False, "continue from OUT/checkpoint.pt")
-    # where policy, drafter, KV cache and verification run (``step/device.py``): cpu (float32) | cuda (bf16)
+    # where policy, drafter, KV cache and verification run (``step/engine.py``): cpu (float32) | cuda (bf16)
     device: str = option("cpu", "where policy, drafter, KV cache and verification run: cpu (float32, native CPU "
                          "kernels) or cuda (bf16 weights, verify_chain backend auto, CUDA graphs for both arms)",
                          choices=DEVICES)

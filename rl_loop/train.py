@@ -3,7 +3,7 @@
 1. check the run (a user mistake fails here in one line, before any work);
 2. set up: task splits, tokenizer, policy (supervised warm start) and drafter (distilled from the policy),
    the rollout engine (in-process, a Ray pool, or vLLM), or all of it from ``OUT/checkpoint.pt``;
-3. for each step (``step/grpo_step.py``): sample prompts, generate ``group_size`` responses per prompt
+3. for each step (:func:`grpo_step`, below): sample prompts, generate ``group_size`` responses per prompt
    (speculative by default; every ``compare_every``-th step also autoregressively, side by side), score
    them, compute group-normalised advantages, drop all-equal groups, recompute old log-probs, take clipped
    GRPO gradient steps, adapt the drafter and sync the new weights into the engine (checked by fingerprint);
@@ -21,11 +21,11 @@ import time
 
 from .config import RunConfig
 from .run.checks import check_run
-from .run.evaluation import evaluate_start, validate
-from .run.rollout_dump import reset_dump
-from .run.session import finish_run, open_run, progress, setup
-from .run.state import save_checkpoint
-from .step.grpo_step import grpo_step
+from .run.reports import account_step, ar_first, compare_step, dump_rollouts, reset_dump, rollout_row
+from .run.session import evaluate_start, finish_run, open_run, progress, setup, validate
+from .run.state import Session, save_checkpoint
+from .step.learn import learn
+from .step.rollouts import step_requests
 
 
 def run(cfg: RunConfig) -> dict:
@@ -62,3 +62,26 @@ def run(cfg: RunConfig) -> dict:
     finally:
         if pool is not None:
             stop_pool(ray, pool, owns_ray)
+
+
+def grpo_step(s: Session, step: int) -> dict:
+    """Generate the step's rollouts (every ``compare_every``-th step also autoregressively, side by side, the
+    arm that runs first alternating), learn from them, account the step; returns its metrics row."""
+    cfg = s.cfg
+    problems, prompts, seeds = step_requests(cfg.seed, cfg.prompts_per_step, cfg.group_size, s.train, s.tok, step)
+    ar = None
+    compared, first = compare_step(cfg.spec, cfg.compare_every, step), ar_first(cfg.compare_every, step)
+    # the same requests, same policy snapshot, autoregressive: timing side by side, arm order alternated
+    if compared and first:
+        ar = s.engine.generate(prompts, seeds, cfg.generation(spec="none")).stats
+    rollouts = s.engine.generate(prompts, seeds, cfg.generation())
+    if cfg.dump_rollouts:
+        dump_rollouts(cfg.out, step, seeds, rollouts)
+    if compared and not first:
+        ar = s.engine.generate(prompts, seeds, cfg.generation(spec="none")).stats
+    row = rollout_row(cfg.spec != "none", s.state, step, rollouts, ar, s.engine.version)
+    if compared:
+        row["ar_first"] = first
+    learn(s, step, problems, prompts, rollouts, row)
+    account_step(s.state, row, rollouts, ar)
+    return row

@@ -32,8 +32,8 @@ import torch
 
 from ..step.drafting import build_drafter, problem_batches, warm_start
 from ..step.engine import RolloutEngine
+from ..step.learn import supervised_warm_start
 from ..step.rollouts import GenerationConfig, Rollouts
-from ..step.warm_start import supervised_warm_start
 from ..step.weight_fingerprint import WeightSyncError
 from ..task import CharTokenizer, TaskConfig, make_splits
 from . import vllm_backend

@@ -20,7 +20,7 @@ from specdec_kernels.models import ModelConfig
 
 from ..config import RunConfig
 from ..run.session import setup
-from ..step.batch import request_seeds
+from ..step.rollouts import request_seeds
 from ..task import TaskConfig
 
 

@@ -28,7 +28,7 @@ from specdec_kernels.models import KVCache, Qwen3, num_parameters
 
 from ..config import POLICY_PRESETS
 from ..run.provenance import provenance
-from ..step.decode import PolicyStep
+from ..step.engine import PolicyStep
 from ..step.rollouts import resolve_verify_backend
 
 

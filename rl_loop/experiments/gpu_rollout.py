@@ -37,8 +37,8 @@ from ..run.intervals import bootstrap_ci, ratio_of_rates
 from ..run.provenance import provenance
 from ..run.session import setup
 from ..run.usage import UsageError
-from ..step.batch import request_seeds
-from ..step.device import DEVICES, check_device
+from ..step.engine import DEVICES, check_device
+from ..step.rollouts import request_seeds
 from ..task import VOCAB_SIZE, TaskConfig
 
 PROG = "python -m rl_loop.experiments.gpu_rollout"

@@ -20,9 +20,8 @@ from dataclasses import replace
 import torch
 
 from ..config import RunConfig, tiny_config
-from ..run.evaluation import validate
-from ..run.session import setup
-from ..step.grpo_step import grpo_step
+from ..run.session import setup, validate
+from ..train import grpo_step
 
 
 def paired_p(a: list[float], b: list[float]) -> float:

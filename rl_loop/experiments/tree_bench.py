@@ -20,8 +20,7 @@ from dataclasses import replace
 import torch
 
 from ..run.session import setup
-from ..step.batch import request_seeds
-from ..step.rollouts import GenerationConfig, TreeShape
+from ..step.rollouts import GenerationConfig, TreeShape, request_seeds
 from .bench import load_run_config
 
 

@@ -46,8 +46,7 @@ from ..run.intervals import bootstrap_ci, ratio_of_rates
 from ..run.provenance import provenance
 from ..run.session import setup
 from ..run.usage import UsageError
-from ..step.batch import step_requests
-from ..step.rollouts import GenerationConfig, RolloutStats
+from ..step.rollouts import GenerationConfig, RolloutStats, step_requests
 from .bench import load_run_config
 
 PROG = "python -m rl_loop.experiments.verify_bench"

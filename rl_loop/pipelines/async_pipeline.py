@@ -2,7 +2,7 @@
 
 A :class:`GeneratorActor` holds its own copy of the policy and the drafter and the same
 :class:`~rl_loop.step.engine.RolloutEngine` (same requests, same per-request Philox seeds as the sync loop:
-:func:`rl_loop.step.batch.step_requests`). The trainer (this process) runs :func:`run_async`:
+:func:`rl_loop.step.rollouts.step_requests`). The trainer (this process) runs :func:`run_async`:
 
     version v = number of policy updates applied so far (the actor starts with the setup's weights, v0)
     submit generate(step s0)
@@ -38,13 +38,11 @@ import torch
 from specdec_kernels.models import Qwen3
 
 from ..config import RunConfig
-from ..run.accounting import account_step, compare_step, rollout_row
-from ..run.evaluation import evaluate_start, validate
-from ..run.rollout_dump import dump_rollouts, reset_dump
-from ..run.session import finish_run, open_run, progress, setup
+from ..run.reports import account_step, compare_step, dump_rollouts, reset_dump, rollout_row
+from ..run.session import evaluate_start, finish_run, open_run, progress, setup, validate
 from ..run.state import save_checkpoint
-from ..step.batch import step_requests
 from ..step.learn import learn
+from ..step.rollouts import step_requests
 from .ray_rollout import GeneratorActor, RolloutPool, init_ray, weights
 
 

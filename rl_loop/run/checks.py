@@ -13,9 +13,9 @@ from dataclasses import replace
 from importlib.util import find_spec
 
 from ..config import RunConfig
-from ..step.device import check_device
+from ..step.engine import check_device
 from ..step.rollouts import TreeShape
-from .resume import read_checkpoint
+from .state import read_checkpoint
 from .usage import UsageError, check_out_dir
 
 

@@ -42,10 +42,9 @@ from scipy import stats as sps
 import specdec_kernels as sk
 from specdec_kernels.exactness.goodness_of_fit import two_sample_chi2
 
-from ..step.batch import build_batch
 from ..step.engine import RolloutEngine
-from ..step.logprobs import policy_log_probs
-from ..step.rollouts import GenerationConfig, Rollouts
+from ..step.learn import policy_log_probs
+from ..step.rollouts import GenerationConfig, Rollouts, build_batch
 from ..step.strategies import ChainSpeculation, Proposal, Verified
 from ..task import CharTokenizer, Problem, reward
 from .intervals import two_sample_chi2_power
@@ -256,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     from ..config import RunConfig, tiny_config
     from ..step.drafting import build_drafter, problem_batches, warm_start
     from ..step.engine import RolloutEngine
-    from ..step.warm_start import supervised_warm_start
+    from ..step.learn import supervised_warm_start
     from ..task import make_splits
 
     cfg = tiny_config() if args.tiny else RunConfig()

@@ -1,33 +1,47 @@
-"""Opening, setting up and finishing a run (shared by the sync and async pipelines)."""
+"""Opening, setting up and finishing a run (shared by the sync and async pipelines), and scoring
+its policy: validation accuracy and the held-out test split, through any rollout engine (speculation is
+lossless, so any spec mode scores the same).
+
+The held-out test split holds problems never used to train, validate or choose a default, scored at the
+start and the end of a run with per-problem (clustered) intervals, a paired interval of the change, greedy
+accuracy and pass@k. It is drawn from its own random stream (``"test/<seed>"``) and excludes every prompt
+of the run's train and validation splits, so no tuning decision (all made on validation accuracy) saw it."""
 
 from __future__ import annotations
 
 import json
 import os
+import random
 import time
 from collections.abc import Callable, Iterable
 from contextlib import contextmanager
 from dataclasses import asdict, replace
 
+import numpy as np
 import torch
 
 from specdec_kernels.drafters import CachedDrafter
 from specdec_kernels.models import Qwen3, save_pretrained
 
 from ..config import RunConfig
-from ..step.device import place
 from ..step.drafting import adapter, build_drafter, problem_batches, warm_start
-from ..step.engine import RolloutEngine
-from ..step.learn import policy_optimizer
-from ..step.warm_start import supervised_warm_start
-from ..task import CharTokenizer, make_splits
-from .accounting import summary_figures
-from .evaluation import validate
-from .heldout import evaluate_test, heldout_report, make_test_split
-from .protocol_figures import ar_baseline, protocol_figures
+from ..step.engine import RolloutEngine, place
+from ..step.learn import policy_optimizer, supervised_warm_start
+from ..step.rollouts import GenerationConfig, request_seeds, score
+from ..task import CharTokenizer, Problem, TaskConfig, make_problem, make_splits
+from .intervals import clustered_mean, paired_change, pass_at_k
 from .provenance import provenance
-from .resume import cut_metrics, metrics_path, read_checkpoint
-from .state import Engine, RunState, Session, load_checkpoint, save_checkpoint
+from .reports import ar_baseline, protocol_figures, summary_figures
+from .state import (
+    Engine,
+    RunState,
+    Session,
+    cut_metrics,
+    load_checkpoint,
+    metrics_path,
+    read_checkpoint,
+    save_checkpoint,
+)
 
 
 def progress(iterable: Iterable, enabled: bool, **kw) -> Iterable:
@@ -191,7 +205,107 @@ def finish_run(s: Session, t_run: float, extra: dict | None = None) -> dict:
     with open(os.path.join(cfg.out, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
     if cfg.plots:
-        from .plots import make_plots
+        from .reports import make_plots
 
         make_plots(cfg.out)
     return summary
+
+
+def evaluate(engine: Engine, problems: list[Problem], tok: CharTokenizer, gen: GenerationConfig,
+             samples: int = 0, seed: int = 0) -> float:
+    """Accuracy on ``problems``; speculation is lossless, so any spec mode works.
+
+    ``samples=0``: greedy (temperature 0). Otherwise the mean over ``samples`` responses per problem at
+    ``gen.temperature``, drawn with Philox keys fixed by ``seed``: every evaluation of a run uses the same
+    keys, so two evaluations differ by the policy, not by the draw.
+    """
+    if samples:
+        problems = [p for p in problems for _ in range(samples)]
+        seeds = request_seeds(seed, -1, len(problems))  # step -1: never a training step's keys
+    else:
+        seeds, gen = [0] * len(problems), replace(gen, temperature=0.0)
+    prompts = [tok.encode(p.prompt, bos=True) for p in problems]
+    rewards = score(problems, engine.generate(prompts, seeds, gen), tok)
+    return int((rewards == 1.0).sum()) / max(len(rewards), 1)
+
+
+def validate(s: Session) -> dict:
+    """``val_accuracy`` (see ``RunConfig.eval_samples``; greedy when it is 0) and ``val_greedy_accuracy`` of
+    the current policy on the validation problems."""
+    cfg, gen = s.cfg, s.cfg.generation()
+    greedy = evaluate(s.engine, s.val, s.tok, gen)
+    sampled = evaluate(s.engine, s.val, s.tok, gen, cfg.eval_samples, cfg.seed) if cfg.eval_samples else greedy
+    return {"val_accuracy": sampled, "val_greedy_accuracy": greedy}
+
+
+def evaluate_start(s: Session) -> None:
+    """The start-of-run validation (once per run: a resumed run keeps its first one)."""
+    st = s.state
+    if st.val_accuracy_start is None:
+        v = validate(s)
+        st.val_accuracy_start, st.val_greedy_accuracy_start = v["val_accuracy"], v["val_greedy_accuracy"]
+        s.log({"event": "eval", "step": 0, **v})
+    if st.test_start is None and s.test:
+        st.test_start = evaluate_test(s.engine, s.test, s.tok, s.cfg.generation(), s.cfg.test_samples, s.cfg.seed)
+
+
+TEST_STEP = -2  # Philox keys of the test evaluation: never a training step's (>= 0) nor validation's (-1)
+
+
+def make_test_split(task: TaskConfig, num_test: int, exclude: list[Problem]) -> list[Problem]:
+    """``num_test`` distinct problems of the task's families and difficulties, none of whose prompts is in
+    ``exclude`` (the run's train + validation problems)."""
+    if num_test < 0:
+        raise ValueError(f"num_test must be >= 0, got {num_test}")
+    rng = random.Random(f"test/{task.seed}")
+    seen = {p.prompt for p in exclude}
+    out: list[Problem] = []
+    attempts = 0
+    while len(out) < num_test:
+        attempts += 1
+        if attempts > 200 * (num_test + 1):
+            raise ValueError("not enough distinct problems outside train and validation for num_test")
+        p = make_problem(rng, rng.choice(task.families), rng.choice(task.difficulties))
+        if p.prompt not in seen:
+            seen.add(p.prompt)
+            out.append(p)
+    return out
+
+
+def correctness(engine: Engine, problems: list[Problem], tok: CharTokenizer, gen: GenerationConfig,
+                samples: int, seed: int) -> np.ndarray:
+    """[P, samples] 0/1 exact-answer correctness of ``samples`` responses per problem at ``gen.temperature``
+    (fixed Philox keys from ``seed``: the start and end evaluations draw with the same keys), or [P, 1]
+    greedy when ``samples`` is 0."""
+    if samples:
+        many = [p for p in problems for _ in range(samples)]
+        seeds = request_seeds(seed, TEST_STEP, len(many))
+    else:
+        many, seeds, gen = problems, [0] * len(problems), replace(gen, temperature=0.0)
+    prompts = [tok.encode(p.prompt, bos=True) for p in many]
+    rewards = score(many, engine.generate(prompts, seeds, gen), tok).numpy()
+    return (rewards == 1.0).astype(np.int8).reshape(len(problems), max(samples, 1))
+
+
+def evaluate_test(engine: Engine, problems: list[Problem], tok: CharTokenizer, gen: GenerationConfig,
+                  samples: int, seed: int) -> dict:
+    """The sampled and greedy correctness matrices of the test split (lists, for the checkpoint)."""
+    return {"sampled": correctness(engine, problems, tok, gen, samples, seed).tolist(),
+            "greedy": correctness(engine, problems, tok, gen, 0, seed).tolist()}
+
+
+def heldout_report(start: dict, end: dict) -> dict:
+    """``summary.json``'s test-split figures from the start and end :func:`evaluate_test` results."""
+    s, e = np.array(start["sampled"]), np.array(end["sampled"])
+    gs, ge = np.array(start["greedy"]), np.array(end["greedy"])
+    cs, ce = clustered_mean(s), clustered_mean(e)
+    m = s.shape[1]
+    return {
+        "test_problems": int(s.shape[0]), "test_samples_per_problem": int(m),
+        "test_accuracy_start": cs["mean"], "test_accuracy_start_se": cs["se"],
+        "test_accuracy_end": ce["mean"], "test_accuracy_end_se": ce["se"],
+        "test_accuracy_change": paired_change(s, e),
+        "test_greedy_accuracy_start": float(gs.mean()), "test_greedy_accuracy_end": float(ge.mean()),
+        "test_greedy_accuracy_change": paired_change(gs, ge),
+        f"test_pass_at_{m}_start": pass_at_k(s, m), f"test_pass_at_{m}_end": pass_at_k(e, m),
+    }

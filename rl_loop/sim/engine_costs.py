@@ -1,7 +1,7 @@
 """rl_loop's own rollout engine, priced component by component, and its measured speedups.
 
 (a) Micro-measurements on the real policy and drafter, each called alone exactly as the engine calls it:
-    the policy forward (on the engine's decode path, ``rl_loop/step/decode.py``: the fused native layer step
+    the policy forward (on the engine's decode path, ``rl_loop/step/engine.py``: the fused native layer step
     when built) against the number of requests and tokens per request, the
     drafter's ``propose`` (k drafts) and ``commit``, and ``verify_chain`` (``validate=False``, as the
     engine calls it). Linear fits of these give a
@@ -130,7 +130,7 @@ def requests(cfg, s: dict, num_prompts: int, group: int, seed: int = 0) -> tuple
     """``num_prompts x group`` prompts (token ids) from the training split and their Philox seeds."""
     import random
 
-    from rl_loop.step.batch import request_seeds
+    from rl_loop.step.rollouts import request_seeds
 
     rng = random.Random(f"sim/{seed}")
     problems = [p for p in rng.sample(s.train, num_prompts) for _ in range(group)]
@@ -149,7 +149,7 @@ def measure_components(cfg, s: dict, prompts: list[list[int]], batches=(2, 8, 16
 
     torch.set_num_threads(1)
     policy, drafter = s.policy, s.drafter
-    step = s.engine.policy_step  # the engine's decode path for both arms (``rl_loop/step/decode.py``)
+    step = s.engine.policy_step  # the engine's decode path for both arms (``rl_loop/step/engine.py``)
     layers = drafter.feature_layers
     V = policy.config.vocab_size
     backend = resolve_verify_backend(cfg.verify_backend)

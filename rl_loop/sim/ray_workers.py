@@ -110,8 +110,8 @@ def calibrate_and_measure(repeats: int = 5, steps: int = 2) -> dict:
     from ..config import tiny_config
     from ..pipelines.ray_rollout import RolloutPool, weights
     from ..run.session import setup
-    from ..step.batch import step_requests
     from ..step.engine import RolloutEngine
+    from ..step.rollouts import step_requests
 
     torch.set_num_threads(1)
     cfg = replace(tiny_config(prompts_per_step=4), num_threads=1)

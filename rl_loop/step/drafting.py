@@ -35,8 +35,8 @@ from specdec_kernels.drafters.training import DrafterTrainer, TrainConfig, head_
 from specdec_kernels.models import Qwen3
 
 from ..task import CharTokenizer, Problem
-from .device import module_device, place
-from .warm_start import sft_batch
+from .engine import module_device, place
+from .rollouts import sft_batch
 
 DRAFTER_INTERMEDIATE = 256  # the heads' (and the draft model's) MLP width
 

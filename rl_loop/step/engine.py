@@ -1,4 +1,5 @@
-"""The one rollout engine: batched autoregressive, chain- and tree-speculative rollouts on our kernels.
+"""The one rollout engine: batched autoregressive, chain- and tree-speculative rollouts on our kernels,
+and everything it runs the policy with (the device, the decode path, CUDA graphs).
 
 The engine drives a fixed number of *slots* (rows of the KV cache). Requests wait in a queue; whenever a
 slot frees up (EOS or length cap) the next request starts in it, so the batch stays full across a GRPO
@@ -9,27 +10,48 @@ chain or tree) proposes, the policy runs the proposal in ONE forward against the
 verifies (``verify_chain`` / ``verify_tree``, native CPU backend when built) and commits; the engine
 books the emitted tokens and the statistics.
 
-Randomness: request ``i`` carries a Philox key ``seed[i]``; the first row of a round decides absolute
-position ``position = length + 1`` (the index of the next token in prompt + response); drafts are drawn at
-the positions they propose (stream 3). See ``strategies.py`` for why this is lossless and batch invariant.
-Tokens emitted past EOS or past ``max_new_tokens`` are discarded; truncating a sequence keeps its law.
-"""
+Devices (``--device cpu|cuda``; everything device-specific in rl_loop is named in this file; the rest of
+the loop places its tensors on the policy's device and is otherwise the same code on both):
+
+- ``cpu`` (default): float32 weights, verification on the native CPU kernels when built (``"default"``).
+- ``cuda``: bf16 weights (the policy's LM-head matmul runs in bf16; ``Qwen3`` hands verification float32
+  logits), verification with ``backend="auto"`` (the library's Triton / CUDA kernels), and CUDA graphs for
+  the policy forward of both arms.
+
+Decode paths (:class:`PolicyStep`): both arms of every speed comparison run the policy through the same
+path, so a speedup never comes from one arm having a slower policy forward than the other.
+
+- ``"torch"``: ``Qwen3.step`` as framework ops (the fused q/k/v and gate/up matrices of
+  ``pack_inference``; about 15 ops per layer).
+- ``"native"``: every policy layer through ``specdec_kernels.native.decoder_step``, the fused C++ layer
+  step the drafter heads use (one call per layer). Causal rows only (autoregressive and chain rounds,
+  prompt prefill); a tree round's ancestor mask falls back to ``"torch"``.
+- ``"auto"``: ``"native"`` when the extension is built, else ``"torch"`` (the ranking that
+  ``python -m rl_loop.experiments.decode_bench`` measures). Both paths write the same cache layout.
+
+CUDA graphs (:class:`GraphedStep`): the autoregressive decode step and the speculative round's (k + 1)-row
+verification forward, each captured once per batch shape and replayed, when every slot is active and the
+rows are causal (a tree round and a partial batch run eagerly). Shapes are then static (the attention span
+is the whole cache; ``Qwen3.step`` masks every slot past ``start + i``), so the replay needs no host-side
+length. A graph holds the addresses of the cache and of the fused weights: the engine keeps one cache per
+slot count on cuda and calls :meth:`GraphedStep.reset` on weight sync. The capture is injected: a CUDA
+graph on a GPU; the CPU tests pass :class:`EagerGraph`, which replays by calling the function again."""
 
 from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 
-from specdec_kernels import SamplingMask
+from specdec_kernels import SamplingMask, native
 from specdec_kernels.drafters import CachedDrafter
 from specdec_kernels.drafters.training import sync_shared_weights
 from specdec_kernels.models import KVCache, ModelConfig, Qwen3
 
-from .cuda_graphs import GraphedStep, cuda_graph
-from .decode import PolicyStep
-from .device import module_device, weight_dtype
+from ..run.usage import UsageError
 from .rollouts import GenerationConfig, RolloutMask, Rollouts, RolloutStats, resolve_verify_backend
 from .strategies import strategy_for
 from .weight_fingerprint import (
@@ -43,6 +65,189 @@ from .weight_fingerprint import (
     trainer_tensors,
     verify,
 )
+
+DEVICES = ("cpu", "cuda")
+
+
+def check_device(name: str, cuda_available: bool | None = None) -> None:
+    """``--device``: one of :data:`DEVICES`, and ``cuda`` only where torch sees a GPU (``cuda_available``
+    overrides ``torch.cuda.is_available()`` for tests)."""
+    if name not in DEVICES:
+        raise UsageError(f"--device must be one of {', '.join(DEVICES)}, got {name!r}")
+    available = torch.cuda.is_available() if cuda_available is None else cuda_available
+    if name == "cuda" and not available:
+        raise UsageError("--device cuda: torch.cuda is not available here (no GPU, or a CPU-only torch); "
+                         "use --device cpu")
+
+
+def weight_dtype(device: str | torch.device) -> torch.dtype:
+    """The policy's and drafter's weights on ``device``: bf16 on cuda, float32 on cpu."""
+    return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+
+
+def place(module: torch.nn.Module, device: str | torch.device) -> torch.nn.Module:
+    """``module`` moved to ``device`` in its :func:`weight_dtype` (a no-op on cpu: float32 stays)."""
+    return module.to(device=torch.device(device), dtype=weight_dtype(device))
+
+
+def module_device(module: torch.nn.Module) -> torch.device:
+    """The device of ``module``'s first parameter (where its inputs must live)."""
+    return next(module.parameters()).device
+
+
+DECODE_PATHS = ("auto", "torch", "native")
+
+
+def resolve_decode_path(name: str, qk_norm: bool = True, device: str = "cpu") -> str:
+    """``name`` with ``"auto"`` resolved (module docstring; on cuda ``"torch"``, which :class:`GraphedStep`
+    graphs); raises ValueError for an unknown path and for ``"native"`` without the built extension, on a
+    cuda policy (the kernel is a CPU op) or for a policy without q/k norms (the kernel runs Qwen3)."""
+    if name not in DECODE_PATHS:
+        raise ValueError(f"decode path must be one of {DECODE_PATHS}, got {name!r}")
+    if device != "cpu":
+        if name == "native":
+            raise ValueError(f"decode path 'native' is a CPU kernel; the policy is on {device}")
+        return "torch"
+    built = native.has_op("decoder_step", "cpu")
+    if name == "auto":
+        return "native" if built and qk_norm else "torch"
+    if name == "native" and not built:
+        raise ValueError("decode path 'native' needs the native extension (python setup.py build_ext --inplace)")
+    if name == "native" and not qk_norm:
+        raise ValueError("decode path 'native' runs Qwen3 layers: the policy needs q/k norms (qk_norm=True)")
+    return name
+
+
+def describe(path: str) -> str:
+    """A one-line description of a resolved decode path (``summary.json``'s ``ar_baseline``)."""
+    if path == "native":
+        return "policy: every layer through the fused native decoder_step (C++), one call per layer"
+    if path == "torch":
+        return "policy: Qwen3.step as torch ops (fused qkv / gate-up matrices)"
+    return f"policy: served by the {path} engine"
+
+
+class PolicyStep:
+    """``Qwen3.step`` on a decode path. Call :meth:`sync` after every weight change (the engine does so on
+    weight sync); the native path packs each layer's weights then."""
+
+    def __init__(self, policy: Qwen3, path: str = "auto") -> None:
+        self.policy = policy
+        self.path = resolve_decode_path(path, policy.config.qk_norm, next(policy.parameters()).device.type)
+        self.weights: list[list[torch.Tensor]] = []
+        self.rope: torch.Tensor | None = None
+        self.rows_all: torch.Tensor | None = None
+
+    def sync(self) -> None:
+        if self.path == "native":
+            packed = [self.policy.native_step_args(i) for i in range(self.policy.config.num_hidden_layers)]
+            self.weights = [w for w, _ in packed]
+            self.rope = packed[0][1] if packed else None
+
+    def __call__(
+        self, input_ids: torch.Tensor, cache: KVCache, rows: torch.Tensor | None, start: torch.Tensor, kv_len: int,
+        depth: torch.Tensor | None = None, tree_mask: torch.Tensor | None = None, capture: tuple[int, ...] = (),
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Logits [R, n, V] and the captured hidden states, as ``Qwen3.step`` returns them."""
+        if self.path == "torch" or tree_mask is not None or not self.weights:
+            return self.policy.step(input_ids, cache, rows, start, kv_len, depth=depth, tree_mask=tree_mask,
+                                    capture=capture)
+        c = self.policy.config
+        capture = self.policy._capture(capture)
+        r, n = input_ids.shape
+        if depth is None:
+            depth = torch.arange(n).expand(r, n).contiguous()
+        if rows is None:
+            rows = torch.arange(r)
+        x = self.policy.model.embed_tokens(input_ids).float().contiguous()
+        hidden: dict[int, torch.Tensor] = {}
+        logits = None
+        for i, weights in enumerate(self.weights):
+            if i in capture:
+                hidden[i] = x
+            logits, x = native.decoder_step(x, weights, cache.k[i], cache.v[i], rows, start, depth, self.rope,
+                                            c.num_attention_heads, c.rms_norm_eps)
+        if c.num_hidden_layers in capture:
+            hidden[c.num_hidden_layers] = F.rms_norm(x, (c.hidden_size,), self.policy.model.norm.weight,
+                                                     c.rms_norm_eps)
+        return logits, [hidden[i] for i in capture]
+
+
+Step = Callable[..., tuple[torch.Tensor, list[torch.Tensor]]]
+
+
+class EagerGraph:
+    """A stand-in for a captured graph: :meth:`replay` calls ``fn`` again (same static inputs, same
+    outputs written into the same tensors it returned at capture)."""
+
+    def __init__(self, fn: Callable[[], tuple[torch.Tensor, list[torch.Tensor]]]) -> None:
+        self.fn = fn
+        self.outputs = fn()
+
+    def replay(self) -> None:
+        logits, hidden = self.fn()
+        self.outputs[0].copy_(logits)
+        for dst, src in zip(self.outputs[1], hidden, strict=True):
+            dst.copy_(src)
+
+
+class _CudaGraph:
+    """``fn`` warmed up on a side stream, then captured into one ``torch.cuda.CUDAGraph``."""
+
+    def __init__(self, fn: Callable[[], tuple[torch.Tensor, list[torch.Tensor]]]) -> None:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):  # lazy allocations (RoPE tables, cuBLAS workspaces) happen outside the capture
+                fn()
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.outputs = fn()
+
+    def replay(self) -> None:
+        self.graph.replay()
+
+
+def cuda_graph(fn: Callable[[], tuple[torch.Tensor, list[torch.Tensor]]]) -> _CudaGraph:
+    """Capture ``fn`` (no arguments; reads and writes fixed tensors) as a CUDA graph."""
+    return _CudaGraph(fn)
+
+
+class GraphedStep:
+    """A policy step (``decode.PolicyStep``'s call signature) whose full-batch causal rounds replay graphs.
+
+    The warm-up and the capture run the forward on the round's real inputs; its cache writes (keys/values
+    at ``start + i``) are the replay's own, so capturing on the first round of a shape loses nothing.
+    """
+
+    def __init__(self, step: Step, capture: Callable = cuda_graph) -> None:
+        self.step = step
+        self.capture = capture
+        self.graphs: dict[tuple, tuple[KVCache, torch.Tensor, torch.Tensor, object]] = {}
+
+    def reset(self) -> None:
+        """Drop every graph (the weights they read were replaced)."""
+        self.graphs.clear()
+
+    def __call__(self, input_ids: torch.Tensor, cache: KVCache, rows: torch.Tensor | None, start: torch.Tensor,
+                 kv_len: int, depth: torch.Tensor | None = None, tree_mask: torch.Tensor | None = None,
+                 capture: tuple[int, ...] = ()) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        if rows is not None or depth is not None or tree_mask is not None:
+            return self.step(input_ids, cache, rows, start, kv_len, depth=depth, tree_mask=tree_mask,
+                             capture=capture)
+        key = (tuple(input_ids.shape), capture, id(cache))
+        entry = self.graphs.get(key)
+        if entry is None or entry[0] is not cache:
+            ids, st = input_ids.clone(), start.clone()
+            graph = self.capture(lambda: self.step(ids, cache, None, st, cache.max_len, capture=capture))
+            self.graphs[key] = (cache, ids, st, graph)
+        else:
+            _, ids, st, graph = entry
+            ids.copy_(input_ids)
+            st.copy_(start)
+        graph.replay()  # a capture records without running: the first round of a shape replays too
+        return graph.outputs
 
 
 class _Requests:
@@ -84,11 +289,11 @@ class RolloutEngine:
 
     def __init__(self, policy: Qwen3, drafter: CachedDrafter | None, eos_id: int, decode: str = "auto",
                  check_sync: bool = True, graphs: bool | None = None, graph_capture=cuda_graph) -> None:
-        """``graphs``: replay the round forward of both arms as CUDA graphs (``cuda_graphs.py``; default:
-        on a cuda policy); ``graph_capture`` is the capture (tests pass ``cuda_graphs.EagerGraph``)."""
+        """``graphs``: replay the round forward of both arms as CUDA graphs (:class:`GraphedStep`; default:
+        on a cuda policy); ``graph_capture`` is the capture (tests pass :class:`EagerGraph`)."""
         self.policy = policy
         self.device = module_device(policy)
-        self.policy_step = PolicyStep(policy, decode)  # both arms' policy forward (``decode.py``)
+        self.policy_step = PolicyStep(policy, decode)  # both arms' policy forward (:class:`PolicyStep`)
         if graphs is None:
             graphs = self.device.type == "cuda"
         self.graphed = GraphedStep(self.policy_step, graph_capture) if graphs else None

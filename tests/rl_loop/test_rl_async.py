@@ -10,13 +10,11 @@ import torch
 
 from rl_loop.config import REQUIRED_SUMMARY_KEYS, tiny_config
 from rl_loop.pipelines.async_pipeline import GeneratorActor, check_async_config
-from rl_loop.step import grpo
-from rl_loop.step.batch import build_batch
+from rl_loop.step import learn as grpo
 from rl_loop.step.drafting import build_drafter
 from rl_loop.step.engine import RolloutEngine
-from rl_loop.step.learn import train_on_batch
-from rl_loop.step.logprobs import policy_log_probs
-from rl_loop.step.rollouts import GenerationConfig
+from rl_loop.step.learn import policy_log_probs, train_on_batch
+from rl_loop.step.rollouts import GenerationConfig, build_batch
 from rl_loop.task import CharTokenizer
 from rl_loop.train import run
 from specdec_kernels.models import ModelConfig, Qwen3

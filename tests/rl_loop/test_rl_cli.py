@@ -16,8 +16,7 @@ import torch
 import rl_loop
 from rl_loop.__main__ import build_parser, parse_args
 from rl_loop.config import REQUIRED_SUMMARY_KEYS, RunConfig, flag_of, tiny_config
-from rl_loop.run.evaluation import evaluate, validate
-from rl_loop.run.session import setup
+from rl_loop.run.session import evaluate, setup, validate
 from rl_loop.train import run
 from tests.conftest import REPO
 

@@ -1,5 +1,5 @@
 """``--device``: the CPU path keeps its tokens, cuda without a GPU is a one-line usage error, and the CUDA-graph
-plumbing of the round forward (``cuda_graphs.py``, with an eager stand-in for the capture) keeps the tokens."""
+plumbing of the round forward (``engine.GraphedStep``, with an eager stand-in for the capture) keeps the tokens."""
 
 from __future__ import annotations
 
@@ -14,11 +14,8 @@ from rl_loop.__main__ import main, parse_args
 from rl_loop.run.checks import check_device_run
 from rl_loop.run.session import setup
 from rl_loop.run.usage import UsageError
-from rl_loop.step.cuda_graphs import EagerGraph
-from rl_loop.step.decode import resolve_decode_path
-from rl_loop.step.device import check_device, weight_dtype
 from rl_loop.step.drafting import build_drafter
-from rl_loop.step.engine import RolloutEngine
+from rl_loop.step.engine import EagerGraph, RolloutEngine, check_device, resolve_decode_path, weight_dtype
 from rl_loop.step.rollouts import GenerationConfig, resolve_verify_backend
 from specdec_kernels.models import ModelConfig
 from specdec_kernels.models.tiny_qwen3 import spread_qwen3

@@ -1,11 +1,11 @@
-"""rl_loop.step.grpo: advantages, dynamic sampling, clipped token-level loss, k3 KL."""
+"""rl_loop.step.learn's GRPO functions: advantages, dynamic sampling, clipped token-level loss, k3 KL."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from rl_loop.step import grpo
+from rl_loop.step import learn as grpo
 
 pytestmark = pytest.mark.rl
 torch.set_num_threads(1)  # tiny shapes: extra threads only add synchronisation overhead

@@ -13,13 +13,12 @@ import torch
 from rl_loop.__main__ import main as rl_main
 from rl_loop.__main__ import parse_args
 from rl_loop.config import tiny_config
-from rl_loop.step import grpo, learn
-from rl_loop.step.batch import build_batch
+from rl_loop.step import learn
+from rl_loop.step import learn as grpo
 from rl_loop.step.drafting import build_drafter
 from rl_loop.step.engine import RolloutEngine
-from rl_loop.step.learn import policy_optimizer, train_on_batch
-from rl_loop.step.logprobs import kept_batch
-from rl_loop.step.rollouts import GenerationConfig, RolloutMask
+from rl_loop.step.learn import kept_batch, policy_optimizer, train_on_batch
+from rl_loop.step.rollouts import GenerationConfig, RolloutMask, build_batch
 from rl_loop.task import CharTokenizer
 from rl_loop.train import run
 from specdec_kernels.models import ModelConfig, Qwen3

@@ -17,7 +17,6 @@ from rl_loop.config import POLICY_PRESETS, default_policy, tiny_config
 from rl_loop.experiments.repeat import aggregate, markdown, pooled_ci
 from rl_loop.run import equivalence
 from rl_loop.run.equivalence import EquivalenceConfig, check_equivalence
-from rl_loop.run.heldout import heldout_report, make_test_split
 from rl_loop.run.intervals import (
     bootstrap_ci,
     clustered_mean,
@@ -27,11 +26,11 @@ from rl_loop.run.intervals import (
     two_sample_chi2_power,
     two_sample_size,
 )
-from rl_loop.run.protocol_figures import protocol_figures
 from rl_loop.run.provenance import provenance
+from rl_loop.run.reports import protocol_figures
+from rl_loop.run.session import heldout_report, make_test_split
 from rl_loop.run.state import Comparison, RunState, WarmStartTimes
-from rl_loop.step.decode import PolicyStep, resolve_decode_path
-from rl_loop.step.engine import RolloutEngine
+from rl_loop.step.engine import PolicyStep, RolloutEngine, resolve_decode_path
 from rl_loop.step.rollouts import GenerationConfig, RolloutStats
 from rl_loop.task import CharTokenizer, TaskConfig, make_splits
 from specdec_kernels import native

@@ -24,7 +24,7 @@ import torch
 from rl_loop.__main__ import parse_args
 from rl_loop.config import tiny_config
 from rl_loop.pipelines.ray_rollout import RolloutPool, block_assignment
-from rl_loop.run.rollout_dump import read_dump
+from rl_loop.run.reports import read_dump
 from rl_loop.step.drafting import build_drafter
 from rl_loop.step.engine import RolloutEngine
 from rl_loop.step.rollouts import GenerationConfig

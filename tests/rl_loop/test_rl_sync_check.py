@@ -1,5 +1,5 @@
 """Weight-sync check (rl_loop/step/weight_fingerprint.py) on the in-process engine, and the acceptance-collapse
-warning (rl_loop/run/accounting.py). Ray workers: test_rl_ray.py; vLLM: test_rl_vllm.py.
+warning (rl_loop/run/reports.py). Ray workers: test_rl_ray.py; vLLM: test_rl_vllm.py.
 
 - the fingerprint is exact for one dtype (one ulp, a swap of two elements, a shape all differ) and keeps
   the stated tolerance across a dtype conversion (bf16 of the same weights passes, a 1 % change fails);
@@ -22,14 +22,13 @@ import torch
 
 from rl_loop.__main__ import main
 from rl_loop.config import tiny_config
-from rl_loop.run.accounting import AcceptanceCollapseWarning, check_acceptance
+from rl_loop.run.reports import AcceptanceCollapseWarning, check_acceptance
 from rl_loop.run.state import RunState
 from rl_loop.step import engine as engine_module
 from rl_loop.step import learn as learn_module
 from rl_loop.step import weight_fingerprint
-from rl_loop.step.decode import resolve_decode_path
 from rl_loop.step.drafting import build_drafter
-from rl_loop.step.engine import RolloutEngine
+from rl_loop.step.engine import RolloutEngine, resolve_decode_path
 from rl_loop.step.weight_fingerprint import (
     WeightSyncError,
     deinterleave_heads,

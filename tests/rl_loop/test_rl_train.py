@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from rl_loop.config import tiny_config
-from rl_loop.step.batch import build_batch
 from rl_loop.step.learn import policy_optimizer, set_learning_rates, train_on_batch
+from rl_loop.step.rollouts import build_batch
 from rl_loop.task import CharTokenizer
 from specdec_kernels.models import ModelConfig, Qwen3
 
