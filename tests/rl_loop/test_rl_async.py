@@ -10,7 +10,7 @@ import torch
 
 from rl_loop.config import REQUIRED_SUMMARY_KEYS, tiny_config
 from rl_loop.pipelines.async_pipeline import GeneratorActor, check_async_config
-from rl_loop.step import learn as grpo
+from rl_loop.step import learn
 from rl_loop.step.drafting import build_drafter
 from rl_loop.step.engine import RolloutEngine
 from rl_loop.step.learn import policy_log_probs, train_on_batch
@@ -102,7 +102,7 @@ def test_old_log_probs_come_from_the_behaviour_policy():
     with torch.no_grad():
         lp = policy_log_probs(policy, ids, 0.7)
         lp_b = policy_log_probs(behaviour, ids, 0.7)
-    expected = grpo.grpo_loss(lp, lp_b, adv, mask, cfg.clip_low, cfg.clip_high).mean_ratio.item()
+    expected = learn.grpo_loss(lp, lp_b, adv, mask, cfg.clip_low, cfg.clip_high).mean_ratio.item()
     lagged = train_on_batch(policy, opt, ids, mask, adv, cfg, None, behaviour=behaviour)
     on_policy = train_on_batch(policy, opt, ids, mask, adv, cfg, None)
     assert on_policy["ratio"] == pytest.approx(1.0, abs=1e-6)

@@ -14,7 +14,6 @@ from rl_loop.__main__ import main as rl_main
 from rl_loop.__main__ import parse_args
 from rl_loop.config import tiny_config
 from rl_loop.step import learn
-from rl_loop.step import learn as grpo
 from rl_loop.step.drafting import build_drafter
 from rl_loop.step.engine import RolloutEngine
 from rl_loop.step.learn import kept_batch, policy_optimizer, train_on_batch
@@ -53,8 +52,8 @@ def test_masked_log_probs_are_the_full_ones_where_all_is_kept_and_differ_by_the_
     for r, ids in enumerate(kept_rows):
         kept[r, ids.long()] = True
     targets = torch.stack([ids[int(torch.randint(ids.numel(), (1,), generator=gen))] for ids in kept_rows]).long()
-    full = grpo.token_log_probs(logits[None], targets[None])[0]
-    masked = grpo.token_log_probs(logits[None], targets[None], kept[None])[0]
+    full = learn.token_log_probs(logits[None], targets[None])[0]
+    masked = learn.token_log_probs(logits[None], targets[None], kept[None])[0]
     whole = kept.all(-1)
     assert whole.any() and (~whole).any()
     assert torch.equal(masked[whole], full[whole])
@@ -151,8 +150,8 @@ def test_truncated_rollouts_record_their_kept_sets_and_mask_logprobs_removes_the
     assert bool(kept.gather(-1, ids[:, 1:, None]).squeeze(-1)[mask].all())
     with torch.no_grad():
         logits = policy(ids)[0][:, :-1]
-    full = grpo.token_log_probs(logits, ids[:, 1:])[mask]
-    masked = grpo.token_log_probs(logits, ids[:, 1:], kept)[mask]
+    full = learn.token_log_probs(logits, ids[:, 1:])[mask]
+    masked = learn.token_log_probs(logits, ids[:, 1:], kept)[mask]
     kept_mass = (torch.softmax(logits.double(), -1) * kept).sum(-1)[mask]
     assert (masked > full).all()
     torch.testing.assert_close((masked - full).double(), -kept_mass.log(), rtol=0, atol=1e-5)
