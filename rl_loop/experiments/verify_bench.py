@@ -10,7 +10,7 @@ requests (``prompts_per_step`` prompts x ``group_size``, the run's temperature, 
 - ``tree_token`` / ``tree_traversal``: the run's draft tree of depth k (``TreeShape.for_k``) verified by the
   token-level walk / with traversal verification.
 
-Protocol: round r draws a fresh step's prompts and Philox keys (``batch.step_requests`` at step
+Protocol: round r draws a fresh step's prompts and Philox keys (``rollouts.step_requests`` at step
 ``100_000 + r``, never a training step) and runs every arm on them, so the arms of a round sample the same
 requests; arms are interleaved, in one order on even rounds and the reverse on odd rounds, after one untimed
 warm-up pass of every arm. Per arm: the mean accepted length (tokens per verification round, pooled over the

@@ -3,7 +3,7 @@
 The values of the flags are checked where they are defined, by :class:`~rl_loop.config.RunConfig`; here is
 what depends on this machine and on the files: ``check_run(cfg)`` (called by ``train.run``) checks the device,
 the verification backend, the rollout backend, whether the draft rounds fit the policy's context, ``--out``
-and, with ``--resume``, the checkpoint (``resume.read_checkpoint``). Everything it raises is a
+and, with ``--resume``, the checkpoint (``state.read_checkpoint``). Everything it raises is a
 :class:`UsageError`; the CLIs print it as one line.
 """
 
@@ -93,7 +93,7 @@ def check_backend(cfg: RunConfig) -> None:
 
 
 def check_run(cfg: RunConfig) -> None:
-    """Every check above, cheapest first; with ``cfg.resume`` the checkpoint too (``resume.read_checkpoint``)."""
+    """Every check above, cheapest first; with ``cfg.resume`` the checkpoint too (``state.read_checkpoint``)."""
     check_device_run(cfg)
     check_verify_backend(cfg.verify_backend, cfg.device)
     check_backend(cfg)

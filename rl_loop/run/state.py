@@ -99,7 +99,7 @@ class RunState:
     spec_stats: RolloutStats = field(default_factory=RolloutStats)
     comparison: Comparison = field(default_factory=Comparison)
     times: WarmStartTimes = field(default_factory=WarmStartTimes)
-    test_start: dict | None = None  # held-out test correctness at the start (``heldout.evaluate_test``)
+    test_start: dict | None = None  # held-out test correctness at the start (``session.evaluate_test``)
     last_acceptance: list[float] | None = None  # the last step's acceptance by position (collapse warning)
 
     @staticmethod
@@ -149,7 +149,7 @@ def save_checkpoint(s: Session, finished: bool = False) -> None:
 
 
 def load_checkpoint(out: str, resume: bool) -> dict | None:
-    """The checkpoint in ``out`` when resuming (``resume.load_checkpoint_file``: a missing or damaged one is an
+    """The checkpoint in ``out`` when resuming (:func:`load_checkpoint_file`: a missing or damaged one is an
     error), else None."""
     return load_checkpoint_file(out) if resume else None
 

@@ -44,7 +44,7 @@ DRAFTER_INTERMEDIATE = 256  # the heads' (and the draft model's) MLP width
 def build_drafter(kind: str, policy: Qwen3, seed: int = 0, native: bool | None = None, device: str = "cpu"
                   ) -> CachedDrafter:
     """A fresh, untrained drafter of ``kind`` ("eagle3", "mtp" or "draft_model") for ``policy``, its weights
-    on ``device`` in the device's dtype (``device.place``: the policy's)."""
+    on ``device`` in the device's dtype (``engine.place``: the policy's)."""
     torch.manual_seed(seed)
     if kind == "eagle3":
         head = Eagle3Head.for_target(policy, intermediate_size=DRAFTER_INTERMEDIATE)

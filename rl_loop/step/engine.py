@@ -215,7 +215,7 @@ def cuda_graph(fn: Callable[[], tuple[torch.Tensor, list[torch.Tensor]]]) -> _Cu
 
 
 class GraphedStep:
-    """A policy step (``decode.PolicyStep``'s call signature) whose full-batch causal rounds replay graphs.
+    """A policy step (:class:`PolicyStep`'s call signature) whose full-batch causal rounds replay graphs.
 
     The warm-up and the capture run the forward on the round's real inputs; its cache writes (keys/values
     at ``start + i``) are the replay's own, so capturing on the first round of a shape loses nothing.

@@ -52,7 +52,7 @@ def train_on_batch(
     ``behaviour``: the policy version that generated the rollouts when it differs from ``policy`` (async
     pipeline, lag 1); the old log-probs, hence the importance ratio, are taken under it. None: ``policy``.
     ``kept`` [N, T - 1, V] bool (``--mask-logprobs``): every log-probability (policy, old, reference) is taken
-    over the recorded kept sets (``logprobs.kept_batch``).
+    over the recorded kept sets (:func:`kept_batch`).
     """
     t0 = time.perf_counter()
     dev = next(policy.parameters()).device
@@ -68,7 +68,7 @@ def train_on_batch(
     for chunk in order.chunk(cfg.minibatches):
         lp = policy_log_probs(policy, ids[chunk], cfg.temperature, None if kept is None else kept[chunk])
         out = grpo_loss(lp, old[chunk], adv[chunk], mask[chunk], cfg.clip_low, cfg.clip_high,
-                             None if ref_lp is None else ref_lp[chunk], cfg.kl_coef)
+                        None if ref_lp is None else ref_lp[chunk], cfg.kl_coef)
         opt.zero_grad(set_to_none=True)
         out.loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
@@ -235,7 +235,7 @@ def policy_log_probs(policy: Qwen3, ids: torch.Tensor, temperature: float = 1.0,
 
 
 def kept_batch(prompts: list[list[int]], masks: list[RolloutMask], width: int, vocab_size: int) -> torch.Tensor:
-    """[N, width, V] bool kept sets laid out as ``batch.build_batch``'s mask [N, width]: row ``len(prompt) - 1 + t``
+    """[N, width, V] bool kept sets laid out as ``rollouts.build_batch``'s mask [N, width]: row ``len(prompt) - 1 + t``
     (whose logits predict response token t, then the EOS) keeps ``masks[i]``'s token t; every other row keeps
     the whole vocabulary (the loss mask drops those rows)."""
     kept = torch.ones(len(prompts), width, vocab_size, dtype=torch.bool)

@@ -232,7 +232,7 @@ def fused_copy(policy) -> dict[str, torch.Tensor]:
 
 
 def native_copy(policy, packed: list[list[torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """The native decode path's packed weights (``decode.PolicyStep.weights``: per layer the ten weights of
+    """The native decode path's packed weights (``engine.PolicyStep.weights``: per layer the ten weights of
     ``reference.decoder_step.pack_weights``), under the trainer's names."""
     out = {}
     for i, w in enumerate(packed):
