@@ -172,7 +172,9 @@ def _run_law(family, case, check, verify, opts, expect_reject: bool = False, nam
     torch.manual_seed(0)  # for verifiers that draw from torch's global generator
     start = time.perf_counter()
     try:
-        result = check(verify, case, opts.alpha, opts.tv, opts.power)
+        # Fixed-size tests, not the suite's looks (exactness/sequential.py): each outcome reports its design's
+        # power at its sample size, which a run stopped at an early look would not have.
+        result = check(verify, case, opts.alpha, opts.tv, opts.power, looks=False)
     except Exception as exc:  # the verifier failed on a valid case: report it, keep auditing
         return Outcome(family, name or case.name, ERROR, _one_line(exc), seconds=time.perf_counter() - start), None
     law = result.expected[:-1]
@@ -461,8 +463,8 @@ def _sized(check, opts: AuditOptions):
     """``check``, with the narrow cases run at ``opts.narrow_trials`` trials when that is set."""
     if check is not check_narrow_law or opts.narrow_trials is None:
         return check
-    return lambda verify, case, alpha, tv, power: check_narrow_law(verify, case, alpha, tv, power,
-                                                                   num_samples=opts.narrow_trials)
+    return lambda verify, case, alpha, tv, power, looks=False: check_narrow_law(verify, case, alpha, tv, power,
+                                                                                num_samples=opts.narrow_trials)
 
 
 def _drafting_on(verify, stream: int):

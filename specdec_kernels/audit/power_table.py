@@ -5,8 +5,9 @@ of the exactness package and against a correct backend (``cpu``: the negative ro
 ``<out>/power_table.json`` (every test each suite ran) and ``<out>/power_table.md`` (the table):
 
 - **ours**: the exactness suite's own case for the bug (``chain_law.MUTANT_CASES``,
-  ``block_traversal_law.MUTANT_CASES``) at its design size (total variation 0.02, power 0.999, alpha 4e-7);
-  on a negative row, every one of those cases.
+  ``block_traversal_law.MUTANT_CASES``) in its group-sequential looks (:mod:`..exactness.sequential`: at 1/64,
+  1/8 and all of its design size for total variation 0.02, power 0.999 and alpha 4e-7, split over the looks),
+  stopping at the first look that rejects; on a negative row, every one of those cases, each to its last look.
 - **vllm-v2**: :func:`peer_suites.vllm_v2_suite` (vLLM Model Runner V2's tests and PR #54282's narrow test).
 - **deepspec-pr48**: :func:`peer_suites.deepspec_pr48_suite` (DeepSpec PR #48, with its negative control).
 
@@ -33,7 +34,7 @@ from pathlib import Path
 import torch
 
 from ..exactness import block_traversal_law as btl
-from ..exactness import block_traversal_mutants, chain_mutants, peer_suites
+from ..exactness import block_traversal_mutants, chain_mutants, peer_suites, sequential
 from ..exactness import goodness_of_fit as gof
 from ..exactness.chain_law import (
     MUTANT_CASES,
@@ -116,7 +117,7 @@ def _ours_check(case_name: str, family: str, backend: str, verify=None) -> dict:
     result = check.result
     return {"name": case_name, "statistic": _finite(result.statistic), "df": result.df, "pvalue": result.pvalue,
             "alpha": ALPHA, "rejects": bool(result.rejects(ALPHA)), "trials": check.num_samples,
-            "seconds": time.perf_counter() - wall, "cpu_seconds": time.process_time() - cpu}
+            "look": check.look, "looks": check.looks, "seconds": time.perf_counter() - wall, "cpu_seconds": time.process_time() - cpu}
 
 
 def _ours_cases(row: Row) -> list[tuple[str, str]]:
@@ -149,10 +150,14 @@ def _finite(x: float) -> float | None:
 
 
 def _cell(tests: list[dict], rejecting: str | None, control: dict | None = None) -> dict:
-    return {"applicable": True, "caught": rejecting is not None, "rejecting_test": rejecting,
+    cell = {"applicable": True, "caught": rejecting is not None, "rejecting_test": rejecting,
             "smallest_p": min(t["pvalue"] for t in tests), "trials": sum(t["trials"] for t in tests),
             "seconds": sum(t["seconds"] for t in tests), "cpu_seconds": sum(t.get("cpu_seconds", 0.0) for t in tests),
             "tests": tests, "control": control}
+    if "look" in tests[0]:  # ours: the deciding look of the rejecting test, else the last look every case reached
+        deciding = next((t for t in tests if t["name"] == rejecting), tests[-1])
+        cell["look"], cell["looks"] = deciding["look"], deciding["looks"]
+    return cell
 
 
 def _peer_test(t: peer_suites.PeerTest) -> dict:
@@ -206,7 +211,7 @@ def power_table(rows: tuple[Row, ...], sizes: dict, command: str, progress=None)
         if progress:
             progress(out[-1])
     return {"tool": "specdec_kernels.audit.power_table", "command": command, "environment": environment,
-            "alpha_ours": ALPHA, "sizes": {k: asdict(v) for k, v in sizes.items()},
+            "alpha_ours": ALPHA, "looks_ours": list(sequential.LOOK_FRACTIONS), "sizes": {k: asdict(v) for k, v in sizes.items()},
             "peer_full_sizes": {"vllm-v2": asdict(peer_suites.VLLM_V2_SIZES),
                                 "deepspec-pr48": asdict(peer_suites.DEEPSPEC_PR48_SIZES)},
             "deepspec_control": dict(zip(("weight", "noncentrality"),
@@ -224,7 +229,8 @@ def _cell_text(cell: dict) -> str:
     if not cell["applicable"]:
         return f"not applicable: {cell['reason']}"
     verdict = f"**caught** by `{cell['rejecting_test']}`" if cell["caught"] else "passes"
-    text = (f"{verdict}; p {_fmt_p(cell['smallest_p'])}; {cell['trials']:,} trials; {cell['seconds']:.1f} s "
+    look = f" at look {cell['look']} of {cell['looks']}" if "look" in cell else ""
+    text = (f"{verdict}{look}; p {_fmt_p(cell['smallest_p'])}; {cell['trials']:,} trials; {cell['seconds']:.1f} s "
             f"({cell['cpu_seconds']:.1f} s CPU)")
     control = cell.get("control")
     if control:
@@ -254,6 +260,17 @@ def summary(record: dict) -> dict[str, dict]:
     return out
 
 
+def _ours_sizes(record: dict) -> str:
+    """How ours sized its cases in ``record`` (records written before the looks ran each case at its design size)."""
+    if "looks_ours" not in record:
+        return (f"each bug's own suite case at its design size (alpha {record['alpha_ours']:.0e}, total variation "
+                "0.02 with power 0.999)")
+    looks = ", ".join(f"1/{round(1 / f)}" for f in record["looks_ours"][:-1])
+    return (f"each bug's own suite case in group-sequential looks at {looks} and all of its design size (alpha "
+            f"{record['alpha_ours']:.0e} split over the looks, the last keeping power 0.999 at total variation "
+            "0.02), stopping at the first look that rejects")
+
+
 def markdown(record: dict) -> str:
     env = record["environment"]
     v2, ds = record["sizes"]["vllm-v2"], record["sizes"]["deepspec-pr48"]
@@ -268,8 +285,7 @@ def markdown(record: dict) -> str:
         f"Commit: {env['commit']}; machine: {env['device']} ({env['platform']}, {env['torch_threads']} torch "
         f"threads, torch {env['torch']}); {record['seconds']:.0f} s wall.",
         "",
-        f"Sizes. Ours: each bug's own suite case at its design size (alpha {record['alpha_ours']:.0e}, total "
-        "variation 0.02 with power 0.999). "
+        f"Sizes. Ours: {_ours_sizes(record)}. "
         f"vLLM V2 design: wide V = {v2['wide_vocab']} (vLLM: {full['wide_vocab']}), "
         f"{v2['trials_per_token'] * v2['wide_vocab']:,} trials per configuration (10 x V), (k, T) in "
         f"{', '.join(f'({k}, {t:g})' for k, t in v2['wide_configs'])}, greedy k in "
@@ -280,8 +296,10 @@ def markdown(record: dict) -> str:
         "",
         "A peer suite stops at its first rejecting test; trials and seconds (wall, and the process's CPU "
         "seconds: the machine is shared) are those until its verdict, with the negative control where it ran. "
-        "Ours runs the one case the suite assigns to the bug; on a correct row, every such case. p: the "
-        "smallest p-value of the tests run (a peer test rejects on its threshold, not on p).",
+        "Ours runs the one case the suite assigns to the bug; on a correct row, every such case"
+        + (", each to its last look. p: the smallest p-value of the tests run (ours: the deciding look's, adjusted "
+           "for the looks; " if "looks_ours" in record else ". p: the smallest p-value of the tests run (")
+        + "a peer test rejects on its threshold, not on p).",
         "",
         table_markdown(record),
         "",

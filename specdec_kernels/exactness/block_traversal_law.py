@@ -26,7 +26,8 @@ from scipy import stats as scipy_stats
 
 from . import exact_verify as ev
 from . import goodness_of_fit as gof
-from .chain_law import SequenceCase
+from . import sequential
+from .chain_law import SequenceCase, law_plan
 from .markov_models import SamplingConfig
 from .markov_trees import transition_matrix
 
@@ -162,12 +163,14 @@ def step_verifier(method: str, backend: str = "reference", api: str = "tree",
     return verify
 
 
-def sample_step(case: StepCase, verify: StepVerifier, num: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Draw ``num`` draft trees from the drafter (by their enumerated law) and verify them."""
+def sample_step(case: StepCase, verify: StepVerifier, num: int, seed: int, start: int = 0
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw ``num`` draft trees from the drafter (by their enumerated law) and verify them: trials ``start`` on of a
+    run seeded ``seed`` (:func:`sequential.chunk_seed`)."""
     tokens, probs = ev.draft_outcomes(case.step())
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator().manual_seed(sequential.chunk_seed(seed, start))
     pick = torch.multinomial(probs, num, replacement=True, generator=g)
-    keys = seed * (1 << 32) + torch.arange(num, dtype=torch.int64)
+    keys = seed * (1 << 32) + start + torch.arange(num, dtype=torch.int64)
     position = torch.randint(0, 1 << 20, (num,), generator=g)
     return verify(case, tokens[pick], keys, position)
 
@@ -216,31 +219,41 @@ def step_emission_law(case: StepCase, method: str) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class StepCheck:
-    """A finished step check: the law test, its sample size, and the accepted-length mean against the
-    exact one (``z``: standardised difference with the exact variance)."""
+    """A finished step check: the deciding look's law test (p-value adjusted for the looks, as
+    :class:`chain_law.LawCheck`), the trials drawn until it, and their accepted-length mean against the exact one
+    (``z``: standardised difference with the exact variance); ``look`` of ``looks``."""
 
     result: gof.TestResult
     num_samples: int
     mean_accepted: float
     exact_accepted: float
     z: float
+    look: int = 1
+    looks: int = 1
 
 
-def check_step_law(case: StepCase, method: str, verify: StepVerifier, alpha: float, seed: int = 0) -> StepCheck:
-    """Goodness of fit of the emitted sequences to the method's exact emission law."""
+def check_step_law(case: StepCase, method: str, verify: StepVerifier, alpha: float, seed: int = 0,
+                   looks: bool = True) -> StepCheck:
+    """Goodness of fit of the emitted sequences to the method's exact emission law, in the looks of
+    :func:`chain_law.law_plan`."""
     law = step_emission_law(case, method)
-    n = gof.sample_size(law, alpha, TV, POWER)
-    accepted, emitted = sample_step(case, verify, n, seed)
     depth = case.step().max_depth
-    cells = _sequence_cells(emitted, accepted, case.vocab_size, depth)
-    observed = torch.bincount(cells, minlength=law.numel())
+    accepted_total = []
+
+    def draw(start: int, count: int) -> torch.Tensor:
+        accepted, emitted = sample_step(case, verify, count, seed, start)
+        accepted_total.append(float(accepted.double().sum()))
+        return torch.bincount(_sequence_cells(emitted, accepted, case.vocab_size, depth), minlength=law.numel())
+
+    run = sequential.run_looks(draw, law / law.sum(), law_plan(law, alpha, TV, POWER, looks))
+    n = run.num_samples
     length_law = ev.accepted_length_law(case.step(), method)
     lengths = torch.arange(length_law.numel(), dtype=torch.float64)
     exact = float((length_law * lengths).sum())
     sd = float((length_law * (lengths - exact) ** 2).sum()) ** 0.5
-    mean = float(accepted.double().mean())
+    mean = sum(accepted_total) / n
     z = (mean - exact) / (sd / math.sqrt(n)) if sd > 0 else (0.0 if abs(mean - exact) < 1e-12 else math.inf)
-    return StepCheck(gof.gof_test(observed, law / law.sum()), n, mean, exact, z)
+    return StepCheck(run.result, n, mean, exact, z, run.look, run.looks)
 
 
 def acceptance_z_critical(alpha: float) -> float:

@@ -17,10 +17,11 @@ from :mod:`specdec_kernels.exactness.chain_mutants`. Two families of cases:
   the law of (rejected first token | accepted draft's bonus token) must be exact. It is the case that sees one
   uniform shared between drafting, acceptance and resampling.
 
-Each check draws the sample size from the power calculation (:func:`gof.sample_size`: detect any
-total-variation error of 0.02 with power 0.999 at the given alpha), runs the verifier with seeded
-inputs, and returns the goodness-of-fit :class:`gof.TestResult`. Tokens outside [0, V) land in an
-extra cell of probability 0, so they always fail.
+Each check runs the verifier with seeded inputs in group-sequential looks (:mod:`sequential`): the last look's
+sample size comes from the power calculation (:func:`gof.sample_size`: detect any total-variation error of 0.02
+with power 0.999 at the last look's share of the given alpha), earlier looks at 1/64 and 1/8 of it stop a run that
+already rejects; it returns the deciding look's goodness-of-fit :class:`gof.TestResult`. Tokens outside [0, V)
+land in an extra cell of probability 0, so they always fail.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import torch
 
 from ..reference import philox
 from . import goodness_of_fit as gof
+from . import sequential
 from .markov_models import (
     Drafter,
     MarkovModel,
@@ -65,6 +67,7 @@ __all__ = [
     "sample_narrow",
     "check_narrow_law",
     "law_check_for",
+    "law_plan",
 ]
 
 TV = 0.02
@@ -88,12 +91,34 @@ def backend_verifier(backend: str, device: torch.device | str = "cpu", method: s
 
 @dataclass(frozen=True)
 class LawCheck:
-    """A finished check: the test result, its sample size, and the expected and observed cells."""
+    """A finished check: the deciding look's test result (p-value Bonferroni-adjusted for the looks, so
+    ``result.rejects(alpha)`` is the verdict), the trials drawn until it, and the expected and observed cells;
+    ``look`` of ``looks`` (:mod:`sequential`)."""
 
     result: gof.TestResult
     num_samples: int
     expected: torch.Tensor  # [C] float64 probabilities (last cell: invalid tokens, probability 0)
     observed: torch.Tensor  # [C] int64 counts
+    look: int = 1
+    looks: int = 1
+
+
+def law_plan(law: torch.Tensor, alpha: float, tv: float, power: float, looks: bool = True,
+             num_samples: int | None = None) -> sequential.LookPlan:
+    """The looks of a check against ``law``: :func:`sequential.plan_looks` (``looks``), else one look at the design
+    size (or at ``num_samples`` when given) with the whole of ``alpha``."""
+    if num_samples is not None:
+        return sequential.single_look(num_samples, alpha)
+    if looks:
+        return sequential.plan_looks(law, alpha, tv, power)
+    return sequential.single_look(gof.sample_size(law, alpha, tv, power), alpha)
+
+
+def _law_check(draw, law: torch.Tensor, plan: sequential.LookPlan) -> LawCheck:
+    """Run ``plan``'s looks on ``draw(start, count)`` -> counts over ``law``'s cells and an invalid last cell."""
+    expected = torch.cat([law, law.new_zeros(1)])
+    run = sequential.run_looks(draw, expected / expected.sum(), plan)
+    return LawCheck(run.result, run.num_samples, expected, run.observed, run.look, run.looks)
 
 
 def _histogram_with_invalid(tokens: torch.Tensor, vocab_size: int) -> torch.Tensor:
@@ -141,11 +166,12 @@ def first_token_law(case: FirstTokenCase) -> torch.Tensor:
     return step_probs(logits[None, :], case.cfg)[0].double()
 
 
-def sample_first_tokens(verify: Verifier, case: FirstTokenCase, num_requests: int) -> torch.Tensor:
-    """Run one ragged batch of ``num_requests`` independent requests; return their first tokens [N]."""
+def sample_first_tokens(verify: Verifier, case: FirstTokenCase, num_requests: int, start: int = 0) -> torch.Tensor:
+    """Run one ragged batch of ``num_requests`` independent requests, trials ``start`` on of the case (seeded with
+    :func:`sequential.chunk_seed`); return their first tokens [N]."""
     v = case.vocab_size
     logits, q = case.pair()
-    g = torch.Generator().manual_seed(case.seed)
+    g = torch.Generator().manual_seed(sequential.chunk_seed(case.seed, start))
     k = torch.randint(0, case.max_k + 1, (num_requests,), generator=g)
     cu = torch.zeros(num_requests + 1, dtype=torch.int64)
     cu[1:] = torch.cumsum(k, 0)
@@ -166,7 +192,7 @@ def sample_first_tokens(verify: Verifier, case: FirstTokenCase, num_requests: in
     temperature = torch.full((b,), float(case.cfg.temperature))
     top_k = torch.full((b,), case.cfg.top_k, dtype=torch.int32) if case.cfg.top_k else None
     top_p = torch.full((b,), case.cfg.top_p) if case.cfg.top_p < 1 else None
-    seed = case.seed * (1 << 32) + torch.arange(b, dtype=torch.int64)
+    seed = case.seed * (1 << 32) + start + torch.arange(b, dtype=torch.int64)
     position = torch.randint(0, 1 << 20, (b,), generator=g)
     res = verify(target, drafts, cu, draft_probs, temperature, top_k, top_p, seed, position,
                  **case.cfg.extra_kwargs(b))
@@ -174,15 +200,16 @@ def sample_first_tokens(verify: Verifier, case: FirstTokenCase, num_requests: in
 
 
 def check_first_token_law(
-    verify: Verifier, case: FirstTokenCase, alpha: float, tv: float = TV, power: float = POWER
+    verify: Verifier, case: FirstTokenCase, alpha: float, tv: float = TV, power: float = POWER, looks: bool = True
 ) -> LawCheck:
-    """Goodness of fit of the first emitted tokens to :func:`first_token_law`; the sample size detects any
-    total-variation error ``tv`` with probability ``power`` at ``alpha``."""
+    """Goodness of fit of the first emitted tokens to :func:`first_token_law`; the last look's sample size detects
+    any total-variation error ``tv`` with probability ``power`` at its share of ``alpha`` (:func:`law_plan`)."""
     law = first_token_law(case)
-    n = gof.sample_size(law, alpha, tv, power)
-    observed = _histogram_with_invalid(sample_first_tokens(verify, case, n), case.vocab_size)
-    expected = torch.cat([law, law.new_zeros(1)])
-    return LawCheck(gof.gof_test(observed, expected / expected.sum()), n, expected, observed)
+
+    def draw(start: int, count: int) -> torch.Tensor:
+        return _histogram_with_invalid(sample_first_tokens(verify, case, count, start), case.vocab_size)
+
+    return _law_check(draw, law, law_plan(law, alpha, tv, power, looks))
 
 
 def _first_token_cases() -> tuple[FirstTokenCase, ...]:
@@ -269,21 +296,22 @@ def sequence_case_models(case: SequenceCase) -> tuple[MarkovModel, Drafter]:
 
 
 def check_sequence_law(
-    verify: Verifier, case: SequenceCase, alpha: float, tv: float = TV, power: float = POWER
+    verify: Verifier, case: SequenceCase, alpha: float, tv: float = TV, power: float = POWER, looks: bool = True
 ) -> LawCheck:
-    """Goodness of fit of speculatively generated sequences to the enumerated autoregressive law (sample
-    size as in :func:`check_first_token_law`)."""
+    """Goodness of fit of speculatively generated sequences to the enumerated autoregressive law (looks and sample
+    sizes as in :func:`check_first_token_law`)."""
     target, drafter = sequence_case_models(case)
     law = sequence_law(target, case.length, case.cfg)
-    n = gof.sample_size(law, alpha, tv, power)
-    run = run_speculative(target, drafter, case.cfg, n, case.length, case.k, seed=case.seed, verify=verify,
-                          cap_drafts=case.cap_drafts)
-    tokens = run.tokens
-    valid = ((tokens >= 0) & (tokens < case.vocab_size)).all(dim=1)
-    counts = sequence_histogram(tokens[valid], case.vocab_size)
-    observed = torch.cat([counts, counts.new_tensor([int((~valid).sum())])])
-    expected = torch.cat([law, law.new_zeros(1)])
-    return LawCheck(gof.gof_test(observed, expected / expected.sum()), n, expected, observed)
+
+    def draw(start: int, count: int) -> torch.Tensor:
+        run = run_speculative(target, drafter, case.cfg, count, case.length, case.k, seed=case.seed, verify=verify,
+                              cap_drafts=case.cap_drafts, start=start)
+        tokens = run.tokens
+        valid = ((tokens >= 0) & (tokens < case.vocab_size)).all(dim=1)
+        counts = sequence_histogram(tokens[valid], case.vocab_size)
+        return torch.cat([counts, counts.new_tensor([int((~valid).sum())])])
+
+    return _law_check(draw, law, law_plan(law, alpha, tv, power, looks))
 
 
 def _sequence_cases() -> tuple[SequenceCase, ...]:
@@ -384,15 +412,16 @@ def draft_proposals(verify: Verifier, q: torch.Tensor, seed: torch.Tensor, posit
     return torch.argmax(torch.log(q)[None, :] - torch.log(-torch.log(u)), dim=-1)
 
 
-def sample_narrow(verify: Verifier, case: NarrowCase, num_requests: int) -> torch.Tensor:
-    """Run ``num_requests`` one-draft requests; return each one's cell of :func:`narrow_law` [N] (2V: an
-    invalid outcome: a token outside [0, V), or an accepted token that is not the draft)."""
+def sample_narrow(verify: Verifier, case: NarrowCase, num_requests: int, start: int = 0) -> torch.Tensor:
+    """Run ``num_requests`` one-draft requests, trials ``start`` on of the case (seeded with
+    :func:`sequential.chunk_seed`); return each one's cell of :func:`narrow_law` [N] (2V: an invalid outcome: a
+    token outside [0, V), or an accepted token that is not the draft)."""
     if case.drafts not in ("stochastic", "deterministic"):
         raise ValueError(f"drafts must be 'deterministic' or 'stochastic', got {case.drafts!r}")
     v, n = case.vocab_size, num_requests
     logits, q = case.pair()
-    g = torch.Generator().manual_seed(case.seed)
-    seed = case.seed * (1 << 32) + torch.arange(n, dtype=torch.int64)
+    g = torch.Generator().manual_seed(sequential.chunk_seed(case.seed, start))
+    seed = case.seed * (1 << 32) + start + torch.arange(n, dtype=torch.int64)
     position = torch.randint(0, 1 << 20, (n,), generator=g)
     drafts = draft_proposals(verify, q, seed, position)
     draft_probs = q.expand(n, v).contiguous() if case.drafts == "stochastic" else None
@@ -407,16 +436,17 @@ def sample_narrow(verify: Verifier, case: NarrowCase, num_requests: int) -> torc
 
 def check_narrow_law(
     verify: Verifier, case: NarrowCase, alpha: float, tv: float = TV, power: float = POWER,
-    num_samples: int | None = None,
+    num_samples: int | None = None, looks: bool = True,
 ) -> LawCheck:
-    """Goodness of fit of :func:`sample_narrow`'s cells to :func:`narrow_law`, sample size as in
-    :func:`check_first_token_law` unless ``num_samples`` is given (the power measurements use that)."""
+    """Goodness of fit of :func:`sample_narrow`'s cells to :func:`narrow_law`, looks and sample sizes as in
+    :func:`check_first_token_law`, or one look at ``num_samples`` trials when given (the power measurements use
+    that)."""
     law = narrow_law(case)
-    n = gof.sample_size(law, alpha, tv, power) if num_samples is None else num_samples
-    cells = sample_narrow(verify, case, n)
-    observed = torch.bincount(cells, minlength=2 * case.vocab_size + 1)
-    expected = torch.cat([law, law.new_zeros(1)])
-    return LawCheck(gof.gof_test(observed, expected), n, expected, observed)
+
+    def draw(start: int, count: int) -> torch.Tensor:
+        return torch.bincount(sample_narrow(verify, case, count, start), minlength=2 * case.vocab_size + 1)
+
+    return _law_check(draw, law, law_plan(law, alpha, tv, power, looks, num_samples))
 
 
 NARROW_CASES: tuple[NarrowCase, ...] = (
@@ -435,7 +465,7 @@ def case_by_name(name: str) -> FirstTokenCase | SequenceCase | NarrowCase:
 
 def law_check_for(case: FirstTokenCase | SequenceCase | NarrowCase):
     """The check function of a case's kind: :func:`check_first_token_law`, :func:`check_sequence_law` or
-    :func:`check_narrow_law` (each ``(verify, case, alpha, tv, power)``)."""
+    :func:`check_narrow_law` (each ``(verify, case, alpha, tv, power, looks=True)``)."""
     if isinstance(case, FirstTokenCase):
         return check_first_token_law
     if isinstance(case, SequenceCase):

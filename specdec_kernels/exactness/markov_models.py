@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from ..reference import sampling
+from .sequential import chunk_seed
 
 __all__ = [
     "SamplingConfig",
@@ -275,26 +276,28 @@ def run_speculative(
     backend: str = "reference",
     verify: Verifier | None = None,
     cap_drafts: bool = True,
+    start: int = 0,
 ) -> SpeculativeRun:
     """Generate ``num_sequences`` independent sequences of ``length`` tokens by speculative decoding.
 
     Each iteration batches every unfinished sequence into one ``verify_chain`` call: request n drafts
     ``k_n`` tokens (``min(k, tokens still needed - 1)`` when ``cap_drafts``, which makes the batch
     ragged; else k), its ``k_n + 1`` target rows are the table rows after each draft prefix, its Philox key
-    is ``seed * 2**32 + n`` and its ``position`` is the absolute position of its first draft token. The
-    drafter's own randomness comes from a torch generator seeded with ``seed``. ``verify`` replaces the
+    is ``seed * 2**32 + start + n`` and its ``position`` is the absolute position of its first draft token. The
+    drafter's own randomness comes from a torch generator seeded with ``chunk_seed(seed, start)`` (``seed`` when
+    ``start`` is 0): sequences ``start`` on of one seeded run, drawn in chunks (:mod:`sequential`). ``verify`` replaces the
     public ``verify_chain`` (same positional signature; used to run planted-bug samplers); otherwise
     ``verify_chain(..., backend=backend)`` is called. Outputs past ``length`` are discarded.
     """
     if verify is None:
         verify = _default_verifier(backend)
     vocab, order = target.vocab_size, target.order
-    generator = torch.Generator().manual_seed(seed)
+    generator = torch.Generator().manual_seed(chunk_seed(seed, start))
     width = order + length + k + 1
     buf = torch.full((num_sequences, width), -1, dtype=torch.int64)
     buf[:, :order] = torch.tensor(target.prompt, dtype=torch.int64)
     cur = torch.full((num_sequences,), order, dtype=torch.int64)
-    keys = seed * (1 << 32) + torch.arange(num_sequences, dtype=torch.int64)
+    keys = seed * (1 << 32) + start + torch.arange(num_sequences, dtype=torch.int64)
     temperature_value = float(cfg.temperature)
     calls = drafted = accepted = 0
     while True:

@@ -84,7 +84,7 @@ def measure(bug: str, start: int = 250, stop: int = GRID_STOP, alpha: float = go
             found = n
             break
         n *= 2
-    design_check = check_narrow_law(verify, case, alpha)
+    design_check = check_narrow_law(verify, case, alpha, looks=False)  # the fixed design size, one look
     design, design_n = design_check.result, design_check.num_samples
     signal = max(design.statistic - design.df, 0.0) / design_n
     power_n = trials_for_power(signal, design.df, alpha) if signal > 0 else 0

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from specdec_kernels.audit import power_table as pt
-from specdec_kernels.exactness import peer_suites
+from specdec_kernels.exactness import peer_suites, sequential
 from tests.conftest import REPO
 
 ARTEFACT = REPO / "results" / "audit" / "power_table.json"
@@ -84,6 +84,41 @@ def test_the_reading_names_every_miss_and_every_bug_a_peer_caught_sooner(record)
 FULL_SIZE = REPO / "results" / "audit" / "vllm-full-size" / "power_table.json"
 
 
+def test_ours_ran_the_suites_looks_and_the_docs_say_which(record):
+    """Every cell of ours records the look that decided it; the looks are the suite's (sequential.LOOK_FRACTIONS),
+    the docs name them, a bug decided before the last look drew fewer trials than the design, and a correct row ran
+    every case to its last look."""
+    fractions = sequential.LOOK_FRACTIONS
+    assert record["looks_ours"] == list(fractions)
+    assert "at 1/64, 1/8 and all of its design size" in _section() and fractions == (1 / 64, 1 / 8, 1.0)
+    for row in record["rows"]:
+        ours = row["suites"]["ours"]
+        assert ours["looks"] == len(fractions) and 1 <= ours["look"] <= ours["looks"], row["label"]
+        for test in ours["tests"]:
+            if test["look"] < test["looks"]:
+                assert test["rejects"] and test["trials"] * 4 < row_design(test["name"]), (row["label"], test)
+        if row["bug"] is None:
+            assert all(t["look"] == t["looks"] for t in ours["tests"]), row["label"]
+
+
+def row_design(case_name: str) -> int:
+    """The design size (last look) of one of ours' cases, from its law and the suite's alpha."""
+    from specdec_kernels.exactness import block_traversal_law as btl
+    from specdec_kernels.exactness import chain_law
+
+    steps = {c.name: c for c in btl.STEP_CASES}
+    sequences = {c.name: c for c in (*chain_law.SEQUENCE_CASES, *btl.BLOCK_SEQUENCE_CASES)}
+    if case_name in steps:
+        law = btl.step_emission_law(steps[case_name], "traversal" if case_name.startswith("w") else "block")
+    elif case_name in sequences:
+        case = sequences[case_name]
+        law = chain_law.sequence_law(chain_law.sequence_case_models(case)[0], case.length, case.cfg)
+    else:
+        case = chain_law.case_by_name(case_name)
+        law = (chain_law.narrow_law if isinstance(case, chain_law.NarrowCase) else chain_law.first_token_law)(case)
+    return chain_law.law_plan(law, pt.ALPHA, chain_law.TV, chain_law.POWER).design_size
+
+
 def test_full_size_table_is_its_artefact():
     """The second table of the section: the vLLM V2 design at vLLM's own sizes on the bugs it missed at the
     reduced ones (results/audit/vllm-full-size/)."""
@@ -117,15 +152,17 @@ def reading_figures(record: dict, full: dict) -> list[str]:
     def caught_by(suite):
         return [b for b in bugs if cells[b][suite]["applicable"] and cells[b][suite]["caught"]]
 
-    sooner = [b for b in bugs if any(b in caught_by(p) and cells[b][p]["seconds"] < cells[b]["ours"]["seconds"]
-                                     for p in pt.SUITES[1:])]
-    later = [b for b in bugs if any(b in caught_by(p) for p in pt.SUITES[1:]) and b not in sooner]
-    assert all(50_000 <= cells[b]["ours"]["trials"] <= 100_000 for b in sooner), "ours' sizes on the gross bugs"
-    first_wide = [b for b in sooner if b in caught_by("vllm-v2")
-                  and cells[b]["vllm-v2"]["seconds"] < cells[b]["ours"]["seconds"]]
-    wide = record["sizes"]["vllm-v2"]["trials_per_token"] * record["sizes"]["vllm-v2"]["wide_vocab"]
-    (second,) = [b for b in first_wide if cells[b]["vllm-v2"]["trials"] != wide]
-    assert cells[second]["vllm-v2"]["trials"] == 2 * wide
+    peer_caught = [b for b in bugs if any(b in caught_by(p) for p in pt.SUITES[1:])]
+
+    def sooner(unit):
+        return [b for b in peer_caught if any(b in caught_by(p) and cells[b][p][unit] < cells[b]["ours"][unit]
+                                              for p in pt.SUITES[1:])]
+
+    (slower,) = sooner("seconds")
+    assert sooner("cpu_seconds") == [slower]
+    looks = {j: [b for b in bugs if cells[b]["ours"]["look"] == j] for j in (1, 2, 3)}
+    uncaught = [b for b in bugs if b not in peer_caught]
+    ours_on = {b: cells[b]["ours"] for b in bugs}
     controls = [f"{c['deepspec-pr48']['control']['statistic']:.0f}" for c in correct]
     threshold = {f"{c['deepspec-pr48']['control']['threshold']:.1f}" for c in correct}.pop()
 
@@ -148,16 +185,27 @@ def reading_figures(record: dict, full: dict) -> list[str]:
         f"`block_first_failure` (p {_p(cells['block_first_failure']['vllm-v2']['smallest_p'])})",
         f"The DeepSpec PR #48 design misses {ds['run'] - ds['caught']} of {ds['run']}**",
         f"`biased_first_token` (p {_p(cells['biased_first_token']['deepspec-pr48']['smallest_p'])}:",
-        f"On {len(sooner)} bugs a peer design reached its verdict in fewer seconds",
-        ", ".join(f"`{b}`" for b in first_wide if b != second) + f" (vLLM's first wide test, {wide:,} trials) and "
-        f"`{second}` (its second, after {2 * wide:,} trials)",
-        f"`coin_reused` (DeepSpec {cells['coin_reused']['deepspec-pr48']['seconds']:.1f} s against our "
-        f"whole-sequence case's {cells['coin_reused']['ours']['seconds']:.1f} s)",
-        "Ours is faster on " + ", ".join(f"`{b}`" for b in later[:-1]) + f" and `{later[-1]}`,",
+        f"Ours is now the faster suite on {len(peer_caught) - 1} of the {len(peer_caught)} bugs a peer design "
+        "catches, by wall and by CPU seconds.",
+        f"stopped at its first look (1/64 of the design size) on {len(looks[1])} bugs, at its second (1/8) on "
+        f"{len(looks[2])} and reached its last on {len(looks[3])} (" + ", ".join(f"`{b}`" for b in looks[3]) + ")",
+        f"`coin_reused` ({ours_on['coin_reused']['seconds']:.1f} s against DeepSpec's "
+        f"{cells['coin_reused']['deepspec-pr48']['seconds']:.1f} s)",
+        f"`recovery_reuses_coin` (at its second look, {ours_on['recovery_reuses_coin']['trials']:,} trials and "
+        f"{ours_on['recovery_reuses_coin']['seconds']:.1f} s against DeepSpec's "
+        f"{cells['recovery_reuses_coin']['deepspec-pr48']['seconds']:.1f} s)",
+        f"The one left is `{slower}`: vLLM {cells[slower]['vllm-v2']['seconds']:.1f} s "
+        f"({cells[slower]['vllm-v2']['cpu_seconds']:.1f} s CPU) and DeepSpec "
+        f"{cells[slower]['deepspec-pr48']['seconds']:.1f} s ({cells[slower]['deepspec-pr48']['cpu_seconds']:.1f} s "
+        f"CPU) against our {ours_on[slower]['seconds']:.1f} s ({ours_on[slower]['cpu_seconds']:.1f} s CPU)",
+        f"(p {_p(ours_on[slower]['smallest_p'])} at {ours_on[slower]['trials']:,} trials)",
         f"A green run costs ours {secs('ours')} on the correct rows against vLLM's {secs('vllm-v2')} and "
         f"DeepSpec's {secs('deepspec-pr48')}",
-        f"over all rows ours took {ours['seconds']:.0f} s, the vLLM design {v2['seconds']:.0f} s and the DeepSpec "
-        f"design {ds['seconds']:.0f} s",
+        "(" + " and ".join(f"{c['ours']['trials']:,}" for c in correct) + " trials against",
+        f"Over all rows (each suite's applicable ones) ours took {ours['seconds']:.0f} s (216 s at fixed size), the "
+        f"vLLM design {v2['seconds']:.0f} s and the DeepSpec design {ds['seconds']:.0f} s",
+        f"of ours', {sum(c['ours']['seconds'] for c in correct):.0f} s went to the two green rows and "
+        f"{sum(ours_on[b]['seconds'] for b in uncaught):.0f} s to the {len(uncaught)} bugs no peer design catches",
         f"(`results/audit/vllm-full-size/`, {full['seconds']:.0f} s on the same VM",
         f"in {min(full_caught):.0f} to {max(full_caught):.0f} s against our {min(full_ours):.1f} to "
         f"{max(full_ours):.0f} s",
