@@ -8,8 +8,8 @@ through the CUDA host emulation, on CPU), ``vllm-v1-cpu``, ``vllm-v1-triton``,
 ``package.module:function`` naming a verifier with ``specdec_kernels.verify_chain``'s positional signature (or an
 ``AuditTarget``).
 
-``--vllm-src DIR`` audits a V2 target against the vLLM Python sources unpacked in DIR (a release's wheel without
-its ``.so`` files) instead of the installed vLLM: the audit reruns itself in a subprocess with DIR first on
+``--vllm-src DIR`` audits ``vllm-v1-triton`` or a V2 target against the vLLM Python sources unpacked in DIR (a
+release's wheel without its ``.so`` files) instead of the installed vLLM: the audit reruns itself in a subprocess with DIR first on
 PYTHONPATH and ``VLLM_TARGET_DEVICE=cpu`` (as ``tests/vllm/test_vllm_033.py`` imports 0.33), and names its report
 ``<target>-<version>``.
 
@@ -32,7 +32,10 @@ from pathlib import Path
 FAMILY_NAMES = ("first-token", "sequence", "greedy", "batch", "bad-input", "mutants", "narrow")
 VLLM_V2 = ("vllm-v2-triton", "vllm-v2-triton-block", "vllm-v2-triton-synthetic")  # targets.VLLM_V2
 INTERPRETED = ("triton", "vllm-v1-triton", *VLLM_V2)
+VLLM_SRC = ("vllm-v1-triton", *VLLM_V2)  # the targets --vllm-src applies to
 VLLM_SRC_ENV = "SPECDEC_AUDIT_VLLM_SRC"  # set in the subprocess that --vllm-src starts: the sources it imports
+SOURCE_RELEASES = {"vllm-v1-triton": "0.32.x or 0.33.x", **dict.fromkeys(VLLM_V2, "0.28.0 to 0.33.x")}
+"""The vLLM releases each --vllm-src target was read against (vllm_targets, vllm_v2), for the refusal line."""
 MAX_NARROW_TRIALS = 10_000_000  # 2 x 10^7 target rows of V = 16: about 1.3 GB of float32 logits
 
 
@@ -65,9 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--method", default="token", choices=("token", "block", "traversal"),
                    help="verification method passed to our own backends (default token)")
     p.add_argument("--vllm-src", default=None, metavar="DIR",
-                   help=f"audit a V2 target ({', '.join(VLLM_V2)}) against the vLLM Python sources in DIR (an "
-                   "unpacked release wheel, e.g. .cache/vllm-0.28.0) instead of the installed vLLM; the report is "
-                   "named <target>-<version>")
+                   help=f"audit {', '.join(VLLM_SRC)} against the vLLM Python sources in DIR (an unpacked "
+                   "release wheel, e.g. .cache/vllm-0.33.0) instead of the installed vLLM; the report is named "
+                   "<target>-<version>")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     p.add_argument("--max-seconds", type=float, default=None,
                    help="start no new case after this many seconds; the report is then INCOMPLETE (exit 3)")
@@ -92,10 +95,11 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     if args.narrow_trials is not None and not 1 <= args.narrow_trials <= MAX_NARROW_TRIALS:
         parser.error(f"--narrow-trials must be in [1, {MAX_NARROW_TRIALS:,}], got {args.narrow_trials}")
     if args.vllm_src is not None:
-        if args.target not in VLLM_V2:
-            parser.error(f"--vllm-src applies to {', '.join(VLLM_V2)}, not {args.target}")
+        if args.target not in VLLM_SRC:
+            parser.error(f"--vllm-src applies to {', '.join(VLLM_SRC)}, not {args.target}")
         if not (Path(args.vllm_src) / "vllm" / "__init__.py").is_file():
-            parser.error(f"--vllm-src: no vllm package in {args.vllm_src} (unpack a wheel there)")
+            parser.error(f"--vllm-src: no vllm package in {args.vllm_src} (unpack a wheel of a vLLM release "
+                         f"{args.target} reads there: {SOURCE_RELEASES[args.target]})")
     args.families = families
     args.cases = tuple(c.strip() for c in args.cases.split(",") if c.strip()) if args.cases else None
     return args

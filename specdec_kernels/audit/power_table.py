@@ -2,7 +2,8 @@
 
 ``python -m specdec_kernels.audit.power_table --out results/audit`` runs three suites against every planted bug
 of the exactness package and against a correct backend (``cpu``: the negative rows), and writes
-``<out>/power_table.json`` (every test each suite ran) and ``<out>/power_table.md`` (the table):
+``<out>/power_table.json`` (every test each suite ran) and ``<out>/power_table.md`` (the table; ``--name``
+another file name, so that a folder can hold rows run by separate commands):
 
 - **ours**: the exactness suite's own case for the bug (``chain_law.MUTANT_CASES``,
   ``block_traversal_law.MUTANT_CASES``) in its group-sequential looks (:mod:`..exactness.sequential`: at 1/64,
@@ -319,6 +320,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=20_000, help="DeepSpec design's rounds (default: its 20,000)")
     ap.add_argument("--bugs", default=None,
                     help="comma-separated planted bugs to run (default: all, with the correct rows)")
+    ap.add_argument("--name", default="power_table",
+                    help="file name of the record and table in --out, without suffix (default: power_table); "
+                    "another name keeps the rows a folder already holds, e.g. one more bug at other sizes")
     args = ap.parse_args(argv)
     rows = ROWS
     if args.bugs is not None:
@@ -327,6 +331,8 @@ def main(argv: list[str] | None = None) -> int:
         if not wanted or any(b not in known for b in wanted):
             ap.exit(2, f"power_table: error: --bugs from {','.join(sorted(known))}\n")
         rows = tuple(r for r in ROWS if r.bug in wanted)
+    if not args.name or Path(args.name).name != args.name or args.name.startswith("."):
+        ap.exit(2, f"power_table: error: --name must be a plain file name, got {args.name!r}\n")
     if min(args.wide_vocab, args.narrow_trials, args.rounds) < 2:
         ap.exit(2, "power_table: error: --wide-vocab, --narrow-trials and --rounds must be at least 2\n")
     command = "python -m specdec_kernels.audit.power_table " + shlex.join(argv if argv is not None else sys.argv[1:])
@@ -339,9 +345,10 @@ def main(argv: list[str] | None = None) -> int:
     record = power_table(rows, sizes, command.strip(), progress)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "power_table.json").write_text(json.dumps(record, indent=1) + "\n")
-    (out / "power_table.md").write_text(markdown(record))
-    print(f"wrote {out / 'power_table.json'} and {out / 'power_table.md'} ({record['seconds']:.0f} s)")
+    js, md = out / f"{args.name}.json", out / f"{args.name}.md"
+    js.write_text(json.dumps(record, indent=1) + "\n")
+    md.write_text(markdown(record))
+    print(f"wrote {js} and {md} ({record['seconds']:.0f} s)")
     return 0
 
 

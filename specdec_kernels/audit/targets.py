@@ -145,7 +145,7 @@ BUILTIN_TARGETS: dict[str, Callable[[], AuditTarget]] = {
 OURS = ("reference", "cpu", "triton", "cuda", "cuda-emulated")
 """The built-in targets that are our own backends (they take ``--method``)."""
 VLLM_V2 = ("vllm-v2-triton", "vllm-v2-triton-block", "vllm-v2-triton-synthetic")
-"""The built-in targets over vLLM's V2 ``_verify`` (they take ``--vllm-src``)."""
+"""The built-in targets over vLLM's V2 ``_verify`` (they, and ``vllm-v1-triton``, take ``--vllm-src``)."""
 
 
 def _from_object(spec: str, obj) -> AuditTarget:

@@ -1,8 +1,12 @@
-"""What the vLLM V1 and V2 audit targets share: whether vLLM can be audited here, its version, the min-p note."""
+"""What the vLLM V1 and V2 audit targets share: whether vLLM can be audited here, its version and where this
+process imports it from, the min-p note."""
 
 from __future__ import annotations
 
-__all__ = ["MIN_P_NOTE", "vllm_refusal", "vllm_versions"]
+import importlib
+import os
+
+__all__ = ["MIN_P_NOTE", "vllm_refusal", "vllm_source", "vllm_versions"]
 
 MIN_P_NOTE = (" The min-p cases hand min-p to the sampler directly: vLLM 0.32 itself refuses min_p > 0 with "
               "speculative decoding when it validates a request (`SamplingParams._validate_spec_decode`).")
@@ -24,3 +28,10 @@ def vllm_versions() -> dict[str, str]:
     from ..integrations.vllm import compat
 
     return {"vllm": compat.installed_version()}
+
+
+def vllm_source() -> str:
+    """Where this process imports vLLM from: its folder on ``sys.path`` relative to the working directory (a
+    release's sources unpacked there, ``--vllm-src``), else "installed"."""
+    rel = os.path.relpath(os.path.dirname(os.path.dirname(importlib.import_module("vllm").__file__)))
+    return "installed" if rel.startswith("..") or "-packages" in rel else rel

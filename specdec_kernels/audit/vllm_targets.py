@@ -8,7 +8,10 @@
 - ``vllm-v1-cpu-fixed``: diagnostic, the same with the ``rejection_random_sample_kernel`` stand-in replaced too,
   by the Triton kernel's contract in torch (a draft id < 0 is rejected): what is left once both defects are fixed.
 - ``vllm-v1-triton``: the same forward with vLLM's own Triton kernels; on CPU they run under Triton's
-  interpreter (:mod:`.interpret`), on a CUDA machine compiled.
+  interpreter (:mod:`.interpret`), on a CUDA machine compiled. For the installed vLLM, or a release's unpacked
+  Python sources (``python -m specdec_kernels.audit vllm-v1-triton --vllm-src DIR``; read against 0.32.0 and
+  0.33.0: 0.33 adds FLy acceptance, ``vllm/v1/spec_decode/fly.py``, off unless the speculative config asks for
+  it, and this adapter passes none).
 - ``vllm-v1-plugin``: the same forward with ``specdec_kernels``' vLLM plugin applied (``plugin.patched()``).
 - ``vllm-v2-triton``: :mod:`.vllm_v2` (shared pieces in :mod:`.vllm_common`).
 
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.util
 from collections.abc import Callable
 from unittest import mock
 
@@ -38,12 +42,15 @@ from ..exactness.chain_mutants import mutant_verifier
 from ..exactness.markov_models import Verifier
 from ..reference.chain import ChainResult
 from .audit_target import AuditTarget, device_verifier, reference_verifier
-from .vllm_common import MIN_P_NOTE, vllm_refusal, vllm_versions
+from .vllm_common import MIN_P_NOTE, vllm_refusal, vllm_source, vllm_versions
 from .vllm_inputs import request_generators, sampling_metadata, spec_metadata
 
 __all__ = ["TARGETS", "v1_verifier", "parse_like_vllm", "vllm_refusal", "random_sample_in_torch"]
 
 V1_MODULE = "vllm.v1.sample.rejection_sampler"
+V1_KERNEL_MODULES = ("vllm.v1.spec_decode.fly",)
+"""Modules with Triton kernels that :data:`V1_MODULE` imports in some releases (0.33's FLy acceptance), executed
+again with it under the interpreter where the release has them."""
 VALUE_ARGUMENTS = frozenset({"target_logits", "draft_token_ids", "temperature", "top_p"})
 
 
@@ -108,14 +115,16 @@ def _plugin_forward(sampler, verify: Verifier) -> Callable:
     return forward
 
 
-def _v1_target(name: str, description: str, sampler, forward: Callable, device: str = "cpu") -> AuditTarget:
+def _v1_target(name: str, description: str, sampler, forward: Callable, device: str = "cpu",
+               versions: dict[str, str] | None = None) -> AuditTarget:
     def adapted(verify: Verifier) -> Verifier:
         return device_verifier(v1_verifier(_plugin_forward(sampler, verify), sampler.sampler), device)
 
     return AuditTarget(
         name, description, device_verifier(v1_verifier(forward, sampler.sampler), device),
         supports=frozenset({"min_p", "per_request_seed"}), mutant=lambda bug: adapted(mutant_verifier(bug)),
-        mutant_base=adapted(reference_verifier), value_arguments=VALUE_ARGUMENTS, versions=vllm_versions(),
+        mutant_base=adapted(reference_verifier), value_arguments=VALUE_ARGUMENTS,
+        versions=vllm_versions() if versions is None else versions,
     )
 
 
@@ -253,31 +262,70 @@ def v1_cpu_fixed_target() -> AuditTarget:
     return _v1_target("vllm-v1-cpu-fixed", description, sampler, forward)
 
 
-def v1_triton_target() -> AuditTarget:
-    description = (
+def _argmax(logits: torch.Tensor) -> torch.Tensor:
+    return logits.argmax(dim=-1).view(-1)
+
+
+def bonus_sampler():
+    """vLLM's ``Sampler`` for the bonus tokens, and whether it samples through vLLM's compiled CPU ops.
+
+    vLLM's CPU build samples with ``torch.ops._C.greedy_argmax`` and ``fused_gumbel_argmax``; a release's Python
+    sources (``--vllm-src``) bring no compiled ops, so there the sampler takes vLLM's own non-CPU branches, the
+    ones a GPU runs for seeded requests: ``TopKTopPSampler.forward_native`` (``forward_cuda`` falls back to it
+    whenever a request has its own generator) and ``Sampler.greedy_sample``'s argmax."""
+    from vllm.v1.sample.sampler import Sampler
+
+    sampler = Sampler()
+    compiled = hasattr(torch.ops._C, "greedy_argmax") and hasattr(torch.ops._C, "fused_gumbel_argmax")
+    if not compiled:
+        sampler.topk_topp_sampler.forward = sampler.topk_topp_sampler.forward_native
+        sampler.greedy_sample = _argmax
+    return sampler, compiled
+
+
+def v1_triton_module():
+    """V1's rejection-sampler module with its Triton kernels runnable here: the imported one on a CUDA machine;
+    on CPU a fresh execution (with :data:`V1_KERNEL_MODULES` the release has) whose kernels run under Triton's
+    interpreter. Raises :class:`.interpret.InterpreterUnavailable` without ``TRITON_INTERPRET=1``."""
+    if torch.cuda.is_available():
+        return importlib.import_module(V1_MODULE)
+    from .interpret import interpreted_modules
+
+    kernels = tuple(name for name in V1_KERNEL_MODULES if importlib.util.find_spec(name) is not None)
+    return interpreted_modules((*kernels, V1_MODULE))[V1_MODULE]
+
+
+def _v1_triton_description(bonus: str = "vLLM's CPU `Sampler`") -> str:
+    return (
         "vLLM V1 `RejectionSampler.forward` with vLLM's own Triton kernels (`rejection_greedy_sample_kernel`, "
         "`rejection_random_sample_kernel`, `expand_kernel`, `sample_recovered_tokens_kernel`) launched by "
         "vLLM's dispatchers; on a CPU-only machine the module is executed again against the real Triton and "
-        "the kernels run under `TRITON_INTERPRET=1`, bonus tokens from vLLM's CPU `Sampler`. Every request is "
+        f"the kernels run under `TRITON_INTERPRET=1`, bonus tokens from {bonus}. Every request is "
         "a seeded request. Planted bugs run through the same adapter and sampler object (plugin drop-in "
         "calling the mutant).") + MIN_P_NOTE
+
+
+def v1_triton_target() -> AuditTarget:
+    description = _v1_triton_description()
     refusal = vllm_refusal()
     if refusal:
         return _refused("vllm-v1-triton", description, refusal)
-    from vllm.v1.sample.sampler import Sampler
-
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda":
-        module = importlib.import_module(V1_MODULE)
-    else:
-        from .interpret import InterpreterUnavailable, interpreted_modules
+    from .interpret import InterpreterUnavailable
 
-        try:
-            module = interpreted_modules((V1_MODULE,))[V1_MODULE]
-        except InterpreterUnavailable as exc:
-            return _refused("vllm-v1-triton", description, str(exc))
-    sampler = module.RejectionSampler(Sampler())
-    return _v1_target("vllm-v1-triton", description, sampler, sampler, device)
+    try:
+        module = v1_triton_module()
+    except InterpreterUnavailable as exc:
+        return _refused("vllm-v1-triton", description, str(exc))
+    bonus, compiled = bonus_sampler()
+    if not compiled:
+        description = _v1_triton_description(
+            "vLLM's `Sampler` through its non-CPU branches (these sources bring no compiled CPU ops): "
+            "`TopKTopPSampler.forward_native`, as a GPU runs it for seeded requests, and argmax for greedy")
+    sampler = module.RejectionSampler(bonus)
+    versions = {**vllm_versions(), "vllm_source": vllm_source(),
+                "bonus_sampler": "compiled CPU ops" if compiled else "forward_native"}
+    return _v1_target("vllm-v1-triton", description, sampler, sampler, device, versions)
 
 
 def v1_plugin_target() -> AuditTarget:

@@ -37,7 +37,6 @@ import contextlib
 import importlib
 import importlib.util
 import inspect
-import os
 import types
 from types import SimpleNamespace
 from unittest import mock
@@ -49,7 +48,7 @@ from ..exactness.chain_mutants import mutant_verifier
 from ..exactness.markov_models import Verifier
 from ..reference.chain import ChainResult
 from .audit_target import AuditTarget, reference_verifier
-from .vllm_common import MIN_P_NOTE, vllm_refusal, vllm_versions
+from .vllm_common import MIN_P_NOTE, vllm_refusal, vllm_source, vllm_versions
 
 __all__ = ["METHODS", "v2_triton_target", "v2_verifier", "v2_draft_sampler", "v2_inputs", "chain_result",
            "cpu_sampling_states", "v2_refusal"]
@@ -258,13 +257,6 @@ def _verify_in_plugin(verify: Verifier):
         yield v2._verify
 
 
-def _vllm_source() -> str:
-    """Where this process imports vLLM from: its folder on ``sys.path`` relative to the working directory (sources
-    unpacked there, ``--vllm-src``), else "installed"."""
-    rel = os.path.relpath(os.path.dirname(os.path.dirname(importlib.import_module("vllm").__file__)))
-    return "installed" if rel.startswith("..") or "-packages" in rel else rel
-
-
 def v2_refusal() -> str | None:
     """Why V2's ``_verify`` cannot be audited here (vLLM missing, a CUDA machine, a ``_verify`` with parameters
     this adapter does not know), or None."""
@@ -313,7 +305,7 @@ def v2_triton_target(method: str = "standard") -> AuditTarget:
     if refusal:
         return AuditTarget(name, description + MIN_P_NOTE, None, refusal=refusal)
 
-    versions = {**vllm_versions(), "vllm_source": _vllm_source()}
+    versions = {**vllm_versions(), "vllm_source": vllm_source()}
     plugin_refusal = vllm_refusal() if method == "standard" else "the plugin leaves this method to vLLM"
     if plugin_refusal is not None:
         description += f" Planted bugs do not run (they run through the plugin's V2 drop-in: {plugin_refusal})."

@@ -96,6 +96,20 @@ def _sample(bug: str, log_weights: torch.Tensor, seed: torch.Tensor, position: t
     return chosen * gumbel.BLOCK + torch.argmax(entries - gumbel.gumbel_noise(u_entry), dim=-1)
 
 
+def _sample_rows(bug: str, rows: torch.Tensor, log_weights: torch.Tensor, seed: torch.Tensor,
+                 position: torch.Tensor, stream: torch.Tensor | int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """:func:`_sample` on the rows where ``rows`` [R] bool is set, written into ``out`` (default: -1 elsewhere).
+    A row's sample depends on its own log-weights and key only, so it equals that row of sampling all rows."""
+    if out is None:
+        out = torch.full(rows.shape, -1, dtype=torch.int64, device=rows.device)
+    i = torch.nonzero(rows).squeeze(1)
+    if i.numel():
+        stream = stream[i] if isinstance(stream, torch.Tensor) else stream
+        out = out.clone()
+        out[i] = _sample(bug, log_weights[i], seed[i], position[i], stream)
+    return out
+
+
 def mutant_chain(
     bug: str,
     target_logits_: torch.Tensor,
@@ -154,17 +168,23 @@ def mutant_chain(
     coin_pos = position[req] if bug == "coin_reused" else row_pos
     coin = philox.coins(row_seed, coin_pos)
 
-    sampled = _sample(bug, z, row_seed, sample_pos, sample_stream)
+    # Acceptance first, then the Gumbel-max samples only where a token they give is read: the point-mass
+    # acceptance's sampled draft rows, and the one row per request whose own token is emitted (its first
+    # rejected draft row, or its bonus row). A sample is a function of its own row and key alone, so the
+    # tokens are those of sampling every row; sampling all of them was most of the time at V = 4096.
+    point_mass = draft_probs is None and bug != "deterministic_resample_with_draft"
+    sampled = None
+    if point_mass:
+        sampled = _sample_rows(bug, draft_valid & ~is_greedy[:, 0], z, row_seed, sample_pos, sample_stream)
+    p = softmax(z)
+    q = None
     if draft_probs is None:
-        if bug == "deterministic_resample_with_draft":
-            p = softmax(z)
+        if point_mass:
+            random_accept = draft_valid & (sampled == draft)
+        else:
             p_x = p.gather(-1, safe_draft[:, None]).squeeze(-1)
             random_accept = draft_valid & (coin < p_x)
-        else:
-            random_accept = draft_valid & (sampled == draft)
-        recovered = sampled
     else:
-        p = softmax(z)
         q = torch.zeros_like(p)
         if num_rows > num_reqs:
             q = torch.where(has_draft[:, None], draft_probs.float()[layout.draft_index], q)
@@ -181,41 +201,62 @@ def mutant_chain(
             random_accept = draft_valid & (coin * p_x < q_x)
         else:
             random_accept = draft_valid & (coin * q_x < p_x)
-        residual = torch.clamp(q - p if bug == "residual_q_minus_p" else p - q, min=0.0)
-        residual_empty = (residual.max(dim=-1).values <= 0)[:, None]
-        if bug in ("unnormalised_residual", "recovery_reuses_coin"):
-            cdf = torch.cumsum(residual, dim=-1)
-            if bug == "recovery_reuses_coin":
-                u = coin[:, None] * cdf[:, -1:]
-            else:
-                u = philox.uniform(row_seed, row_pos, stream, 0)[:, None]
-            idx = torch.searchsorted(cdf, u.contiguous(), right=True).squeeze(-1)
-            resampled = torch.where(residual_empty[:, 0], sampled, idx.clamp(max=vocab_size - 1))
-        else:
-            log_residual = torch.where(residual_empty, z, torch.log(residual))
-            resample_stream = philox.STREAM_COIN if bug == "shared_stream" else stream
-            resampled = _sample(bug, log_residual, row_seed, row_pos, resample_stream)
-        recovered = torch.where(layout.is_bonus, sampled, resampled)
 
     if bug == "biased_first_token":
-        p = softmax(z)
+        u = philox.uniform(row_seed, row_pos, STREAM_BIAS, philox.BLOCK_DRAWS - 1)
         sorted_p, order = torch.sort(p, dim=-1, descending=True)
         top_sorted = (torch.cumsum(sorted_p, dim=-1) - sorted_p) < 0.5
         top = torch.zeros_like(top_sorted).scatter(-1, order, top_sorted)
         rest_mass = (p * ~top).sum(-1)
         eps = torch.where(rest_mass > 0, (BIAS_TV / rest_mass.clamp(min=1e-30)).clamp(max=1.0), 0.0)
-        u = philox.uniform(row_seed, row_pos, STREAM_BIAS, philox.BLOCK_DRAWS - 1)
-        top_log_p = torch.where(top, torch.log(p), torch.full_like(p, float("-inf")))
         biased = (layout.local == 0) & (u < eps)
         random_accept = random_accept & ~biased
-        recovered = torch.where(biased, gumbel.sample(top_log_p, row_seed, row_pos, STREAM_BIAS), recovered)
 
     accept = torch.where(is_greedy[:, 0], draft_valid & (greedy_tokens == draft), random_accept)
-    token = torch.where(is_greedy[:, 0], greedy_tokens, recovered)
-
     rejected_local = torch.where(accept, torch.full_like(layout.local, num_rows + 1), layout.local)
     first_reject = torch.full((num_reqs,), num_rows + 1, dtype=torch.int64, device=device)
     num_accepted = first_reject.scatter_reduce(0, req, rejected_local, reduce="amin")
+
+    e = torch.nonzero(layout.local == num_accepted[req]).squeeze(1)  # the emitted rows
+    e_seed, e_pos, e_stream, e_z = row_seed[e], row_pos[e], stream[e], z[e]
+    e_sampling = ~is_greedy[e, 0]
+    e_bonus = layout.is_bonus[e]
+    known = None if sampled is None else sampled[e]
+    if q is None:
+        needs_sample = e_sampling
+    else:
+        e_p, e_q = p[e], q[e]
+        residual = torch.clamp(e_q - e_p if bug == "residual_q_minus_p" else e_p - e_q, min=0.0)
+        residual_empty = (residual.max(dim=-1).values <= 0)[:, None]
+        inverse_cdf = bug in ("unnormalised_residual", "recovery_reuses_coin")
+        needs_sample = e_sampling & (e_bonus | (residual_empty[:, 0] if inverse_cdf else False))
+    if known is not None:
+        needs_sample = needs_sample & (known < 0)
+    e_sampled = _sample_rows(bug, needs_sample, e_z, e_seed, sample_pos[e], sample_stream[e], known)
+    if q is None:
+        e_recovered = e_sampled
+    else:
+        resampling = e_sampling & ~e_bonus
+        if inverse_cdf:
+            cdf = torch.cumsum(residual, dim=-1)
+            if bug == "recovery_reuses_coin":
+                u = coin[e][:, None] * cdf[:, -1:]
+            else:
+                u = philox.uniform(e_seed, e_pos, e_stream, 0)[:, None]
+            idx = torch.searchsorted(cdf, u.contiguous(), right=True).squeeze(-1)
+            resampled = torch.where(residual_empty[:, 0], e_sampled, idx.clamp(max=vocab_size - 1))
+        else:
+            log_residual = torch.where(residual_empty, e_z, torch.log(residual))
+            resample_stream = philox.STREAM_COIN if bug == "shared_stream" else e_stream
+            resampled = _sample_rows(bug, resampling, log_residual, e_seed, e_pos, resample_stream)
+        e_recovered = torch.where(e_bonus, e_sampled, resampled)
+    if bug == "biased_first_token":
+        e_biased = torch.nonzero(biased[e]).squeeze(1)
+        top_log_p = torch.where(top[e[e_biased]], torch.log(p[e[e_biased]]), float("-inf"))
+        e_recovered = e_recovered.clone()
+        e_recovered[e_biased] = gumbel.sample(top_log_p, e_seed[e_biased], e_pos[e_biased], STREAM_BIAS)
+    token = torch.full((num_rows,), -1, dtype=torch.int64, device=device)
+    token[e] = torch.where(is_greedy[e, 0], greedy_tokens[e], e_recovered)
 
     width = max_draft_len + 1
     out = torch.full((num_reqs, width), -1, dtype=torch.int64, device=device)

@@ -4,6 +4,8 @@ committed table against the docs is tests/docs/test_power_table_docs.py."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from specdec_kernels.audit import power_table as pt
@@ -70,7 +72,7 @@ def test_a_row_runs_every_suite_and_marks_traversal_not_applicable():
 
 
 def test_cli_refuses_bad_arguments_in_one_line(tmp_path, capsys):
-    for args in (["--bugs", "nope"], ["--narrow-trials", "1"]):
+    for args in (["--bugs", "nope"], ["--narrow-trials", "1"], ["--name", "../elsewhere"], ["--name", ""]):
         with pytest.raises(SystemExit) as exit_:
             pt.main(["--out", str(tmp_path), *args])
         err = capsys.readouterr().err
@@ -95,3 +97,15 @@ def test_power_table_record_renders_and_counts():
     assert table.splitlines()[2].startswith("| `greedy_sampled` | **caught** by `first-deter-greedy`")
     assert pt.summary(record)["deepspec-pr48"] == {"caught": 0, "run": 0, "false_alarms": 0, "seconds": 0}
     assert table in pt.markdown(record) and record["command"] in pt.markdown(record)
+
+
+def test_name_writes_beside_the_rows_a_folder_holds(tmp_path):
+    """``--name`` writes ``<name>.json`` / ``.md`` and leaves ``power_table.*`` as they are."""
+    kept = tmp_path / "power_table.json"
+    kept.write_text("{}")
+    args = ["--out", str(tmp_path), "--wide-vocab", "16", "--narrow-trials", "200", "--rounds", "200", "--bugs",
+            "greedy_sampled", "--name", "power_table-greedy_sampled"]
+    assert pt.main(args) == 0
+    record = json.loads((tmp_path / "power_table-greedy_sampled.json").read_text())
+    assert record["command"].endswith("--name power_table-greedy_sampled") and kept.read_text() == "{}"
+    assert (tmp_path / "power_table-greedy_sampled.md").read_text() == pt.markdown(record)

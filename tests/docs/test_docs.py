@@ -487,6 +487,17 @@ def test_audit_findings_counts_are_the_reports():
               f"{c['greedy', 'pass']} greedy and {c['batch', 'pass']} batch cases pass; the only rejected law cases "
               f"are the {c['first-token', 'FAIL'] + c['sequence', 'FAIL']} with min-p",
               f"all {c['mutants', 'caught']} planted bugs are caught"]
+    v033, c = counts("vllm-v1-triton-0.33.0")
+    assert v033["complete"] and v033["target"]["versions"]["vllm"] == "0.33.0"
+    rejected = [o["name"] for o in v033["outcomes"] if o["family"] in ("first-token", "sequence", "narrow")
+                and o["verdict"] != "pass"]
+    assert rejected and all("minp" in name for name in rejected), rejected
+    assert not c["mutants", "MISSED"] and not c["mutants", "inert"], c
+    shown += [f"{c['first-token', 'pass']} first-token, {c['sequence', 'pass']} sequence, {c['greedy', 'pass']} "
+              f"greedy, {c['batch', 'pass']} batch and {c['narrow', 'pass']} narrow cases pass; the only rejected "
+              f"law cases are again the {len(rejected)} with min-p",
+              f"all {c['mutants', 'caught']} of its planted bugs are caught",
+              f"`--tv {v033['level']['tv']:g}`, {v033['seconds']:.0f} s"]
     old, _ = counts("vllm-v2-triton-0.28.0")
     narrow = {o["name"]: o for o in old["outcomes"] if o["family"] == "narrow"}
     deter, stoch = narrow["narrow-deter-V16-reversed"], narrow["narrow-stoch-V16-reversed"]

@@ -81,7 +81,11 @@ def test_the_reading_names_every_miss_and_every_bug_a_peer_caught_sooner(record)
                 assert f"`{row['bug']}`" in section.split("Reading.")[1], (suite, row["bug"])
 
 
-FULL_SIZE = REPO / "results" / "audit" / "vllm-full-size" / "power_table.json"
+FULL_SIZE_DIR = REPO / "results" / "audit" / "vllm-full-size"
+FULL_SIZE = FULL_SIZE_DIR / "power_table.json"
+FULL_SIZE_COIN = FULL_SIZE_DIR / "power_table-coin_reused.json"
+"""The vLLM design at vLLM's own sizes: four bugs in one run, ``coin_reused`` in its own (``--name``), once the
+planted-bug sampler was fast enough at V = 4096."""
 
 
 def test_ours_ran_the_suites_looks_and_the_docs_say_which(record):
@@ -119,19 +123,29 @@ def row_design(case_name: str) -> int:
     return chain_law.law_plan(law, pt.ALPHA, chain_law.TV, chain_law.POWER).design_size
 
 
-def test_full_size_table_is_its_artefact():
-    """The second table of the section: the vLLM V2 design at vLLM's own sizes on the bugs it missed at the
-    reduced ones (results/audit/vllm-full-size/)."""
-    record = json.loads(FULL_SIZE.read_text())
-    lines = _section().splitlines()
+def _full_size() -> tuple[dict, dict]:
+    return json.loads(FULL_SIZE.read_text()), json.loads(FULL_SIZE_COIN.read_text())
+
+
+def full_size_table(section: str) -> str:
+    lines = section.splitlines()
     header = pt.TABLE_HEADER.splitlines()[0]
     start = [i for i, line in enumerate(lines) if line == header][1]
     end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
-    assert "\n".join(lines[start:end]) == pt.table_markdown(record)
-    assert FULL_SIZE.with_suffix(".md").read_text() == pt.markdown(record)
-    assert record["command"] in _section() and record["command"] in (REPO / "results" / "README.md").read_text()
-    assert record["sizes"]["vllm-v2"]["wide_vocab"] == peer_suites.VLLM_V2_SIZES.wide_vocab
-    assert record["sizes"]["vllm-v2"]["narrow_trials"] == peer_suites.VLLM_V2_SIZES.narrow_trials
+    return "\n".join(lines[start:end])
+
+
+def test_full_size_table_is_its_artefacts():
+    """The second table of the section: the vLLM V2 design at vLLM's own sizes on the bugs it missed at the
+    reduced ones (results/audit/vllm-full-size/), the rows of both records in the order they ran."""
+    records = _full_size()
+    assert full_size_table(_section()) == pt.table_markdown({"rows": [r for rec in records for r in rec["rows"]]})
+    for path, record in zip((FULL_SIZE, FULL_SIZE_COIN), records, strict=True):
+        assert path.with_suffix(".md").read_text() == pt.markdown(record)
+        assert record["command"] in _section() and record["command"] in (REPO / "results" / "README.md").read_text()
+        assert record["sizes"]["vllm-v2"]["wide_vocab"] == peer_suites.VLLM_V2_SIZES.wide_vocab
+        assert record["sizes"]["vllm-v2"]["narrow_trials"] == peer_suites.VLLM_V2_SIZES.narrow_trials
+    assert [row["bug"] for row in records[1]["rows"]] == ["coin_reused"]
 
 
 def _p(value: float) -> str:
@@ -140,7 +154,7 @@ def _p(value: float) -> str:
     return f"{mantissa}e{int(exponent)}"
 
 
-def reading_figures(record: dict, full: dict) -> list[str]:
+def reading_figures(record: dict, full: tuple[dict, dict]) -> list[str]:
     """The figures of the section's reading (under both tables), each as the page writes it, from the two
     artefacts."""
     cells = {row["bug"]: row["suites"] for row in record["rows"]}
@@ -169,11 +183,16 @@ def reading_figures(record: dict, full: dict) -> list[str]:
     def secs(suite):
         return " and ".join(f"{c[suite]['seconds']:.1f} s" for c in correct)
 
-    full_cells = {row["bug"]: row["suites"]["vllm-v2"] for row in full["rows"]}
-    full_ours = [row["suites"]["ours"]["seconds"] for row in full["rows"]]
+    full, coin = full
+    full_rows = full["rows"] + coin["rows"]
+    full_cells = {row["bug"]: row["suites"]["vllm-v2"] for row in full_rows}
+    full_ours = [row["suites"]["ours"]["seconds"] for row in full_rows]
     full_caught = [c["seconds"] for c in full_cells.values() if c["caught"]]
     full_missed = [c for c in full_cells.values() if not c["caught"]]
     (missed,) = full_missed
+    coin_cell = full_cells["coin_reused"]
+    coin_tests = {t["name"]: t for t in coin_cell["tests"]}
+    coin_rejecting = [t for t in coin_cell["tests"] if t["rejects"]]
     return [
         f"Ours catches all {ours['caught']} planted bugs",
         f"(chi2 {' and '.join(controls)} against {threshold})",
@@ -206,18 +225,24 @@ def reading_figures(record: dict, full: dict) -> list[str]:
         f"vLLM design {v2['seconds']:.0f} s and the DeepSpec design {ds['seconds']:.0f} s",
         f"of ours', {sum(c['ours']['seconds'] for c in correct):.0f} s went to the two green rows and "
         f"{sum(ours_on[b]['seconds'] for b in uncaught):.0f} s to the {len(uncaught)} bugs no peer design catches",
-        f"(`results/audit/vllm-full-size/`, {full['seconds']:.0f} s on the same VM",
+        f"(`results/audit/vllm-full-size/power_table.md`, {full['seconds']:.0f} s on the same VM, at commit "
+        f"{full['environment']['commit'][:7]})",
+        f"(`power_table-coin_reused.md`, {coin['seconds']:.0f} s, at commit {coin['environment']['commit'][:7]},",
         f"in {min(full_caught):.0f} to {max(full_caught):.0f} s against our {min(full_ours):.1f} to "
         f"{max(full_ours):.0f} s",
         f"(p {_p(missed['smallest_p'])} after {missed['trials']:,} trials and {missed['seconds']:.0f} s)",
+        f"`{coin_rejecting[0]['name']}` (p {_p(coin_rejecting[0]['pvalue'])}; "
+        f"`{coin_rejecting[1]['name']}` p {_p(coin_rejecting[1]['pvalue'])}), after {coin_cell['trials']:,} trials "
+        f"and {coin_cell['seconds']:.0f} s ({coin_cell['cpu_seconds']:.0f} s CPU)",
+        "every position-0 test passes (smallest p "
+        f"{min(t['pvalue'] for n, t in coin_tests.items() if n.endswith('-pos0')):.2f})",
         f"Counted at vLLM's sizes, the design catches {v2['caught'] + len(full_caught)} of {v2['run']}",
     ]
 
 
 def test_the_reading_figures_are_the_artefacts(record):
     """Every figure of the reading under the two tables: counts of bugs caught and missed, p-values, trials and
-    seconds, from power_table.json and vllm-full-size/power_table.json."""
+    seconds, from power_table.json and the two records of vllm-full-size/."""
     text = " ".join(_section().split())
-    full = json.loads(FULL_SIZE.read_text())
-    missing = [figure for figure in reading_figures(record, full) if figure not in text]
+    missing = [figure for figure in reading_figures(record, _full_size()) if figure not in text]
     assert not missing, f"docs/exactness-and-audit.md should say, from its power tables: {missing}"
