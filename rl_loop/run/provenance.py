@@ -46,8 +46,15 @@ def row_provenance(record: dict) -> dict[str, str]:
             "device": f"{record['cpu']}{threads}"}
 
 
+RESULTS = "results"
+"""The results store (top-level folder): what commands wrote, not code. Its changes do not make a tree dirty,
+so a rerun into committed results (``results/rl_loop/default/seed1`` after ``seed0`` was rewritten) still
+records that its code was committed; every other change does."""
+
+
 def provenance(command: str | None = None) -> dict:
-    """Commit (and whether the tree had uncommitted changes), date, CPU, cores, torch threads, command.
+    """Commit (and whether the tree had uncommitted changes outside :data:`RESULTS`), date, CPU, cores, torch
+    threads, command.
 
     torch is imported here, not at module level, so stdlib-only tools (the simulator) can record it too;
     without torch, ``threads`` and ``torch`` are None."""
@@ -61,7 +68,7 @@ def provenance(command: str | None = None) -> dict:
             cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
     except OSError:
         pass
-    status = _git("status", "--porcelain", "--untracked-files=no")
+    status = _git("status", "--porcelain", "--untracked-files=no", "--", ":/", f":(top,exclude){RESULTS}")
     commit = _git("rev-parse", "HEAD")
     if commit is None:  # a copy of the tree without .git (a lent GPU machine): the commit the caller passes
         commit = os.environ.get("SPECDEC_GIT_COMMIT") or None

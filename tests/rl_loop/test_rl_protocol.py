@@ -314,6 +314,34 @@ def test_provenance_takes_the_passed_commit_where_git_cannot_tell(monkeypatch):
     assert record["commit"] == "abc123def456" and record["dirty"] is None
 
 
+def test_provenance_dirty_means_code_changed_not_results(monkeypatch, tmp_path):
+    """A rerun into committed results (the default run's seed1 after seed0 was rewritten) records a clean tree;
+    a change outside ``results/`` (code, docs) still reads dirty, staged or not."""
+    import subprocess
+
+    from rl_loop.run import provenance
+
+    def git(*args):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True,
+                       capture_output=True)
+
+    (tmp_path / "results" / "run").mkdir(parents=True)
+    (tmp_path / "code").mkdir()
+    (tmp_path / "results" / "run" / "summary.json").write_text("{}")
+    (tmp_path / "code" / "train.py").write_text("x = 1\n")
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-qm", "start")
+    monkeypatch.setattr(provenance, "HERE", str(tmp_path / "code"))
+    assert provenance.provenance("x")["dirty"] is False
+    (tmp_path / "results" / "run" / "summary.json").write_text('{"rewritten": 1}')
+    assert provenance.provenance("x")["dirty"] is False
+    (tmp_path / "code" / "train.py").write_text("x = 2\n")
+    assert provenance.provenance("x")["dirty"] is True
+    git("add", "code/train.py")
+    assert provenance.provenance("x")["dirty"] is True
+
+
 @pytest.mark.parametrize("path, module", [
     ("rl_loop/__main__.py", "rl_loop"),
     ("rl_loop/experiments/verify_bench.py", "rl_loop.experiments.verify_bench"),
