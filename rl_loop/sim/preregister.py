@@ -14,7 +14,9 @@ thread with the thread's CPU clock. It writes
 ``measured.json``: per k the measured median speedup and its spread over rounds, the prediction, the
 error, and whether it is within the tolerance. It also records the commit at which ``predictions.json``
 was committed. ``tests/rl_loop/test_sim.py`` checks that this commit precedes the measurement and that
-every error is within the tolerance.
+every error is within the tolerance. A later replication of the measurement (a quiet machine, more rounds)
+writes ``--name NAME`` (``OUT/NAME.json``) beside it and is reported as it comes out: it does not replace the
+pre-registered measurement.
 
 The prediction is conditional on the fitting set's workload: the held-out sets' own acceptance and lengths
 are not used. The engine's per-request Python bookkeeping between components is not priced
@@ -139,12 +141,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--state", default="runs/sim/preregistered-state.pt",
                    help="the warm-started weights (written by predict, read by measure)")
     p.add_argument("--rounds", type=int, default=5, help="measure: interleaved rounds over the held-out sets")
+    p.add_argument("--name", default="measured",
+                   help="measure: writes OUT/NAME.json (a replication beside the pre-registered measured.json)")
     a = p.parse_args(argv)
     command = " ".join(["python -m rl_loop.sim.preregister", *(sys.argv[1:] if argv is None else argv)])
     path = os.path.join(a.out, "predictions.json")
     try:
         if a.rounds < 1:
             raise UsageError(f"--rounds must be >= 1, got {a.rounds}")
+        if not a.name or os.sep in a.name or a.name in ("predictions", "..", "."):
+            raise UsageError(f"--name must be a file name other than 'predictions', got {a.name!r}")
         check_out_dir(a.out)
         t0 = time.perf_counter()
         if a.phase == "predict":
@@ -164,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise UsageError(f"--state {a.state} does not exist: measure needs the predict phase's weights")
             with open(path) as f:
                 record = measure(json.load(f), commit, a.state, command, a.rounds)
-            path = os.path.join(a.out, "measured.json")
+            path = os.path.join(a.out, f"{a.name}.json")
     except UsageError as e:
         p.exit(2, f"{p.prog}: error: {e}\n")
     record["seconds"] = round(time.perf_counter() - t0, 1)

@@ -537,3 +537,28 @@ def test_preregistered_predictions_hold_within_their_tolerance():
         assert r["predicted_speedup"] == predicted[r["k"]]
         assert r["error"] == pytest.approx(r["predicted_speedup"] / r["measured_speedup"] - 1, rel=1e-12)
         assert abs(r["error"]) <= predictions["tolerance"], r
+
+
+def test_preregistered_replications_report_their_verdict_as_it_came_out():
+    """A replication of the measurement (``measure --name NAME``, ``NAME.json`` beside ``measured.json``) checks
+    the same committed predictions, from a clean tree, and marks each k within the tolerance or not by its own
+    error: it is reported as it came out, and never replaces the pre-registered measurement."""
+    predictions = json.loads((PREREGISTERED / "predictions.json").read_text())
+    first = json.loads((PREREGISTERED / "measured.json").read_text())
+    for path in sorted(PREREGISTERED.glob("measured-*.json")):
+        replication = json.loads(path.read_text())
+        assert replication["predictions_commit"] == first["predictions_commit"], path.name
+        assert replication["tolerance"] == predictions["tolerance"] and not replication["provenance"]["dirty"]
+        assert f"--name {path.stem}" in replication["provenance"]["command"]
+        for r in replication["results"]:
+            assert r["error"] == pytest.approx(r["predicted_speedup"] / r["measured_speedup"] - 1, rel=1e-12)
+            assert r["within_tolerance"] == (abs(r["error"]) <= predictions["tolerance"]), (path.name, r)
+
+
+@pytest.mark.parametrize("name", ["predictions", "", "a/b"])
+def test_preregister_name_must_be_a_file_other_than_the_predictions(tmp_path, capsys, name):
+    from rl_loop.sim import preregister
+
+    with pytest.raises(SystemExit) as e:
+        preregister.main(["measure", "--out", str(tmp_path), "--name", name])
+    assert e.value.code == 2 and "--name must be a file name" in capsys.readouterr().err
