@@ -600,6 +600,16 @@ def test_rl_loop_page_figures_match_their_artefacts():
                   f"**{repeat['mean_accepted_length']['median']:.2f}**",
                   f"**{verify['block_minus_token']:+.4f}**"):
         assert shown in page, f"docs/rl_loop.md should show {shown} from its artefact"
+    rollout, order = repeat["rollout_speedup"], repeat["rollout_speedup"]["by_order"]
+    for shown in ("seeds " + ", ".join(f"{v:.2f}x" for v in rollout["per_seed"]),
+                  "pooled 95 % interval [{:.3f}, {:.3f}]".format(*rollout["pooled_ci95"]),
+                  f"step speedup **{repeat['step_speedup']['median']:.2f}x**",
+                  f"end to end **{repeat['end_to_end_speedup']['median']:.2f}x**",
+                  f"ran first give **{order['ar_first']['pooled']:.3f}x** ({order['ar_first']['steps']} steps)",
+                  f"speculation did **{order['spec_first']['pooled']:.3f}x** ({order['spec_first']['steps']} steps)",
+                  f"the default policy ({default['parameters'] / 1e6:.1f}M parameters, a "
+                  f"{run.model.vocab_size}-token vocabulary)"):
+        assert shown in text, f"docs/rl_loop.md should show {shown} from its artefact"
 
 
 def test_vllm_page_end_to_end_table_is_the_artefacts():
@@ -697,9 +707,9 @@ def test_simulator_sensitivity_table_is_the_artefact():
 
 
 def preregistered_table(measured: dict) -> str:
-    """The simulator page's table of the predictions committed before their measurement."""
-    lines = ["| k | predicted (committed first) | measured, median [min, max] of 5 rounds | error | within 20 % |",
-             "|---|---|---|---|---|"]
+    """The simulator page's table of the predictions committed before their measurement (or of a replication)."""
+    lines = [f"| k | predicted (committed first) | measured, median [min, max] of {measured['rounds']} rounds | error | "
+             "within 20 % |", "|---|---|---|---|---|"]
     for r in measured["results"]:
         lines.append(f"| {r['k']} | {r['predicted_speedup']:.2f}x | {r['measured_speedup']:.2f}x "
                      f"[{r['measured_min']:.2f}, {r['measured_max']:.2f}] | {100 * r['error']:+.1f} % | "
@@ -736,3 +746,24 @@ def test_simulator_preregistered_table_is_the_artefact():
     prose = " ".join(text.split())
     missing = [x for x in shown if x not in prose]
     assert not missing, f"docs/simulator.md should say, from results/sim/preregistered and the shape table: {missing}"
+
+
+def test_simulator_replication_table_is_the_artefact():
+    """The quiet replication of the pre-registered measurement: its table and the reading's figures."""
+    import json
+
+    replication = json.loads((REPO / "results/sim/preregistered/measured-quiet.json").read_text())
+    text = (REPO / "docs/simulator.md").read_text()
+    start = text.index("<!-- replicated: results/sim/preregistered/measured-quiet.json -->\n")
+    end = text.index("\n<!-- /replicated -->")
+    assert text[start:end].split("\n", 1)[1] == preregistered_table(replication)
+    by_k = {r["k"]: r for r in replication["results"]}
+    last = max(by_k)
+    close = max(abs(r["error"]) for k, r in by_k.items() if k != last)
+    shown = [f"with {replication['rounds']} rounds instead of 5", replication["provenance"]["command"],
+             f"k = {' and '.join(str(k) for k in by_k if k != last)} within {100 * close:.1f} %",
+             f"k = {last} again runs {100 * by_k[last]['error']:.0f} % high",
+             f"({by_k[last]['measured_min']:.2f}x to {by_k[last]['measured_max']:.2f}x at k = {last})"]
+    prose = " ".join(text.split())
+    missing = [x for x in shown if x not in prose]
+    assert not missing, f"docs/simulator.md should say, from measured-quiet.json: {missing}"
