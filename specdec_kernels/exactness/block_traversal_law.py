@@ -170,7 +170,7 @@ def sample_step(case: StepCase, verify: StepVerifier, num: int, seed: int, start
     tokens, probs = ev.draft_outcomes(case.step())
     g = torch.Generator().manual_seed(sequential.chunk_seed(seed, start))
     pick = torch.multinomial(probs, num, replacement=True, generator=g)
-    keys = seed * (1 << 32) + start + torch.arange(num, dtype=torch.int64)
+    keys = sequential.chunk_keys(seed, start, num)
     position = torch.randint(0, 1 << 20, (num,), generator=g)
     return verify(case, tokens[pick], keys, position)
 

@@ -192,7 +192,7 @@ def sample_first_tokens(verify: Verifier, case: FirstTokenCase, num_requests: in
     temperature = torch.full((b,), float(case.cfg.temperature))
     top_k = torch.full((b,), case.cfg.top_k, dtype=torch.int32) if case.cfg.top_k else None
     top_p = torch.full((b,), case.cfg.top_p) if case.cfg.top_p < 1 else None
-    seed = case.seed * (1 << 32) + start + torch.arange(b, dtype=torch.int64)
+    seed = sequential.chunk_keys(case.seed, start, b)
     position = torch.randint(0, 1 << 20, (b,), generator=g)
     res = verify(target, drafts, cu, draft_probs, temperature, top_k, top_p, seed, position,
                  **case.cfg.extra_kwargs(b))
@@ -421,7 +421,7 @@ def sample_narrow(verify: Verifier, case: NarrowCase, num_requests: int, start: 
     v, n = case.vocab_size, num_requests
     logits, q = case.pair()
     g = torch.Generator().manual_seed(sequential.chunk_seed(case.seed, start))
-    seed = case.seed * (1 << 32) + start + torch.arange(n, dtype=torch.int64)
+    seed = sequential.chunk_keys(case.seed, start, n)
     position = torch.randint(0, 1 << 20, (n,), generator=g)
     drafts = draft_proposals(verify, q, seed, position)
     draft_probs = q.expand(n, v).contiguous() if case.drafts == "stochastic" else None

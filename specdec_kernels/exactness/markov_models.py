@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from ..reference import sampling
-from .sequential import chunk_seed
+from .sequential import chunk_keys, chunk_seed
 
 __all__ = [
     "SamplingConfig",
@@ -297,7 +297,7 @@ def run_speculative(
     buf = torch.full((num_sequences, width), -1, dtype=torch.int64)
     buf[:, :order] = torch.tensor(target.prompt, dtype=torch.int64)
     cur = torch.full((num_sequences,), order, dtype=torch.int64)
-    keys = seed * (1 << 32) + start + torch.arange(num_sequences, dtype=torch.int64)
+    keys = chunk_keys(seed, start, num_sequences)
     temperature_value = float(cfg.temperature)
     calls = drafted = accepted = 0
     while True:

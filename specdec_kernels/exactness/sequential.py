@@ -14,7 +14,7 @@ the first look whose p-value is below that look's share of the case's alpha:
   of positive probability (:func:`cell_test`): valid at any sample size, where Pearson's chi-square at a few
   hundred trials and a far-tail alpha is not (a cell with expected count 5 passes chi-square's 4e-9 point about
   1,000 times as often as that). The last look runs the design test (:func:`gof.gof_test`).
-- **Replay.** Chunk ``[start, stop)`` is drawn with :func:`chunk_seed` keys, so the trials up to look j are a
+- **Replay.** Chunk ``[start, stop)`` is drawn with :func:`chunk_seed` and :func:`chunk_keys`, so the trials up to look j are a
   prefix of the trials of a run to the last look: the same seed gives the same verdict, look and trials.
 
 The reported p-value is the deciding look's, Bonferroni-adjusted (its raw p-value over its share of alpha), so
@@ -34,8 +34,8 @@ from scipy import stats
 
 from . import goodness_of_fit as gof
 
-__all__ = ["LOOK_FRACTIONS", "EARLY_SHARE", "LookPlan", "plan_looks", "single_look", "chunk_seed", "cell_test",
-           "Sequential", "run_looks"]
+__all__ = ["LOOK_FRACTIONS", "EARLY_SHARE", "LookPlan", "plan_looks", "single_look", "chunk_seed", "chunk_keys",
+           "cell_test", "Sequential", "run_looks"]
 
 LOOK_FRACTIONS: tuple[float, ...] = (1 / 64, 1 / 8, 1.0)
 """Where the looks fall, as fractions of the last look's size (a geometric ladder, factor 8)."""
@@ -84,6 +84,12 @@ def chunk_seed(seed: int, start: int) -> int:
     if start < 0 or not 0 <= seed < 1 << 31:
         raise ValueError(f"seed must be in [0, 2**31) and start >= 0, got {seed}, {start}")
     return seed + (start << 32)
+
+
+def chunk_keys(seed: int, start: int, count: int) -> torch.Tensor:
+    """[count] int64 Philox keys of trials ``start .. start + count - 1`` of a case seeded ``seed``:
+    ``seed * 2**32 + trial``, so a trial's key is the same whichever chunk draws it."""
+    return seed * (1 << 32) + start + torch.arange(count, dtype=torch.int64)
 
 
 def cell_test(observed, probs) -> gof.TestResult:
