@@ -36,7 +36,14 @@ import numpy as np
 
 from ..run.provenance import provenance
 from ..run.usage import UsageError, check_out_dir
-from .generation import Parallelism, Speculation, Workload, generation_speedup
+from .generation import (
+    GenerationResult,
+    Parallelism,
+    Speculation,
+    Workload,
+    generation_speedup,
+    simulate_generation,
+)
 from .hardware import get_hardware
 from .model_spec import ModelSpec, eagle3_head
 
@@ -103,6 +110,11 @@ def shape_table_acceptance(path: str = SHAPES, k: int = 3) -> list[float]:
     raise ValueError(f"{path} has no default-policy, default-workload row at k = {k}")
 
 
+def _seconds(r: GenerationResult) -> dict:
+    """A simulated generation: its seconds, steps, and seconds by part (host overhead, target, drafter, ...)."""
+    return {"seconds": r.time, "steps": r.steps, "breakdown_s": r.breakdown}
+
+
 def make_predictions() -> dict:
     """Every figure of ``gpu_rollout_predictions.json`` (the module docstring); deterministic."""
     policy = policy_spec()
@@ -119,8 +131,9 @@ def make_predictions() -> dict:
         s = spec(curve)
         grid = [{"acceptance": a, "tokens_per_round": spec((a,)).expected_tokens(),
                  "speedup": generation_speedup(hw, policy, Parallelism(), workload, spec((a,)))} for a in GRID]
-        gpus[name] = {"predicted_speedup": generation_speedup(hw, policy, Parallelism(), workload, s),
-                      "tokens_per_round": s.expected_tokens(), "grid": grid,
+        ar, sp = (simulate_generation(hw, policy, Parallelism(), workload, x) for x in (None, s))
+        gpus[name] = {"predicted_speedup": ar.time / sp.time, "tokens_per_round": s.expected_tokens(),
+                      "ar": _seconds(ar), "speculative": _seconds(sp), "grid": grid,
                       "assumptions": {"mem_efficiency": hw.mem_efficiency, "flop_efficiency": hw.flop_efficiency,
                                       "forward_overhead_s": hw.forward_overhead, "step_overhead_s": hw.step_overhead,
                                       "spec_step_overhead_s": hw.spec_step_overhead,
