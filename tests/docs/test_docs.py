@@ -767,3 +767,49 @@ def test_simulator_replication_table_is_the_artefact():
     prose = " ".join(text.split())
     missing = [x for x in shown if x not in prose]
     assert not missing, f"docs/simulator.md should say, from measured-quiet.json: {missing}"
+
+
+def gpu_predicted_table(predictions: dict) -> str:
+    """The simulator page's table of the GPU rollout figure's prediction (``gpu_rollout_predictions.json``)."""
+    lines = ["| GPU | predicted speedup | tokens per round | AR: ms (host overhead ms) | speculative: ms (host "
+             "overhead ms) | at acceptance 0.70 / 0.80 / 0.90 |", "|---|---|---|---|---|---|"]
+    for gpu, p in predictions["gpus"].items():
+        ar, sp = p["ar"], p["speculative"]
+        grid = {g["acceptance"]: g["speedup"] for g in p["grid"]}
+        lines.append(f"| {gpu} | {p['predicted_speedup']:.2f}x | {p['tokens_per_round']:.2f} | "
+                     f"{1e3 * ar['seconds']:.1f} ({1e3 * ar['breakdown_s']['overhead']:.1f}) | "
+                     f"{1e3 * sp['seconds']:.1f} ({1e3 * sp['breakdown_s']['overhead']:.1f}) | "
+                     f"{' / '.join(f'{grid[a]:.2f}x' for a in (0.7, 0.8, 0.9))} |")
+    return "\n".join(lines)
+
+
+def test_simulator_gpu_prediction_table_is_the_artefact():
+    """The GPU rollout figure's prediction: the table, the tolerance and the reading's figures (H100)."""
+    import json
+
+    predictions = json.loads((REPO / "results/sim/preregistered/gpu_rollout_predictions.json").read_text())
+    text = (REPO / "docs/simulator.md").read_text()
+    start = text.index("<!-- gpu-predicted: results/sim/preregistered/gpu_rollout_predictions.json -->\n")
+    end = text.index("\n<!-- /gpu-predicted -->")
+    assert text[start:end].split("\n", 1)[1] == gpu_predicted_table(predictions)
+    h100 = predictions["gpus"]["H100"]
+    ar, sp = h100["ar"]["breakdown_s"], h100["speculative"]["breakdown_s"]
+    a = h100["assumptions"]
+    ar_device = sum(v for k, v in ar.items() if k != "overhead")
+    sp_device = sum(v for k, v in sp.items() if k != "overhead")
+    ms = lambda x: f"{1e3 * x:.1f}"  # noqa: E731
+    shown = [f"The tolerance is {100 * predictions['tolerance']:.0f} %",
+             f"{ms(a['step_overhead_s'])[:-2]} ms a step, plus {ms(a['spec_step_overhead_s'])[:-2]} ms a round and "
+             f"{1e3 * a['draft_token_overhead_s']:.2f} ms a draft",
+             f"{ms(ar['overhead'])} of the {ms(h100['ar']['seconds'])} ms",
+             f"{ms(sp['overhead'])} of the {ms(h100['speculative']['seconds'])} ms",
+             f"({ms(ar_device)} against {ms(sp_device)} ms, {ar_device / sp_device:.2f}x)",
+             f"Verification saves {ms(ar['target'] - sp['target'])} ms of policy forwards",
+             f"the drafter ({ms(sp['drafter'])} ms"]
+    prose = " ".join(text.split())
+    missing = [x for x in shown if x not in prose]
+    assert not missing, f"docs/simulator.md should say, from gpu_rollout_predictions.json: {missing}"
+    g = predictions["gpus"]
+    said = (f"({g['H100']['predicted_speedup']:.2f}x on an H100, {g['H200']['predicted_speedup']:.2f}x on an H200, "
+            f"tolerance {100 * predictions['tolerance']:.0f} %")
+    assert said in " ".join((REPO / "docs/rl_loop.md").read_text().split()), f"docs/rl_loop.md should say {said}"
