@@ -4,7 +4,9 @@
 policy and EAGLE-3 drafter (weights kept in ``--state``), micro-measures the engine's components (as
 ``engine_costs.measure_components``) and runs speculative rollouts of the *fitting* request set (seed 0) to
 get its acceptance and lengths. From these alone the engine simulator predicts the rollout speedup, per k,
-of request sets it has not seen (seeds 1-3). It writes ``predictions.json`` with the tolerance the
+of request sets it has not seen (seeds 1-3). ``--policy`` and ``--workload`` pick another of the shape table's
+policies and task mixes (give each its own ``--out`` and ``--state``); ``measure`` reads them from the
+predictions. It writes ``predictions.json`` with the tolerance the
 prediction must meet, fixed now, and the sha256 of the weights. Commit that file before going on.
 
 ``python -m rl_loop.sim.preregister measure --out results/sim/preregistered`` loads the same weights (the
@@ -37,6 +39,7 @@ from dataclasses import replace
 import numpy as np
 import torch
 
+from ..config import WORKLOADS
 from ..run.provenance import provenance
 from ..run.usage import UsageError, check_out_dir
 from .engine_costs import build_engine, interleaved_rounds, measure_components, predict, requests, run_engine
@@ -50,6 +53,7 @@ HELD_OUT_SEEDS = (1, 2, 3)
 TOLERANCE = 0.20
 WARM_STEPS = (300, 300)  # policy, drafter: as the shape table's committed run
 PROMPTS_PER_SET, GROUP = 4, 8  # 32 requests per set: one engine batch
+SHAPES = ("default", "wide", "stream")  # the policy presets of the shape table (``--policy``)
 
 
 def _sha256(path: str) -> str:
@@ -57,17 +61,18 @@ def _sha256(path: str) -> str:
         return hashlib.sha256(f.read()).hexdigest()
 
 
-def _engine(state: str):
+def _engine(state: str, policy: str, workload: str):
     from rl_loop.config import RunConfig
 
     base = replace(RunConfig(), warm_start_steps=WARM_STEPS[0], drafter_warm_steps=WARM_STEPS[1])
-    return build_engine(state_path=state, base=base)
+    return build_engine(state_path=state, base=base, policy=policy, workload=workload)
 
 
-def make_predictions(state: str, command: str) -> dict:
-    """Fit on the seed-0 request set, predict the held-out sets' speedup per k (see the module doc)."""
+def make_predictions(state: str, command: str, policy: str = "default", workload: str = "default") -> dict:
+    """Fit on the seed-0 request set of the ``policy`` preset on the task mix ``workload``, predict the held-out
+    sets' speedup per k (see the module doc)."""
     record = provenance(command)  # the commit the run starts at
-    cfg, s = _engine(state)
+    cfg, s = _engine(state, policy, workload)
     torch.set_num_threads(1)
     prompts, seeds = requests(cfg, s, PROMPTS_PER_SET, GROUP, seed=FIT_SEED)
     max_batch = min(len(prompts), cfg.max_batch)
@@ -84,8 +89,8 @@ def make_predictions(state: str, command: str) -> dict:
                     "request sets not used in fitting", "tolerance": TOLERANCE, "fit_seed": FIT_SEED,
             "held_out_seeds": list(HELD_OUT_SEEDS), "requests_per_set": len(prompts),
             "warm_start_steps": list(WARM_STEPS), "state_sha256": _sha256(state),
-            "policy": {"preset": "default", "parameters": sum(p.numel() for p in s.policy.parameters()),
-                       "vocab_size": s.policy.config.vocab_size},
+            "policy": {"preset": policy, "parameters": sum(p.numel() for p in s.policy.parameters()),
+                       "vocab_size": s.policy.config.vocab_size}, "workload": workload,
             "temperature": cfg.temperature, "max_new_tokens": cfg.max_new_tokens,
             "fits": {k: np.asarray(v).tolist() for k, v in vars(costs).items()}, "components": components,
             "predictions": rows, "provenance": record}
@@ -108,7 +113,7 @@ def measure(predictions: dict, predictions_commit: str, state: str, command: str
     if _sha256(state) != predictions["state_sha256"]:
         raise UsageError(f"--state {state} holds other weights than the ones the predictions were made with")
     record = provenance(command)  # the commit the run starts at
-    cfg, s = _engine(state)
+    cfg, s = _engine(state, predictions["policy"]["preset"], predictions.get("workload", "default"))
     torch.set_num_threads(1)
     sets = [requests(cfg, s, PROMPTS_PER_SET, GROUP, seed=seed) for seed in predictions["held_out_seeds"]]
     max_batch = min(len(sets[0][0]), cfg.max_batch)
@@ -140,10 +145,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="runs/sim/preregistered", help="directory of predictions.json / measured.json")
     p.add_argument("--state", default="runs/sim/preregistered-state.pt",
                    help="the warm-started weights (written by predict, read by measure)")
+    p.add_argument("--policy", choices=SHAPES, default="default",
+                   help="predict: the policy preset, one of the shape table's (measure takes the predictions')")
+    p.add_argument("--workload", choices=tuple(WORKLOADS), default="default",
+                   help="predict: the task mix (measure takes the predictions')")
     p.add_argument("--rounds", type=int, default=5, help="measure: interleaved rounds over the held-out sets")
     p.add_argument("--name", default="measured",
                    help="measure: writes OUT/NAME.json (a replication beside the pre-registered measured.json)")
     a = p.parse_args(argv)
+    if a.phase == "measure" and (a.policy, a.workload) != ("default", "default"):
+        p.exit(2, f"{p.prog}: error: --policy and --workload are the predict phase's: measure reads them from "
+                  "the predictions\n")
     command = " ".join(["python -m rl_loop.sim.preregister", *(sys.argv[1:] if argv is None else argv)])
     path = os.path.join(a.out, "predictions.json")
     try:
@@ -158,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
             if os.path.exists(a.state):
                 raise UsageError(f"--state {a.state} exists: predictions start from a fresh warm start "
                                  "(remove it, or pass another --state)")
-            record = make_predictions(a.state, command)
+            record = make_predictions(a.state, command, a.policy, a.workload)
         else:
             if not os.path.exists(path):
                 raise UsageError(f"there is no {path}: run the predict phase first and commit its file")
