@@ -8,18 +8,11 @@ import sys
 from dataclasses import fields, replace
 
 from .config import POLICY_PRESETS, REQUIRED_SUMMARY_KEYS, RunConfig, flag_of, tiny_config, with_workload
-from .run.usage import UsageError
+from .run.usage import OneLineParser, UsageError
 from .step.weight_fingerprint import WeightSyncError
 from .train import run
 
 PROG = "python -m rl_loop"
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """argparse that reports a bad flag in one line (no usage block): ``PROG: error: ...``."""
-
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
 _TYPES = {"int": int, "float": float, "str": str}

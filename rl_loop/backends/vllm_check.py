@@ -22,7 +22,6 @@ so this runs as its own ``python -m`` process (tests start it as a subprocess).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
@@ -30,6 +29,7 @@ from dataclasses import replace
 
 import torch
 
+from ..run.usage import OneLineParser
 from ..step.drafting import build_drafter, problem_batches, warm_start
 from ..step.engine import RolloutEngine
 from ..step.learn import supervised_warm_start
@@ -131,7 +131,7 @@ def check(workdir: str, kind: str, seed: int = 0, num_prompts: int = 6, max_new_
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m rl_loop.backends.vllm_check", description=__doc__.split("\n")[0])
+    parser = OneLineParser(prog="python -m rl_loop.backends.vllm_check", description=__doc__.split("\n")[0])
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--drafter", choices=("eagle3", "draft_model"), nargs="+", default=["eagle3"])
     parser.add_argument("--out", default=None, help="write the JSON result here too")

@@ -8,7 +8,6 @@ tokens-per-second ratio and the mean accepted length per k. Writes ``DIR/k_sweep
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -20,6 +19,7 @@ from specdec_kernels.models import ModelConfig
 
 from ..config import RunConfig
 from ..run.session import setup
+from ..run.usage import OneLineParser
 from ..step.rollouts import request_seeds
 from ..task import TaskConfig
 
@@ -64,7 +64,7 @@ def sweep(run_dir: str, ks: list[int], repeats: int = 3, num_requests: int = 64,
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m rl_loop.experiments.bench", description=__doc__.split("\n")[0])
+    p = OneLineParser(prog="python -m rl_loop.experiments.bench", description=__doc__.split("\n")[0])
     p.add_argument("--run", default="runs/latest", help="run directory with checkpoint.pt")
     p.add_argument("--ks", default="1,2,3,5,7")
     p.add_argument("--repeats", type=int, default=3)

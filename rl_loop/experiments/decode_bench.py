@@ -14,7 +14,6 @@ Writes ``DIR/decode_paths.json`` (with provenance) and prints a markdown table.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -28,6 +27,7 @@ from specdec_kernels.models import KVCache, Qwen3, num_parameters
 
 from ..config import POLICY_PRESETS
 from ..run.provenance import provenance
+from ..run.usage import OneLineParser
 from ..step.engine import PolicyStep
 from ..step.rollouts import resolve_verify_backend
 
@@ -108,7 +108,7 @@ def bench_sampling(batch: int, vocab: int, repeats: int, inner: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m rl_loop.experiments.decode_bench", description=__doc__.split("\n")[0])
+    p = OneLineParser(prog="python -m rl_loop.experiments.decode_bench", description=__doc__.split("\n")[0])
     p.add_argument("--out", default="runs/decode_bench")
     p.add_argument("--presets", default=",".join(POLICY_PRESETS), help="comma-separated policy presets")
     p.add_argument("--batch", type=int, default=32, help="rollout batch (RunConfig.max_batch)")

@@ -38,6 +38,7 @@ from specdec_kernels.models.tiny_qwen3 import tiny_qwen3
 
 from .. import task as math_task
 from ..run.provenance import provenance
+from ..run.usage import OneLineParser
 
 V = 64
 PAD, BOS, EOS = 0, 1, 2
@@ -244,7 +245,7 @@ def sweep(target, head, prompts, temperature: float, max_new: int, ks=range(1, 8
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m rl_loop.experiments.drafter_acceptance", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = OneLineParser(prog="python -m rl_loop.experiments.drafter_acceptance", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target-steps", type=int, default=600)
     ap.add_argument("--head-steps", type=int, default=300)
     ap.add_argument("--adapt-steps", type=int, default=60)

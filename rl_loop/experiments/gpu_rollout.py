@@ -20,7 +20,6 @@ pair's counters, the warm start, and provenance (command, commit, machine).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -36,7 +35,7 @@ from ..config import RunConfig, llm_policy, llm_tiny_policy, tiny_config
 from ..run.intervals import bootstrap_ci, ratio_of_rates
 from ..run.provenance import provenance
 from ..run.session import setup
-from ..run.usage import UsageError
+from ..run.usage import OneLineParser, UsageError
 from ..step.engine import DEVICES, check_device
 from ..step.rollouts import request_seeds
 from ..task import VOCAB_SIZE, TaskConfig
@@ -122,7 +121,7 @@ def machine(device: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    p = OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument("--device", choices=DEVICES, default="cuda")
     p.add_argument("--out", default="runs/gpu_rollout", help="output directory (writes gpu_rollout.json)")
     p.add_argument("--tiny", action="store_true", help="the V = 151936 CPU variant, seconds-long (a dry run)")

@@ -13,7 +13,6 @@ keeps seeds already run, so a repeat can be split over several timing sessions.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -24,6 +23,7 @@ import numpy as np
 from ..config import POLICY_PRESETS, WORKLOADS, RunConfig, tiny_config, with_workload
 from ..run.intervals import ratio_of_rates
 from ..run.provenance import provenance
+from ..run.usage import OneLineParser
 from ..train import run
 
 FIGURES = (
@@ -114,7 +114,7 @@ def markdown(agg: dict, seeds: list[int]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m rl_loop.experiments.repeat", description=__doc__.split("\n")[0])
+    p = OneLineParser(prog="python -m rl_loop.experiments.repeat", description=__doc__.split("\n")[0])
     p.add_argument("--seeds", default="0,1,2", help="comma-separated run seeds")
     p.add_argument("--out", default="runs/repeat")
     p.add_argument("--steps", type=int, default=None, help="GRPO steps per run (default: the configuration's)")

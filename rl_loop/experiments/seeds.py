@@ -12,7 +12,6 @@ mean rollout rewards of the arms; a pooled test covers every (seed, step) pair. 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 from dataclasses import replace
@@ -21,6 +20,7 @@ import torch
 
 from ..config import RunConfig, tiny_config
 from ..run.session import setup, validate
+from ..run.usage import OneLineParser
 from ..train import grpo_step
 
 
@@ -76,7 +76,7 @@ def plot(results: list[dict], path: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m rl_loop.experiments.seeds", description=__doc__.split("\n")[0])
+    p = OneLineParser(prog="python -m rl_loop.experiments.seeds", description=__doc__.split("\n")[0])
     p.add_argument("--seeds", default="0,1,2", help="comma-separated run seeds")
     p.add_argument("--steps", type=int, default=32, help="GRPO steps per arm")
     p.add_argument("--out", default="runs/seeds")

@@ -10,7 +10,6 @@ side by side in one process) and the mean accepted length; writes ``DIR/tree_vs_
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
@@ -20,6 +19,7 @@ from dataclasses import replace
 import torch
 
 from ..run.session import setup
+from ..run.usage import OneLineParser
 from ..step.rollouts import GenerationConfig, TreeShape, request_seeds
 from .bench import load_run_config
 
@@ -56,7 +56,7 @@ def compare(run_dir: str, k: int, top_ks: list[int], repeats: int = 3, num_reque
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m rl_loop.experiments.tree_bench", description=__doc__.split("\n")[0])
+    p = OneLineParser(prog="python -m rl_loop.experiments.tree_bench", description=__doc__.split("\n")[0])
     p.add_argument("--run", required=True, help="a python -m rl_loop output directory (with checkpoint.pt)")
     p.add_argument("--k", type=int, default=3, help="chain length = tree depth")
     p.add_argument("--top-k", default="2,3", help="children per expanded tree node, comma-separated")

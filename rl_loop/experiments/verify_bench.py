@@ -27,7 +27,6 @@ command). Timings are only meaningful alone on the machine.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -45,7 +44,7 @@ from ..run.checks import check_verify_backend
 from ..run.intervals import bootstrap_ci, ratio_of_rates
 from ..run.provenance import provenance
 from ..run.session import setup
-from ..run.usage import UsageError
+from ..run.usage import OneLineParser, UsageError
 from ..step.rollouts import GenerationConfig, RolloutStats, step_requests
 from .bench import load_run_config
 
@@ -228,7 +227,7 @@ def table(report: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
+    p = OneLineParser(prog=PROG, description=__doc__.split("\n")[0])
     p.add_argument("--run", required=True, help="a python -m rl_loop output directory (with checkpoint.pt)")
     p.add_argument("--rounds", type=int, default=20, help="rounds of all five arms (>= 3)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: the run's)")

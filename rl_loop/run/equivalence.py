@@ -29,7 +29,6 @@ planted control is not rejected (the sample is too small to decide: a ``--tiny``
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -50,6 +49,7 @@ from ..task import CharTokenizer, Problem, reward
 from .intervals import two_sample_chi2_power
 from .provenance import provenance
 from .state import Engine
+from .usage import OneLineParser
 
 
 @dataclass(frozen=True)
@@ -239,7 +239,7 @@ def check_equivalence(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rl_loop.run.equivalence", description=__doc__.split("\n")[0])
+    parser = OneLineParser(prog="python -m rl_loop.run.equivalence", description=__doc__.split("\n")[0])
     parser.add_argument("--out", default="runs/equivalence", help="output directory (default: runs/equivalence)")
     parser.add_argument("--policy", default=None, help="policy directory from save_pretrained (default: warm start)")
     parser.add_argument("--drafter", default="eagle3", choices=("eagle3", "mtp", "draft_model"))

@@ -1,14 +1,23 @@
-"""User mistakes found before any work: :class:`UsageError` (the CLIs print it as one line) and the check of
-an output directory shared by ``python -m rl_loop`` and ``python -m rl_loop.sim sweep`` (stdlib only)."""
+"""User mistakes found before any work: :class:`UsageError` (the CLIs print it as one line), the one-line
+argument parser of every rl_loop command, and the check of an output directory shared by ``python -m rl_loop``
+and ``python -m rl_loop.sim sweep`` (stdlib only)."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import tempfile
 
 
 class UsageError(ValueError):
     """A run that cannot start as asked (a flag's value, OUT's state), found before any work."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse that reports a bad flag in one line (no usage block): ``PROG: error: ...``."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
 def check_out_dir(out: str, flag: str = "--out") -> None:

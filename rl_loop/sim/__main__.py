@@ -6,10 +6,10 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
+from ..run.usage import OneLineParser
 from .presets import PRESETS, evaluate, get_preset
 
 PRESET_NAMES = (*PRESETS, "cpu-here")
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         from .sweep import main as sweep_main
 
         return sweep_main(argv[1:])
-    parser = argparse.ArgumentParser(prog="python -m rl_loop.sim", description=__doc__.split("\n\n")[0],
+    parser = OneLineParser(prog="python -m rl_loop.sim", description=__doc__.split("\n\n")[0],
                                      epilog="subcommand: sweep (python -m rl_loop.sim sweep --help)")
     parser.add_argument("--preset", required=True, choices=PRESET_NAMES)
     parser.add_argument("--k", type=int, default=None, help="draft length (default: the preset's)")

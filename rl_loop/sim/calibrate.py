@@ -21,7 +21,6 @@ Usage: ``python -m rl_loop.sim.calibrate [--out DIR] [--rounds N] [--quick]``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -32,6 +31,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from ..run.provenance import provenance
+from ..run.usage import OneLineParser
 from .engine_costs import cpu_time
 from .generation import Parallelism, Speculation, Workload, forward_time, simulate_generation
 from .hardware import Hardware
@@ -305,7 +305,7 @@ def format_table(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rl_loop.sim.calibrate", description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(prog="python -m rl_loop.sim.calibrate", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="runs/sim",
                         help="directory for cpu_here_harness.json / cpu_here_engine.json (default runs/sim)")
     parser.add_argument("--rounds", type=int, default=None,

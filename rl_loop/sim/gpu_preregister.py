@@ -25,7 +25,6 @@ another configuration than the one predicted.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -35,7 +34,7 @@ from dataclasses import replace
 import numpy as np
 
 from ..run.provenance import provenance
-from ..run.usage import UsageError, check_out_dir
+from ..run.usage import OneLineParser, UsageError, check_out_dir
 from .generation import (
     GenerationResult,
     Parallelism,
@@ -204,7 +203,7 @@ def compare(predictions: dict, predictions_commit: str, measured: dict) -> dict:
 def main(argv: list[str] | None = None) -> int:
     from .preregister import _committed_at
 
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    p = OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument("phase", choices=("predict", "compare"))
     p.add_argument("--out", default="runs/sim/preregistered", help="directory of the predictions and comparisons")
     p.add_argument("--measured", help="compare: a device run's gpu_rollout.json")

@@ -27,7 +27,6 @@ are not used. The engine's per-request Python bookkeeping between components is 
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -41,7 +40,7 @@ import torch
 
 from ..config import WORKLOADS
 from ..run.provenance import provenance
-from ..run.usage import UsageError, check_out_dir
+from ..run.usage import OneLineParser, UsageError, check_out_dir
 from .engine_costs import build_engine, interleaved_rounds, measure_components, predict, requests, run_engine
 
 KS = (1, 3, 5)
@@ -140,7 +139,7 @@ def measure(predictions: dict, predictions_commit: str, state: str, command: str
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m rl_loop.sim.preregister", description=__doc__.split("\n\n")[0])
+    p = OneLineParser(prog="python -m rl_loop.sim.preregister", description=__doc__.split("\n\n")[0])
     p.add_argument("phase", choices=("predict", "measure"))
     p.add_argument("--out", default="runs/sim/preregistered", help="directory of predictions.json / measured.json")
     p.add_argument("--state", default="runs/sim/preregistered-state.pt",

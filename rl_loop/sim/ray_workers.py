@@ -21,7 +21,6 @@ relative error, beside the in-process engine's generation time of the same reque
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -32,6 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from ..run.provenance import provenance
+from ..run.usage import OneLineParser
 
 
 @dataclass(frozen=True)
@@ -150,7 +150,7 @@ def calibrate_and_measure(repeats: int = 5, steps: int = 2) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m rl_loop.sim.ray_workers", description=__doc__.split("\n")[0])
+    ap = OneLineParser(prog="python -m rl_loop.sim.ray_workers", description=__doc__.split("\n")[0])
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--out", default=None, help="write the result as JSON here")

@@ -21,7 +21,6 @@ the timed measurement.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -30,6 +29,7 @@ from dataclasses import replace
 from rl_loop.config import POLICY_PRESETS, WORKLOADS, RunConfig, tiny_config
 from rl_loop.run.provenance import provenance
 
+from ..run.usage import OneLineParser
 from .engine_costs import build_engine, compare_engine
 
 REGIME_BATCH = 32
@@ -133,7 +133,7 @@ def _names(text: str, allowed, flag: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m rl_loop.sim.shape_table", description=__doc__.split("\n\n")[0])
+    p = OneLineParser(prog="python -m rl_loop.sim.shape_table", description=__doc__.split("\n\n")[0])
     p.add_argument("--policies", default="default,wide", help="comma-separated policy presets")
     p.add_argument("--workloads", default="default,search", help="comma-separated task mixes")
     p.add_argument("--ks", default="1,3,5", help="comma-separated draft lengths")

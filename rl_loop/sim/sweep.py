@@ -18,14 +18,13 @@
 
 from __future__ import annotations
 
-import argparse
 import csv
 import os
 import sys
 from dataclasses import replace
 
 from ..run.provenance import provenance, row_provenance
-from ..run.usage import UsageError, check_out_dir
+from ..run.usage import OneLineParser, UsageError, check_out_dir
 from .presets import PRESETS, Scenario, evaluate
 from .step import async_split, simulate_async_fixed_split, simulate_step
 
@@ -195,7 +194,7 @@ def _plot(groups: dict[str, list[dict]], x: str, ys: tuple[str, ...], path: str,
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rl_loop.sim sweep", description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(prog="python -m rl_loop.sim sweep", description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", action="append", choices=sorted(PRESETS),
                         help="preset(s) to sweep (repeatable; default: all paper presets)")
     parser.add_argument("--out", default="runs/sim/sweep", help="output directory (default runs/sim/sweep)")
