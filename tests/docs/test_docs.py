@@ -769,6 +769,59 @@ def test_simulator_replication_table_is_the_artefact():
     assert not missing, f"docs/simulator.md should say, from measured-quiet.json: {missing}"
 
 
+SHAPE_REGISTRATIONS = ("wide", "search", "wide-search")  # results/sim/preregistered/<name>/
+
+
+def shapes_preregistered_table() -> str:
+    """The simulator page's table of the shape table's other shapes, pre-registered: each k's prediction, the
+    pre-registered 5-round measurement and the 25-round replication."""
+    import json
+
+    lines = ["| policy | task mix | k | predicted (committed first) | measured, median [min, max] of 5 rounds | error "
+             "| measured, 25 rounds | error | within 20 % |", "|---|---|---|---|---|---|---|---|---|"]
+    for name in SHAPE_REGISTRATIONS:
+        where = REPO / "results/sim/preregistered" / name
+        p = json.loads((where / "predictions.json").read_text())
+        first = json.loads((where / "measured.json").read_text())
+        again = json.loads((where / "measured-25.json").read_text())
+        assert first["rounds"] == 5 and again["rounds"] == 25 and p["tolerance"] == 0.20
+        for a, b in zip(first["results"], again["results"], strict=True):
+            lines.append(f"| {p['policy']['preset']} | {p['workload']} | {a['k']} | {a['predicted_speedup']:.2f}x | "
+                         f"{a['measured_speedup']:.2f}x [{a['measured_min']:.2f}, {a['measured_max']:.2f}] | "
+                         f"{100 * a['error']:+.1f} % | {b['measured_speedup']:.2f}x | {100 * b['error']:+.1f} % | "
+                         f"{'yes' if a['within_tolerance'] and b['within_tolerance'] else 'no'} |")
+    return "\n".join(lines)
+
+
+def test_simulator_shapes_preregistered_table_is_the_artefact():
+    """The shape table's other shapes, pre-registered: the table and the reading's figures."""
+    import json
+
+    text = (REPO / "docs/simulator.md").read_text()
+    start = text.index("<!-- shapes-preregistered: results/sim/preregistered/{wide,search,wide-search} -->\n")
+    end = text.index("\n<!-- /shapes-preregistered -->")
+    assert text[start:end].split("\n", 1)[1] == shapes_preregistered_table()
+    rows = []
+    for name in SHAPE_REGISTRATIONS:
+        where = REPO / "results/sim/preregistered" / name
+        p = json.loads((where / "predictions.json").read_text())
+        fit = {x["k"]: x["fit_tokens_per_step"] for x in p["predictions"]}
+        for a, b in zip(json.loads((where / "measured.json").read_text())["results"],
+                        json.loads((where / "measured-25.json").read_text())["results"], strict=True):
+            rows.append((name, a["k"], a["error"], b["error"], fit[a["k"]], a["held_out_tokens_per_step"]))
+    low = sum(r[2] < 0 for r in rows)
+    by = {(r[0], r[1]): r for r in rows}
+    shown = [f"{low} of the {len(rows)} pre-registered errors are negative",
+             f"from {100 * min(r[2] for r in rows):+.1f} % to {100 * max(r[2] for r in rows):+.1f} %",
+             f"the replication's from {100 * min(r[3] for r in rows):+.1f} % to {100 * max(r[3] for r in rows):+.1f} %",
+             f"{by['wide', 3][5]:.2f} tokens per round against the fitting set's {by['wide', 3][4]:.2f}",
+             f"({by['search', 3][5]:.2f} against {by['search', 3][4]:.2f}) and the prediction still runs "
+             f"{-100 * by['search', 3][2]:.0f} % low"]
+    prose = " ".join(text.split())
+    missing = [x for x in shown if x not in prose]
+    assert not missing, f"docs/simulator.md should say, from results/sim/preregistered: {missing}"
+
+
 def gpu_predicted_table(predictions: dict) -> str:
     """The simulator page's table of the GPU rollout figure's prediction (``gpu_rollout_predictions.json``)."""
     lines = ["| GPU | predicted speedup | tokens per round | AR: ms (host overhead ms) | speculative: ms (host "

@@ -7,6 +7,7 @@ import json
 import math
 import subprocess
 from dataclasses import replace
+from datetime import datetime
 
 import numpy as np
 import pytest
@@ -512,24 +513,42 @@ def _git(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True)
 
 
-def test_preregistered_predictions_were_committed_before_their_measurement():
-    """The measurement names the commit of the predictions it checked: that commit holds this very file and
-    precedes the commit the measurement ran at."""
+# one directory per pre-registered point: the default policy (the top), the shape table's other shapes below it
+REGISTRATIONS = sorted(p.parent for p in PREREGISTERED.rglob("predictions.json"))
+
+
+def test_the_shape_tables_shapes_are_preregistered():
+    """The default policy and the shape table's other policy and task mix, each with its measurement."""
+    points = set()
+    for d in REGISTRATIONS:
+        p = json.loads((d / "predictions.json").read_text())
+        points.add((p["policy"]["preset"], p.get("workload", "default")))
+        assert (d / "measured.json").exists(), d
+    assert points == {("default", "default"), ("default", "search"), ("wide", "default"), ("wide", "search")}
+
+
+@pytest.mark.parametrize("where", REGISTRATIONS, ids=lambda d: d.name)
+def test_preregistered_predictions_were_committed_before_their_measurement(where):
+    """The measurement names the commit of the predictions it checked: that commit holds this very file, is the
+    commit the measurement ran at or an ancestor of it, and was made before the measurement started."""
     if _git("rev-parse", "--is-shallow-repository").stdout.strip() != "false":
         pytest.skip("a shallow clone has no history to check the order against")
-    predictions = (PREREGISTERED / "predictions.json").read_text()
-    measured = json.loads((PREREGISTERED / "measured.json").read_text())
+    predictions = (where / "predictions.json").read_text()
+    measured = json.loads((where / "measured.json").read_text())
     commit = measured["predictions_commit"]
-    assert _git("show", f"{commit}:results/sim/preregistered/predictions.json").stdout == predictions
+    assert _git("show", f"{commit}:{(where / 'predictions.json').relative_to(REPO)}").stdout == predictions
     ran_at = measured["provenance"]["commit"]
-    assert not measured["provenance"]["dirty"] and commit != ran_at
+    assert not measured["provenance"]["dirty"]
     assert _git("merge-base", "--is-ancestor", commit, ran_at).returncode == 0
+    committed = datetime.fromisoformat(_git("show", "-s", "--format=%cI", commit).stdout.strip())
+    assert committed <= datetime.fromisoformat(measured["provenance"]["date"])
 
 
-def test_preregistered_predictions_hold_within_their_tolerance():
+@pytest.mark.parametrize("where", REGISTRATIONS, ids=lambda d: d.name)
+def test_preregistered_predictions_hold_within_their_tolerance(where):
     """Every held-out k's measured speedup is within the tolerance the predictions file fixed beforehand."""
-    predictions = json.loads((PREREGISTERED / "predictions.json").read_text())
-    measured = json.loads((PREREGISTERED / "measured.json").read_text())
+    predictions = json.loads((where / "predictions.json").read_text())
+    measured = json.loads((where / "measured.json").read_text())
     assert measured["tolerance"] == predictions["tolerance"]
     predicted = {p["k"]: p["predicted_speedup"] for p in predictions["predictions"]}
     assert [r["k"] for r in measured["results"]] == sorted(predicted)
@@ -539,13 +558,14 @@ def test_preregistered_predictions_hold_within_their_tolerance():
         assert abs(r["error"]) <= predictions["tolerance"], r
 
 
-def test_preregistered_replications_report_their_verdict_as_it_came_out():
+@pytest.mark.parametrize("where", REGISTRATIONS, ids=lambda d: d.name)
+def test_preregistered_replications_report_their_verdict_as_it_came_out(where):
     """A replication of the measurement (``measure --name NAME``, ``NAME.json`` beside ``measured.json``) checks
     the same committed predictions, from a clean tree, and marks each k within the tolerance or not by its own
     error: it is reported as it came out, and never replaces the pre-registered measurement."""
-    predictions = json.loads((PREREGISTERED / "predictions.json").read_text())
-    first = json.loads((PREREGISTERED / "measured.json").read_text())
-    for path in sorted(PREREGISTERED.glob("measured-*.json")):
+    predictions = json.loads((where / "predictions.json").read_text())
+    first = json.loads((where / "measured.json").read_text())
+    for path in sorted(where.glob("measured-*.json")):
         replication = json.loads(path.read_text())
         assert replication["predictions_commit"] == first["predictions_commit"], path.name
         assert replication["tolerance"] == predictions["tolerance"] and not replication["provenance"]["dirty"]
