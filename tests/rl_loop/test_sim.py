@@ -544,9 +544,16 @@ def test_preregistered_predictions_were_committed_before_their_measurement(where
     assert committed <= datetime.fromisoformat(measured["provenance"]["date"])
 
 
+# Pre-registered predictions that missed their tolerance, each with the reason the simulator page gives: a miss is
+# reported as it came out, never re-measured away; a miss not listed here fails the test below.
+MISSES = {("default-quiet", 5): "the simulator overprices speculation's gain at k = 5 on the default policy (the "
+                                "engine's per-request bookkeeping, which grows with k, is not priced)"}
+
+
 @pytest.mark.parametrize("where", REGISTRATIONS, ids=lambda d: d.name)
 def test_preregistered_predictions_hold_within_their_tolerance(where):
-    """Every held-out k's measured speedup is within the tolerance the predictions file fixed beforehand."""
+    """Every held-out k's measured speedup is within the tolerance the predictions file fixed beforehand, but
+    for the misses listed in :data:`MISSES`, which stay misses."""
     predictions = json.loads((where / "predictions.json").read_text())
     measured = json.loads((where / "measured.json").read_text())
     assert measured["tolerance"] == predictions["tolerance"]
@@ -555,7 +562,8 @@ def test_preregistered_predictions_hold_within_their_tolerance(where):
     for r in measured["results"]:
         assert r["predicted_speedup"] == predicted[r["k"]]
         assert r["error"] == pytest.approx(r["predicted_speedup"] / r["measured_speedup"] - 1, rel=1e-12)
-        assert abs(r["error"]) <= predictions["tolerance"], r
+        missed = abs(r["error"]) > predictions["tolerance"]
+        assert missed == ((where.name, r["k"]) in MISSES) == (not r["within_tolerance"]), r
 
 
 @pytest.mark.parametrize("where", REGISTRATIONS, ids=lambda d: d.name)
