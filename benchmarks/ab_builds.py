@@ -35,6 +35,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from rl_loop.run.usage import OneLineParser
+
 from .common import CsvWriter, choice_list, git_commit, provenance, require_positive
 
 REPO = Path(__file__).resolve().parent.parent
@@ -98,7 +100,7 @@ def _commit_of(checkout: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.ab_builds", description=__doc__,
+    ap = OneLineParser(prog="python -m benchmarks.ab_builds", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--before", help="checkout of the old kernels (built in place: pip install -e there)")
     ap.add_argument("--after", default=str(REPO), help="checkout of the new kernels (default: this one)")

@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 
 import specdec_kernels as sk
+from rl_loop.run.usage import OneLineParser
 from specdec_kernels import native
 from specdec_kernels.exactness import exact_verify as ev
 from specdec_kernels.exactness.block_traversal_law import StepCase
@@ -275,7 +276,7 @@ def run_acceptance(args: argparse.Namespace) -> Path:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(prog="python -m benchmarks.bench_block_traversal", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     cost = sub.add_parser("cost", help="CPU time per call, block / traversal vs token level")
     cost.add_argument("--quick", action="store_true", help="B = 1, 16; k = 3; V = 32000; 3 rounds")

@@ -40,6 +40,7 @@ from pathlib import Path
 import torch
 
 import specdec_kernels as sk
+from rl_loop.run.usage import OneLineParser
 
 from . import vllm_v1
 from .common import (
@@ -331,7 +332,7 @@ def run(cases: list[ChainCase], providers: list[str], device: torch.device, out:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(prog="python -m benchmarks.bench_chain", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small CPU-friendly preset (~1-2 min on CPU)")
     parser.add_argument("--batch", type=parse_int_list, help="comma list, e.g. 1,8,64,256")
     parser.add_argument("--k", type=parse_int_list, help="draft lengths, e.g. 1,3,5,7")

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 import torch
 
 from benchmarks.common import CsvWriter, parse_int_list, parse_str_list, provenance, require_positive
+from rl_loop.run.usage import OneLineParser
 from specdec_kernels import native
 from specdec_kernels.models import KVCache, ModelConfig, Qwen3
 
@@ -144,7 +145,7 @@ def _spread(values: list[float], fmt: str = "{:.4g}") -> tuple[str, str, str]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_decoder_step", description=__doc__,
+    ap = OneLineParser(prog="python -m benchmarks.bench_decoder_step", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--heads", type=parse_str_list, default=list(HEADS))
     ap.add_argument("--requests", type=parse_int_list, default=[8, 32, 64])

@@ -45,6 +45,7 @@ import torch
 
 from benchmarks.bench_decoder_step import allow_compiled_cases
 from benchmarks.common import CsvWriter, parse_int_list, parse_str_list, provenance, require_positive
+from rl_loop.run.usage import OneLineParser
 from specdec_kernels import native as native_ext
 from specdec_kernels.drafters import head_ops
 from specdec_kernels.drafters.eagle3 import Eagle3Config, Eagle3Drafter, Eagle3Head
@@ -191,7 +192,7 @@ def _spread(values: list[float], fmt: str) -> tuple[str, str, str]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_drafter", description=__doc__,
+    ap = OneLineParser(prog="python -m benchmarks.bench_drafter", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--heads", type=parse_str_list, default=None, help="default rl_loop,wide (CPU), gpu (CUDA)")

@@ -79,6 +79,7 @@ from dataclasses import dataclass
 import torch
 
 import specdec_kernels as sk
+from rl_loop.run.usage import OneLineParser
 from specdec_kernels import native
 
 from . import vllm_v1
@@ -430,7 +431,7 @@ def same_size_entries(case: Case, need: int) -> torch.Tensor:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_native_cpu", description=__doc__,
+    ap = OneLineParser(prog="python -m benchmarks.bench_native_cpu", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--k", type=int, default=3)

@@ -31,6 +31,7 @@ import torch
 import specdec_kernels as sk
 from benchmarks.bench_native_cpu import family_logits
 from benchmarks.common import CsvWriter, provenance
+from rl_loop.run.usage import OneLineParser
 from specdec_kernels import api, sampling_mask
 
 TRUNCATIONS = ("top_k512_top_p0.97", "top_p0.97", "untruncated")
@@ -97,7 +98,7 @@ def measure(fns: dict[tuple[str, str], Callable[[], object]], rounds: int, reps:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.bench_sampling_mask",
+    p = OneLineParser(prog="python -m benchmarks.bench_sampling_mask",
                                 description=__doc__.split("\n\n")[1].strip())
     p.add_argument("--rounds", type=int, default=15, help="interleaved rounds")
     p.add_argument("--reps", type=int, default=3, help="calls per round and call (their median)")

@@ -30,6 +30,7 @@ import torch
 
 import specdec_kernels as sk
 from benchmarks.common import CsvWriter, provenance
+from rl_loop.run.usage import OneLineParser
 from specdec_kernels.drafters.tree_builder import (
     TreeTopology,
     build_dynamic_tree,
@@ -169,7 +170,7 @@ def markdown(rows: list[dict], alphas: dict[str, str], info: dict, sets: int, re
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_tree", description=__doc__,
+    parser = OneLineParser(prog="python -m benchmarks.bench_tree", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=2000, help="requests per set")
     parser.add_argument("--sets", type=int, default=5, help="independent request sets (contexts and seeds)")

@@ -25,6 +25,7 @@ import torch
 
 import specdec_kernels as sk
 from benchmarks.bench_native_cpu import _evict_caches
+from rl_loop.run.usage import OneLineParser
 from specdec_kernels import api, native
 
 
@@ -71,7 +72,7 @@ def measure(fns: dict[str, Callable[[], object]], rounds: int) -> dict[str, tupl
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.call_overhead",
+    p = OneLineParser(prog="python -m benchmarks.call_overhead",
                                 description=__doc__.split("\n\n")[1].strip())
     p.add_argument("--calls", type=int, default=40, help="rounds (each call timed once cold, once warm)")
     p.add_argument("--batch", type=int, default=64)

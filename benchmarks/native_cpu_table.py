@@ -13,9 +13,10 @@ figures are in benchmarks/README.md, checked by tests/docs/test_docs.py).
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections import defaultdict
+
+from rl_loop.run.usage import OneLineParser
 
 from .common import read_csv
 
@@ -162,7 +163,7 @@ def _load(paths: list[str]) -> list[dict[str, str]]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.native_cpu_table", description=__doc__)
+    ap = OneLineParser(prog="python -m benchmarks.native_cpu_table", description=__doc__)
     ap.add_argument("csv", nargs="+")
     ap.add_argument("--families", default="", help="comma-separated subset of logits families")
     ap.add_argument("--against", default=None, metavar="REF.csv",

@@ -42,6 +42,7 @@ from benchmarks.bench_native_cpu import (
     same_size_words,
 )
 from benchmarks.common import require_positive, time_fn
+from rl_loop.run.usage import OneLineParser
 from specdec_kernels import native
 
 
@@ -110,7 +111,7 @@ def measure(case: Case, args) -> dict[str, list[float]]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.overlap_probe",
+    p = OneLineParser(prog="python -m benchmarks.overlap_probe",
                                 description=__doc__.split("\n\n")[0].strip())
     p.add_argument("--family", choices=FAMILIES, default="flat")
     p.add_argument("--dtype", choices=tuple(DTYPES), default="bfloat16")

@@ -12,6 +12,8 @@ import argparse
 from collections import defaultdict
 from pathlib import Path
 
+from rl_loop.run.usage import OneLineParser
+
 from .common import read_csv
 
 
@@ -82,7 +84,7 @@ def plot(rows: list[dict[str, str]], out: Path, k: int | None = None) -> Path:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(prog="python -m benchmarks.plot", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("csv", nargs="+", type=Path)
     parser.add_argument("--out", type=Path, default=None, help="PNG path (default: next to the first CSV)")
     parser.add_argument("--k", type=int, default=None, help="draft length to plot (default: the largest)")

@@ -20,6 +20,8 @@ import argparse
 
 import torch
 
+from rl_loop.run.usage import OneLineParser
+
 from .common import copy_bandwidth_gbs
 
 
@@ -71,7 +73,7 @@ def achieved_fraction(num_bytes: int, median_ms: float, copy_gbs: float) -> floa
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(prog="python -m benchmarks.roofline", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--mib", type=int, default=None, help="size of the copied tensor in MiB")
     args = parser.parse_args(argv)

@@ -27,6 +27,7 @@ import torch
 
 from benchmarks.bench_native_cpu import _evict_caches
 from benchmarks.common import parse_int_list, require_positive, time_fn
+from rl_loop.run.usage import OneLineParser
 from specdec_kernels import native
 
 MAX_ROUNDS = 1024  # native.stream_work's limit
@@ -66,7 +67,7 @@ def measure(args) -> dict[int, dict[str, float]]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.stream_compute_probe",
+    p = OneLineParser(prog="python -m benchmarks.stream_compute_probe",
                                 description=__doc__.split("\n\n")[0].strip())
     p.add_argument("--rounds-list", default="1,2,4,8,16",
                    help=f"comma-separated multiply-add rounds per loaded vector, each in [0, {MAX_ROUNDS}] (0 is "

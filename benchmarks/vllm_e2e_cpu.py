@@ -41,6 +41,7 @@ from benchmarks.common import (
     provenance,
     require_positive,
 )
+from rl_loop.run.usage import OneLineParser
 
 SPECS = ("none", "ngram", "draft", "eagle3")
 PRESETS = ("qwen3-0.6b", "tiny")  # model shapes (checkpoint_spec); tiny is for the tests
@@ -299,7 +300,7 @@ def describe(spec, preset: str) -> str:
 # -- CLI -----------------------------------------------------------------------------------------------
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.vllm_e2e_cpu", description=__doc__.split("\n\n")[0])
+    ap = OneLineParser(prog="python -m benchmarks.vllm_e2e_cpu", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=RESULTS_DIR / "vllm_e2e_cpu.csv",
                     help="CSV to write; the Markdown table goes beside it (.md)")
     ap.add_argument("--preset", choices=PRESETS, default="qwen3-0.6b", help="model shapes (tiny: for tests)")
@@ -352,7 +353,7 @@ def write_results(args: argparse.Namespace, spec, command: str, prov: dict, rows
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["worker"]:
-        wp = argparse.ArgumentParser(prog="python -m benchmarks.vllm_e2e_cpu worker")
+        wp = OneLineParser(prog="python -m benchmarks.vllm_e2e_cpu worker")
         wp.add_argument("--spec", choices=SPECS, required=True)
         wp.add_argument("--model-dir", type=Path, required=True)
         wp.add_argument("--batch-sizes", type=parse_int_list, required=True)

@@ -34,6 +34,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from rl_loop.run.usage import OneLineParser
+
 from ..common import REPO_ROOT, git_commit
 
 PEERS = REPO_ROOT / ".cache" / "peers"
@@ -143,7 +145,7 @@ def prepare(out: Path, vllm_src: Path, wheel: Path | None, curand_wheel: Path | 
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.gpu.prepare", description=__doc__,
+    ap = OneLineParser(prog="python -m benchmarks.gpu.prepare", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=PEERS, help=f"output folder (default {PEERS})")
     ap.add_argument("--vllm-src", type=Path, default=VLLM_SRC,

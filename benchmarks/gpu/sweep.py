@@ -48,6 +48,7 @@ from pathlib import Path
 import torch
 
 import specdec_kernels as sk
+from rl_loop.run.usage import OneLineParser
 
 from ..bench_chain import ChainCase, ChainInputs, Skip, make_inputs, vllm_v2_step
 from ..bench_native_cpu import torch_verify
@@ -387,7 +388,7 @@ def summarize(path: Path) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.gpu.sweep", description=__doc__,
+    p = OneLineParser(prog="python -m benchmarks.gpu.sweep", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--out", type=Path, help="CSV path (rows written as measured)")
