@@ -35,9 +35,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rl_loop.run.usage import OneLineParser
-
-from .common import CsvWriter, choice_list, git_commit, provenance, require_positive
+from .common import CsvWriter, OneLineParser, choice_list, git_commit, provenance, require_positive
 
 REPO = Path(__file__).resolve().parent.parent
 HISTORY = "results/benchmarks/ab_history.csv"

@@ -35,7 +35,6 @@ from pathlib import Path
 import torch
 
 import specdec_kernels as sk
-from rl_loop.run.usage import OneLineParser
 from specdec_kernels import native
 from specdec_kernels.exactness import exact_verify as ev
 from specdec_kernels.exactness.block_traversal_law import StepCase
@@ -43,7 +42,7 @@ from specdec_kernels.reference.block import ratio_weight
 from specdec_kernels.reference.sampling import target_probs
 
 from .bench_chain import BENCH_TEMPERATURE, ChainCase, make_inputs
-from .common import CsvWriter, default_csv_path, parse_int_list, provenance, time_fn
+from .common import CsvWriter, OneLineParser, default_csv_path, parse_int_list, provenance, time_fn
 
 COST_COLUMNS = ("op", "method", "batch", "k", "vocab", "dtype", "threads", "lo_ms", "hi_ms", "rounds",
                 "mean_accepted", "rows_visited", "ms_per_row", "command")

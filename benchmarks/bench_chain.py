@@ -40,7 +40,7 @@ from pathlib import Path
 import torch
 
 import specdec_kernels as sk
-from rl_loop.run.usage import OneLineParser
+from benchmarks.common import OneLineParser
 
 from . import vllm_v1
 from .common import (

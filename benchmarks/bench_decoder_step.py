@@ -42,8 +42,14 @@ from dataclasses import dataclass
 
 import torch
 
-from benchmarks.common import CsvWriter, parse_int_list, parse_str_list, provenance, require_positive
-from rl_loop.run.usage import OneLineParser
+from benchmarks.common import (
+    CsvWriter,
+    OneLineParser,
+    parse_int_list,
+    parse_str_list,
+    provenance,
+    require_positive,
+)
 from specdec_kernels import native
 from specdec_kernels.models import KVCache, ModelConfig, Qwen3
 

@@ -44,8 +44,14 @@ from dataclasses import dataclass, field
 import torch
 
 from benchmarks.bench_decoder_step import allow_compiled_cases
-from benchmarks.common import CsvWriter, parse_int_list, parse_str_list, provenance, require_positive
-from rl_loop.run.usage import OneLineParser
+from benchmarks.common import (
+    CsvWriter,
+    OneLineParser,
+    parse_int_list,
+    parse_str_list,
+    provenance,
+    require_positive,
+)
 from specdec_kernels import native as native_ext
 from specdec_kernels.drafters import head_ops
 from specdec_kernels.drafters.eagle3 import Eagle3Config, Eagle3Drafter, Eagle3Head

@@ -79,11 +79,10 @@ from dataclasses import dataclass
 import torch
 
 import specdec_kernels as sk
-from rl_loop.run.usage import OneLineParser
 from specdec_kernels import native
 
 from . import vllm_v1
-from .common import CsvWriter, choice_list, largest_cache_bytes, provenance, require_positive
+from .common import CsvWriter, OneLineParser, choice_list, largest_cache_bytes, provenance, require_positive
 
 FAMILIES = ("flat", "zipf", "peaked", "qwen3")
 MODES = ("greedy", "random_det", "random_stoch")

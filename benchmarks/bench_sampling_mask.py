@@ -30,8 +30,7 @@ import torch
 
 import specdec_kernels as sk
 from benchmarks.bench_native_cpu import family_logits
-from benchmarks.common import CsvWriter, provenance
-from rl_loop.run.usage import OneLineParser
+from benchmarks.common import CsvWriter, OneLineParser, provenance
 from specdec_kernels import api, sampling_mask
 
 TRUNCATIONS = ("top_k512_top_p0.97", "top_p0.97", "untruncated")

@@ -29,8 +29,7 @@ from pathlib import Path
 import torch
 
 import specdec_kernels as sk
-from benchmarks.common import CsvWriter, provenance
-from rl_loop.run.usage import OneLineParser
+from benchmarks.common import CsvWriter, OneLineParser, provenance
 from specdec_kernels.drafters.tree_builder import (
     TreeTopology,
     build_dynamic_tree,

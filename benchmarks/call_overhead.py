@@ -25,7 +25,7 @@ import torch
 
 import specdec_kernels as sk
 from benchmarks.bench_native_cpu import _evict_caches
-from rl_loop.run.usage import OneLineParser
+from benchmarks.common import OneLineParser
 from specdec_kernels import api, native
 
 

@@ -228,6 +228,13 @@ def choice_list(choices: Sequence[str]) -> Callable[[str], list[str]]:
     return parse
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse that reports a command-line mistake in one line (no usage block): ``PROG: error: ...``."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
 def require_positive(ap: argparse.ArgumentParser, args: argparse.Namespace, names: Iterable[str]) -> None:
     """``ap.error`` (one line, exit 2) naming the first of the integer options ``names`` that is below 1."""
     for name in names:

@@ -16,9 +16,7 @@ from __future__ import annotations
 import sys
 from collections import defaultdict
 
-from rl_loop.run.usage import OneLineParser
-
-from .common import read_csv
+from .common import OneLineParser, read_csv
 
 # Issue 16's floors on ours' fraction of read bandwidth (median of the rounds), per mode, and on the vLLM step's
 # time over ours with flat logits and every draft accepted.

@@ -41,8 +41,7 @@ from benchmarks.bench_native_cpu import (
     must_read_bytes,
     same_size_words,
 )
-from benchmarks.common import require_positive, time_fn
-from rl_loop.run.usage import OneLineParser
+from benchmarks.common import OneLineParser, require_positive, time_fn
 from specdec_kernels import native
 
 

@@ -12,9 +12,7 @@ import argparse
 from collections import defaultdict
 from pathlib import Path
 
-from rl_loop.run.usage import OneLineParser
-
-from .common import read_csv
+from .common import OneLineParser, read_csv
 
 
 def ok_rows(rows: list[dict[str, str]]) -> list[dict[str, str]]:

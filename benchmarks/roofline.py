@@ -20,9 +20,7 @@ import argparse
 
 import torch
 
-from rl_loop.run.usage import OneLineParser
-
-from .common import copy_bandwidth_gbs
+from .common import OneLineParser, copy_bandwidth_gbs
 
 
 def chain_min_bytes(

@@ -26,8 +26,7 @@ import time
 import torch
 
 from benchmarks.bench_native_cpu import _evict_caches
-from benchmarks.common import parse_int_list, require_positive, time_fn
-from rl_loop.run.usage import OneLineParser
+from benchmarks.common import OneLineParser, parse_int_list, require_positive, time_fn
 from specdec_kernels import native
 
 MAX_ROUNDS = 1024  # native.stream_work's limit

@@ -36,12 +36,12 @@ from benchmarks.common import (
     REPO_ROOT,
     RESULTS_DIR,
     CsvWriter,
+    OneLineParser,
     choice_list,
     parse_int_list,
     provenance,
     require_positive,
 )
-from rl_loop.run.usage import OneLineParser
 
 SPECS = ("none", "ngram", "draft", "eagle3")
 PRESETS = ("qwen3-0.6b", "tiny")  # model shapes (checkpoint_spec); tiny is for the tests

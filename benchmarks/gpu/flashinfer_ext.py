@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from rl_loop.run.usage import OneLineParser
+from benchmarks.common import OneLineParser
 
 from .prepare import PEERS
 

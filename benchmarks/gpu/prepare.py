@@ -34,9 +34,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from rl_loop.run.usage import OneLineParser
-
-from ..common import REPO_ROOT, git_commit
+from ..common import REPO_ROOT, OneLineParser, git_commit
 
 PEERS = REPO_ROOT / ".cache" / "peers"
 VLLM_VERSION = "0.33.0"

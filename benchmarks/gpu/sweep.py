@@ -48,11 +48,10 @@ from pathlib import Path
 import torch
 
 import specdec_kernels as sk
-from rl_loop.run.usage import OneLineParser
 
 from ..bench_chain import ChainCase, ChainInputs, Skip, make_inputs, vllm_v2_step
 from ..bench_native_cpu import torch_verify
-from ..common import CsvWriter, provenance
+from ..common import CsvWriter, OneLineParser, provenance
 from ..roofline import chain_min_bytes
 
 PROVIDERS = ("cuda", "triton", "cpu", "reference", "flashinfer", "flashinfer_kernel", "vllm_v2", "vllm_v1",
