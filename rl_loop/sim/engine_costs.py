@@ -11,8 +11,11 @@
     curve and response lengths of each run are the simulator's workload inputs; the simulator predicts the
     throughput ratio (tokens/s, as ``rl_loop`` reports ``rollout_speedup``), and the two are compared.
 
-Not priced: the engine's per-request Python bookkeeping between components (list updates per emitted
-token), which no component call includes.
+The engine's bookkeeping between components (each round's list updates per request and emitted token, the
+drafter's commit) is no component call. :func:`fit_bookkeeping` prices what of it the commit's fit leaves out,
+per round and per verified slot, from whole runs of a *fitting* request set (the engine's own timers give each
+run's time outside the components); :mod:`rl_loop.sim.preregister` fits it so, and its held-out sets check it.
+Without that fit (the shape table, :func:`compare_engine`) it is not priced.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from __future__ import annotations
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -55,7 +58,9 @@ class MeasuredCosts:
     drafter(r, k) = d0 + d1 r + k (d2 + d3 r) + m (p0 + p1 r), m = ``pending - 1`` extra rows per request
     that the first draft forward re-runs (the tokens emitted last step: ``pending`` = tokens per step);
     sampler(r, k) = s0 + s1 r (k + 1);  overhead(r, k) = c0 + c1 r (the drafter's commit, speculative only);
-    prefill(r, P) = target(r, P - 1) + drafter admission.
+    prefill(r, P) = target(p, P - 1) + drafter admission (r), p the distinct prompts (the engine prefills each
+    once; ``distinct_prompts``, else r); bookkeeping per round, both arms: b0 + b1 r (k + 1)
+    (``round_coef``, :func:`fit_bookkeeping`; zero when not fitted).
     """
 
     ar_coef: np.ndarray
@@ -66,6 +71,8 @@ class MeasuredCosts:
     admit_coef: np.ndarray
     pending_coef: np.ndarray
     pending: float = 1.0
+    round_coef: np.ndarray = field(default_factory=lambda: np.zeros(2))
+    distinct_prompts: int | None = None
 
     def target(self, count, tokens_per_seq, context):
         if tokens_per_seq == 1:
@@ -84,12 +91,14 @@ class MeasuredCosts:
         return np.where(count > 0, c[0] + c[1] * count * (k + 1), 0.0)
 
     def overhead(self, count, k):
-        c = self.commit_coef
-        return np.where((count > 0) & (k > 0), c[0] + c[1] * count, 0.0)
+        c, b = self.commit_coef, np.asarray(self.round_coef)
+        commit = np.where(k > 0, c[0] + c[1] * count, 0.0)
+        return np.where(count > 0, commit + b[0] + b[1] * count * (k + 1), 0.0)
 
     def prefill(self, num_seqs, prompt_len):
         a = self.admit_coef
-        return float(self.target(np.asarray(float(num_seqs)), max(prompt_len - 1, 1), 0.0) + a[0] + a[1] * num_seqs)
+        prompts = float(self.distinct_prompts or num_seqs)
+        return float(self.target(np.asarray(prompts), max(prompt_len - 1, 1), 0.0) + a[0] + a[1] * num_seqs)
 
 
 def build_engine(drafter: str = "eagle3", seed: int = 0, state_path: str | None = None, policy: str = "default",
@@ -240,6 +249,10 @@ class EngineRun:
     lengths: list[int]
     acceptance: tuple[float, ...]
     tokens_per_step: float
+    forwards: int = 0  # batched target forwards (rounds of the whole batch)
+    rounds: int = 0  # request rounds (a request's share of a forward), summed
+    other_s: float = 0.0  # the engine's time outside drafting, target forwards, sampling and admission
+    distinct_prompts: int = 0
 
 
 def run_engine(cfg, s: dict, prompts, seeds, k: int, max_new_tokens: int, max_batch: int) -> EngineRun:
@@ -253,7 +266,21 @@ def run_engine(cfg, s: dict, prompts, seeds, k: int, max_new_tokens: int, max_ba
     lengths = [len(r) + int(f) for r, f in zip(out.response_ids, out.finished, strict=True)]
     reached = [st.rounds] + st.accepted_at[:-1] if k else []
     acc = tuple(a / max(b, 1) for a, b in zip(st.accepted_at, reached, strict=True)) if k else ()
-    return EngineRun(k, cpu, st.tokens, lengths, acc, st.mean_accepted_length)
+    other = st.time_s - st.draft_s - st.target_s - st.verify_s - st.prefill_s
+    return EngineRun(k, cpu, st.tokens, lengths, acc, st.mean_accepted_length, st.forwards, st.rounds, other,
+                     len({tuple(p) for p in prompts}))
+
+
+def fit_bookkeeping(costs: MeasuredCosts, runs: list[EngineRun]) -> np.ndarray:
+    """``round_coef`` (b0, b1) of :class:`MeasuredCosts`: each run's time outside the components, less its
+    drafter commits as ``commit_coef`` prices them, against b0 x forwards + b1 x request rounds x (k + 1)."""
+    c = costs.commit_coef
+    feats, times = [], []
+    for run in runs:
+        commit = (c[0] * run.forwards + c[1] * run.rounds) if run.k else 0.0
+        feats.append([run.forwards, run.rounds * (run.k + 1)])
+        times.append(run.other_s - commit)
+    return _fit(feats, times)
 
 
 def interleaved_rounds(cfg, s: dict, sets, ks, rounds: int, max_new_tokens: int, max_batch: int,
@@ -336,6 +363,6 @@ def predict(costs: MeasuredCosts, run: EngineRun, prompt_len: int, max_batch: in
     """Simulated seconds for ``run``'s responses (its lengths and acceptance) with the measured costs."""
     lengths = np.asarray(run.lengths, dtype=np.float64)
     spec = Speculation(k=run.k, acceptance=run.acceptance, draft_probs=True) if run.k else None
-    costs = replace(costs, pending=spec.expected_tokens() if spec else 1.0)
+    costs = replace(costs, pending=spec.expected_tokens() if spec else 1.0, distinct_prompts=run.distinct_prompts or None)
     wl = Workload(1, len(lengths), prompt_len, float(np.median(lengths)), 0.0, int(lengths.max()), max_batch)
     return simulate_replica(None, None, None, wl, lengths, spec, max_batch, costs=costs, prefill_emits=False).time

@@ -6,7 +6,8 @@ policy and EAGLE-3 drafter (weights kept in ``--state``), micro-measures the eng
 get its acceptance and lengths. From these alone the engine simulator predicts the rollout speedup, per k,
 of request sets it has not seen (seeds 1-3). ``--policy`` and ``--workload`` pick another of the shape table's
 policies and task mixes (give each its own ``--out`` and ``--state``); ``measure`` reads them from the
-predictions. It writes ``predictions.json`` with the tolerance the
+predictions. ``--held-out`` names other held-out sets; ``--bookkeeping`` also prices the engine's bookkeeping
+between components (``engine_costs.fit_bookkeeping``), fitted on warm runs of the fitting set. It writes ``predictions.json`` with the tolerance the
 prediction must meet, fixed now, and the sha256 of the weights. Commit that file before going on.
 
 ``python -m rl_loop.sim.preregister measure --out results/sim/preregistered`` loads the same weights (the
@@ -41,7 +42,15 @@ import torch
 from ..config import WORKLOADS
 from ..run.provenance import provenance
 from ..run.usage import OneLineParser, UsageError, check_out_dir
-from .engine_costs import build_engine, interleaved_rounds, measure_components, predict, requests, run_engine
+from .engine_costs import (
+    build_engine,
+    fit_bookkeeping,
+    interleaved_rounds,
+    measure_components,
+    predict,
+    requests,
+    run_engine,
+)
 
 KS = (1, 3, 5)
 FIT_SEED = 0
@@ -52,6 +61,7 @@ HELD_OUT_SEEDS = (1, 2, 3)
 TOLERANCE = 0.20
 WARM_STEPS = (300, 300)  # policy, drafter: as the shape table's committed run
 PROMPTS_PER_SET, GROUP = 4, 8  # 32 requests per set: one engine batch
+BOOKKEEPING_REPEATS = 3  # warm runs per arm of the fitting set that ``--bookkeeping`` fits on
 SHAPES = ("default", "wide", "stream")  # the policy presets of the shape table (``--policy``)
 
 
@@ -67,9 +77,11 @@ def _engine(state: str, policy: str, workload: str):
     return build_engine(state_path=state, base=base, policy=policy, workload=workload)
 
 
-def make_predictions(state: str, command: str, policy: str = "default", workload: str = "default") -> dict:
+def make_predictions(state: str, command: str, policy: str = "default", workload: str = "default",
+                     held_out: tuple[int, ...] = HELD_OUT_SEEDS, bookkeeping: bool = False) -> dict:
     """Fit on the seed-0 request set of the ``policy`` preset on the task mix ``workload``, predict the held-out
-    sets' speedup per k (see the module doc)."""
+    sets' (``held_out``) speedup per k (see the module doc). ``bookkeeping``: also price the engine's
+    bookkeeping between components (``engine_costs.fit_bookkeeping``), fitted on warm runs of the fitting set."""
     record = provenance(command)  # the commit the run starts at
     cfg, s = _engine(state, policy, workload)
     torch.set_num_threads(1)
@@ -78,6 +90,10 @@ def make_predictions(state: str, command: str, policy: str = "default", workload
     costs, components = measure_components(cfg, s, prompts, ks=KS)
     prompt_len = max(len(p) for p in prompts)
     runs = {k: run_engine(cfg, s, prompts, seeds, k, cfg.max_new_tokens, max_batch) for k in (0, *KS)}
+    if bookkeeping:  # the runs above were each arm's first call (allocations): fit on warm repeats
+        warm = [run_engine(cfg, s, prompts, seeds, k, cfg.max_new_tokens, max_batch)
+                for _ in range(BOOKKEEPING_REPEATS) for k in (0, *KS)]
+        costs = replace(costs, round_coef=fit_bookkeeping(costs, warm))
     ar_s = predict(costs, runs[0], prompt_len, max_batch)
     rows = []
     for k in KS:
@@ -86,7 +102,8 @@ def make_predictions(state: str, command: str, policy: str = "default", workload
                      "fit_acceptance": list(runs[k].acceptance), "fit_tokens_per_step": runs[k].tokens_per_step})
     return {"what": "rollout speedup (tokens/s, speculative over autoregressive) of rl_loop's engine on "
                     "request sets not used in fitting", "tolerance": TOLERANCE, "fit_seed": FIT_SEED,
-            "held_out_seeds": list(HELD_OUT_SEEDS), "requests_per_set": len(prompts),
+            "held_out_seeds": list(held_out), "requests_per_set": len(prompts),
+            "model": "components and the engine's bookkeeping (fit_bookkeeping)" if bookkeeping else "components",
             "warm_start_steps": list(WARM_STEPS), "state_sha256": _sha256(state),
             "policy": {"preset": policy, "parameters": sum(p.numel() for p in s.policy.parameters()),
                        "vocab_size": s.policy.config.vocab_size}, "workload": workload,
@@ -148,13 +165,26 @@ def main(argv: list[str] | None = None) -> int:
                    help="predict: the policy preset, one of the shape table's (measure takes the predictions')")
     p.add_argument("--workload", choices=tuple(WORKLOADS), default="default",
                    help="predict: the task mix (measure takes the predictions')")
+    p.add_argument("--held-out", default=",".join(map(str, HELD_OUT_SEEDS)),
+                   help="predict: the held-out request sets' seeds, comma-separated (not the fitting set's 0)")
+    p.add_argument("--bookkeeping", action="store_true",
+                   help="predict: also price the engine's bookkeeping between components, fitted on the fitting set")
     p.add_argument("--rounds", type=int, default=5, help="measure: interleaved rounds over the held-out sets")
     p.add_argument("--name", default="measured",
                    help="measure: writes OUT/NAME.json (a replication beside the pre-registered measured.json)")
     a = p.parse_args(argv)
-    if a.phase == "measure" and (a.policy, a.workload) != ("default", "default"):
-        p.exit(2, f"{p.prog}: error: --policy and --workload are the predict phase's: measure reads them from "
-                  "the predictions\n")
+    default_held_out = ",".join(map(str, HELD_OUT_SEEDS))
+    if a.phase == "measure" and ((a.policy, a.workload, a.held_out) != ("default", "default", default_held_out)
+                                 or a.bookkeeping):
+        p.exit(2, f"{p.prog}: error: --policy, --workload, --held-out and --bookkeeping are the predict phase's: "
+                  "measure reads them from the predictions\n")
+    try:
+        held_out = tuple(int(x) for x in a.held_out.split(","))
+    except ValueError:
+        held_out = ()
+    if not held_out or FIT_SEED in held_out or len(set(held_out)) != len(held_out) or min(held_out) < 0:
+        p.exit(2, f"{p.prog}: error: --held-out must be distinct seeds >= 0 other than the fitting set's "
+                  f"{FIT_SEED}, comma-separated, got {a.held_out!r}\n")
     command = " ".join(["python -m rl_loop.sim.preregister", *(sys.argv[1:] if argv is None else argv)])
     path = os.path.join(a.out, "predictions.json")
     try:
@@ -169,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
             if os.path.exists(a.state):
                 raise UsageError(f"--state {a.state} exists: predictions start from a fresh warm start "
                                  "(remove it, or pass another --state)")
-            record = make_predictions(a.state, command, a.policy, a.workload)
+            record = make_predictions(a.state, command, a.policy, a.workload, held_out, a.bookkeeping)
         else:
             if not os.path.exists(path):
                 raise UsageError(f"there is no {path}: run the predict phase first and commit its file")

@@ -590,3 +590,57 @@ def test_preregister_name_must_be_a_file_other_than_the_predictions(tmp_path, ca
     with pytest.raises(SystemExit) as e:
         preregister.main(["measure", "--out", str(tmp_path), "--name", name])
     assert e.value.code == 2 and "--name must be a file name" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------------
+# The engine's bookkeeping between components (rl_loop/sim/engine_costs.py)
+# ---------------------------------------------------------------------------------------------------
+
+def _costs(**kw):
+    from rl_loop.sim.engine_costs import MeasuredCosts
+
+    z = np.zeros(2)
+    base = dict(ar_coef=np.array([1e-3, 1e-4]), target_coef=np.array([1e-3, 1e-4, 1e-5]), drafter_coef=np.zeros(4),
+                sampler_coef=z, commit_coef=np.array([2e-4, 3e-5]), admit_coef=np.array([5e-4, 1e-5]), pending_coef=z)
+    return MeasuredCosts(**{**base, **kw})
+
+
+def test_fit_bookkeeping_recovers_the_per_round_and_per_slot_costs():
+    """Runs whose time outside the components is their commits plus b0 per forward and b1 per request round
+    and verified slot give back (b0, b1); the commits are the commit fit's, in speculative runs only."""
+    from rl_loop.sim.engine_costs import EngineRun, fit_bookkeeping
+
+    costs, b0, b1 = _costs(), 1.5e-4, 2e-5
+    runs = []
+    for k, forwards, rounds in ((0, 40, 700), (1, 25, 420), (3, 14, 260), (5, 11, 200), (0, 35, 650), (3, 16, 300)):
+        commit = costs.commit_coef[0] * forwards + costs.commit_coef[1] * rounds if k else 0.0
+        other = commit + b0 * forwards + b1 * rounds * (k + 1)
+        runs.append(EngineRun(k, 0.1, 600, [20] * 32, (0.8,) * k, 1.0, forwards, rounds, other, 4))
+    assert fit_bookkeeping(costs, runs) == pytest.approx([b0, b1], rel=1e-6)
+
+
+def test_bookkeeping_is_priced_in_both_arms_and_prefill_runs_once_per_distinct_prompt():
+    costs = _costs(round_coef=np.array([1e-4, 1e-5]))
+    count = np.array([32.0, 0.0])
+    assert costs.overhead(count, 0).tolist() == pytest.approx([1e-4 + 1e-5 * 32, 0.0])  # AR: bookkeeping only
+    assert costs.overhead(count, 3).tolist() == pytest.approx([2e-4 + 3e-5 * 32 + 1e-4 + 1e-5 * 32 * 4, 0.0])
+    assert _costs().overhead(count, 0).tolist() == [0.0, 0.0]  # not fitted: not priced
+    once = replace(costs, distinct_prompts=4).prefill(32, 10)
+    every = costs.prefill(32, 10)
+    assert every - once == pytest.approx(costs.target(np.asarray(32.0), 9, 0.0) - costs.target(np.asarray(4.0), 9, 0.0))
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["predict", "--held-out", "0,1"], "--held-out must be"),
+    (["predict", "--held-out", "1,x"], "--held-out must be"),
+    (["predict", "--held-out", "2,2"], "--held-out must be"),
+    (["measure", "--bookkeeping"], "measure reads them from the predictions"),
+    (["measure", "--held-out", "4,5"], "measure reads them from the predictions"),
+])
+def test_preregister_refuses_bad_held_out_sets_and_predict_flags_on_measure(tmp_path, capsys, argv, says):
+    from rl_loop.sim import preregister
+
+    with pytest.raises(SystemExit) as e:
+        preregister.main([*argv, "--out", str(tmp_path)])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and says in err and len(err.splitlines()) == 1
