@@ -772,14 +772,14 @@ def test_simulator_replication_table_is_the_artefact():
 SHAPE_REGISTRATIONS = ("default-quiet", "wide", "search", "wide-search")  # results/sim/preregistered/<name>/
 
 
-def shapes_preregistered_table() -> str:
-    """The simulator page's table of the shape table's other shapes, pre-registered: each k's prediction, the
-    pre-registered 5-round measurement and the 25-round replication."""
+def shapes_preregistered_table(names: tuple[str, ...] = SHAPE_REGISTRATIONS) -> str:
+    """The simulator page's table of pre-registrations ``names`` (``results/sim/preregistered/<name>/``): each k's
+    prediction, the pre-registered 5-round measurement and the 25-round replication."""
     import json
 
     lines = ["| policy | task mix | k | predicted (committed first) | measured, median [min, max] of 5 rounds | error "
              "| measured, 25 rounds | error | within 20 % (5 / 25 rounds) |", "|---|---|---|---|---|---|---|---|---|"]
-    for name in SHAPE_REGISTRATIONS:
+    for name in names:
         where = REPO / "results/sim/preregistered" / name
         p = json.loads((where / "predictions.json").read_text())
         first = json.loads((where / "measured.json").read_text())
