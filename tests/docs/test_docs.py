@@ -827,6 +827,34 @@ def test_simulator_shapes_preregistered_table_is_the_artefact():
     assert not missing, f"docs/simulator.md should say, from results/sim/preregistered: {missing}"
 
 
+BOOKKEEPING_REGISTRATIONS = ("default-bookkeeping", "wide-bookkeeping")
+
+
+def test_simulator_bookkeeping_preregistered_table_is_the_artefact():
+    """The registrations with the engine's bookkeeping priced: the table and the reading's figures."""
+    import json
+
+    text = (REPO / "docs/simulator.md").read_text()
+    start = text.index("<!-- bookkeeping-preregistered: results/sim/preregistered/{default,wide}-bookkeeping -->\n")
+    end = text.index("\n<!-- /bookkeeping-preregistered -->")
+    assert text[start:end].split("\n", 1)[1] == shapes_preregistered_table(BOOKKEEPING_REGISTRATIONS)
+    where = REPO / "results/sim/preregistered"
+    load = lambda name, f: json.loads((where / name / f).read_text())  # noqa: E731
+    first = {n: {r["k"]: r for r in load(n, "measured.json")["results"]} for n in BOOKKEEPING_REGISTRATIONS}
+    again = {n: {r["k"]: r for r in load(n, "measured-25.json")["results"]} for n in BOOKKEEPING_REGISTRATIONS}
+    quiet = {r["k"]: r for r in load("default-quiet", "measured.json")["results"]}
+    per_slot = [1e6 * load(n, "predictions.json")["fits"]["round_coef"][1] for n in BOOKKEEPING_REGISTRATIONS]
+    assert all(load(n, "predictions.json")["held_out_seeds"] == [4, 5, 6] for n in BOOKKEEPING_REGISTRATIONS)
+    shown = [f"from {100 * quiet[5]['error']:+.1f} % to {100 * first['default-bookkeeping'][5]['error']:+.1f} %",
+             f"({100 * again['default-bookkeeping'][5]['error']:+.1f} % over 25 rounds)",
+             f"{per_slot[0]:.1f} and {per_slot[1]:.1f} µs",
+             f"within {100 * max(abs(r['error']) for d in first.values() for r in d.values()):.1f} % over the "
+             f"pre-registered 5 rounds and {100 * max(abs(r['error']) for d in again.values() for r in d.values()):.1f} %"]
+    prose = " ".join(text.split())
+    missing = [x for x in shown if x not in prose]
+    assert not missing, f"docs/simulator.md should say, from results/sim/preregistered/*-bookkeeping: {missing}"
+
+
 def gpu_predicted_table(predictions: dict) -> str:
     """The simulator page's table of the GPU rollout figure's prediction (``gpu_rollout_predictions.json``)."""
     lines = ["| GPU | predicted speedup | tokens per round | AR: ms (host overhead ms) | speculative: ms (host "
