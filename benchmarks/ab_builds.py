@@ -99,7 +99,7 @@ def _commit_of(checkout: str) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     ap = OneLineParser(prog="python -m benchmarks.ab_builds", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--before", help="checkout of the old kernels (built in place: pip install -e there)")
     ap.add_argument("--after", default=str(REPO), help="checkout of the new kernels (default: this one)")
     ap.add_argument("--before-isa", choices=("generic", "avx2", "avx512"),

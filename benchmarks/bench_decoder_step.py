@@ -152,7 +152,7 @@ def _spread(values: list[float], fmt: str = "{:.4g}") -> tuple[str, str, str]:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = OneLineParser(prog="python -m benchmarks.bench_decoder_step", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--heads", type=parse_str_list, default=list(HEADS))
     ap.add_argument("--requests", type=parse_int_list, default=[8, 32, 64])
     ap.add_argument("--new-tokens", type=parse_int_list, default=[1, 4])

@@ -199,7 +199,7 @@ def _spread(values: list[float], fmt: str) -> tuple[str, str, str]:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = OneLineParser(prog="python -m benchmarks.bench_drafter", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--heads", type=parse_str_list, default=None, help="default rl_loop,wide (CPU), gpu (CUDA)")
     ap.add_argument("--rows", type=parse_int_list, default=[32], help="requests per op call / propose batch")

@@ -431,7 +431,7 @@ def same_size_entries(case: Case, need: int) -> torch.Tensor:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = OneLineParser(prog="python -m benchmarks.bench_native_cpu", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--k", type=int, default=3)
     ap.add_argument("--vocab", type=int, default=151936)

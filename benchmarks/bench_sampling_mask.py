@@ -98,7 +98,7 @@ def measure(fns: dict[tuple[str, str], Callable[[], object]], rounds: int, reps:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = OneLineParser(prog="python -m benchmarks.bench_sampling_mask",
-                                description=__doc__.split("\n\n")[1].strip())
+                      description=__doc__.split("\n\n")[1].strip())
     p.add_argument("--rounds", type=int, default=15, help="interleaved rounds")
     p.add_argument("--reps", type=int, default=3, help="calls per round and call (their median)")
     p.add_argument("--batch", type=int, default=64)

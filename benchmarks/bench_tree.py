@@ -170,7 +170,7 @@ def markdown(rows: list[dict], alphas: dict[str, str], info: dict, sets: int, re
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = OneLineParser(prog="python -m benchmarks.bench_tree", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=2000, help="requests per set")
     parser.add_argument("--sets", type=int, default=5, help="independent request sets (contexts and seeds)")
     parser.add_argument("--budgets", type=int, nargs="+", default=[4, 8, 16])

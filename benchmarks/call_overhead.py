@@ -73,7 +73,7 @@ def measure(fns: dict[str, Callable[[], object]], rounds: int) -> dict[str, tupl
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = OneLineParser(prog="python -m benchmarks.call_overhead",
-                                description=__doc__.split("\n\n")[1].strip())
+                      description=__doc__.split("\n\n")[1].strip())
     p.add_argument("--calls", type=int, default=40, help="rounds (each call timed once cold, once warm)")
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--k", type=int, default=3)

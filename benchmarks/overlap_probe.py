@@ -111,7 +111,7 @@ def measure(case: Case, args) -> dict[str, list[float]]:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = OneLineParser(prog="python -m benchmarks.overlap_probe",
-                                description=__doc__.split("\n\n")[0].strip())
+                      description=__doc__.split("\n\n")[0].strip())
     p.add_argument("--family", choices=FAMILIES, default="flat")
     p.add_argument("--dtype", choices=tuple(DTYPES), default="bfloat16")
     p.add_argument("--mode", choices=MODES, default="random_stoch")

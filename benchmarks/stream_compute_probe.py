@@ -67,7 +67,7 @@ def measure(args) -> dict[int, dict[str, float]]:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = OneLineParser(prog="python -m benchmarks.stream_compute_probe",
-                                description=__doc__.split("\n\n")[0].strip())
+                      description=__doc__.split("\n\n")[0].strip())
     p.add_argument("--rounds-list", default="1,2,4,8,16",
                    help=f"comma-separated multiply-add rounds per loaded vector, each in [0, {MAX_ROUNDS}] (0 is "
                         "always added)")

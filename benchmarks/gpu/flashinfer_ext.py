@@ -108,7 +108,7 @@ def compile_only(out: Path, arch: str = "90a", nvcc: str = "nvcc") -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     ap = OneLineParser(prog="python -m benchmarks.gpu.flashinfer_ext", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--compile-only", action="store_true", help="nvcc -c the .cu here (no GPU needed)")
     ap.add_argument("--arch", default="90a", help="with --compile-only: the sm_ target (default 90a)")
     args = ap.parse_args(argv)

@@ -144,7 +144,7 @@ def prepare(out: Path, vllm_src: Path, wheel: Path | None, curand_wheel: Path | 
 
 def main(argv: list[str] | None = None) -> int:
     ap = OneLineParser(prog="python -m benchmarks.gpu.prepare", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=PEERS, help=f"output folder (default {PEERS})")
     ap.add_argument("--vllm-src", type=Path, default=VLLM_SRC,
                     help=f"unpacked vLLM {VLLM_VERSION} wheel (default {VLLM_SRC})")

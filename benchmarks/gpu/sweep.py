@@ -388,7 +388,7 @@ def summarize(path: Path) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="python -m benchmarks.gpu.sweep", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--out", type=Path, help="CSV path (rows written as measured)")
     p.add_argument("--summary", type=Path, default=None, metavar="CSV",

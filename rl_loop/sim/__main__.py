@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return sweep_main(argv[1:])
     parser = OneLineParser(prog="python -m rl_loop.sim", description=__doc__.split("\n\n")[0],
-                                     epilog="subcommand: sweep (python -m rl_loop.sim sweep --help)")
+                           epilog="subcommand: sweep (python -m rl_loop.sim sweep --help)")
     parser.add_argument("--preset", required=True, choices=PRESET_NAMES)
     parser.add_argument("--k", type=int, default=None, help="draft length (default: the preset's)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
