@@ -55,6 +55,7 @@ GPUS = ("H100", "H200")
 TOLERANCE = 0.25
 GRID = tuple(round(0.50 + 0.05 * i, 2) for i in range(10))  # constant acceptance rates 0.50 .. 0.95
 SHAPES = "results/rl_loop/shapes/shapes.json"  # the acceptance input (a committed CPU measurement)
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def policy_spec() -> ModelSpec:
@@ -98,8 +99,9 @@ def run_workload() -> tuple[Workload, dict]:
 
 
 def shape_table_acceptance(path: str = SHAPES, k: int = 3) -> list[float]:
-    """The acceptance curve at ``k`` of the shape table's default policy on the default workload."""
-    with open(path) as f:
+    """The acceptance curve at ``k`` of the shape table's default policy on the default workload (``path``
+    relative to the repository)."""
+    with open(os.path.join(REPO, path)) as f:
         results = json.load(f)["results"]
     for r in results:
         if r["policy_preset"] == "default" and r["workload"] == "default":
