@@ -660,6 +660,14 @@ def test_docs_python_examples_print_what_they_show(path, index):
     assert run_example(code, f"{path.name} python block {index}") == expected
 
 
+def marked_block(text: str, name: str, source: str) -> str:
+    """The lines a page holds between ``<!-- name: source -->`` and ``<!-- /name -->`` (a table written from
+    ``source``)."""
+    start = text.index(f"<!-- {name}: {source} -->\n")
+    end = text.index(f"\n<!-- /{name} -->")
+    return text[start:end].split("\n", 1)[1]
+
+
 def sensitivity_table(rows: list[dict[str, str]]) -> str:
     """The simulator page's 235B sensitivity table from ``speedup_sensitivity.csv``: end-to-end speedup per
     acceptance (rows) x EP width and policy lag (columns), the preset's own point starred."""
@@ -682,9 +690,7 @@ def test_simulator_sensitivity_table_is_the_artefact():
     with open(REPO / "results/sim/sweep/speedup_sensitivity.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     text = (REPO / "docs/simulator.md").read_text()
-    start = text.index("<!-- sensitivity: results/sim/sweep/speedup_sensitivity.csv -->\n")
-    end = text.index("\n<!-- /sensitivity -->")
-    assert text[start:end].split("\n", 1)[1] == sensitivity_table(rows)
+    assert marked_block(text, "sensitivity", "results/sim/sweep/speedup_sensitivity.csv") == sensitivity_table(rows)
     assert sum(r["preset_point"] == "True" for r in rows) == 1
     # the reading under the table: the range, the layout at lag 2, the lag and the acceptance at EP16
     (point,) = [r for r in rows if r["preset_point"] == "True"]
@@ -701,6 +707,7 @@ def test_simulator_sensitivity_table_is_the_artefact():
              f"EP{eps[0]} gives {at[a, eps[0], 2]:.2f}x and EP{eps[-1]} {at[a, eps[-1], 2]:.2f}x at the calibrated acceptance",
              f"({at[a, ep, 1]:.2f}x against {at[a, ep, 2]:.2f}x at EP{ep})",
              f"least at lag 2 ({over_acceptance(2)} at EP{ep}) and most at lag 1 ({over_acceptance(1)})"]
+    end = text.index("\n<!-- /sensitivity -->")
     prose = " ".join(text[end:].split("\n## ", 1)[0].split())
     missing = [x for x in shown if x not in prose]
     assert not missing, f"docs/simulator.md should say, from speedup_sensitivity.csv: {missing}"
@@ -723,9 +730,7 @@ def test_simulator_preregistered_table_is_the_artefact():
     measured = json.loads((REPO / "results/sim/preregistered/measured.json").read_text())
     assert measured["tolerance"] == 0.20 and measured["rounds"] == 5  # as the table's header states
     text = (REPO / "docs/simulator.md").read_text()
-    start = text.index("<!-- preregistered: results/sim/preregistered/measured.json -->\n")
-    end = text.index("\n<!-- /preregistered -->")
-    assert text[start:end].split("\n", 1)[1] == preregistered_table(measured)
+    assert marked_block(text, "preregistered", "results/sim/preregistered/measured.json") == preregistered_table(measured)
     # the prose around the table: the shape table's errors the tolerance rests on, and the reading
     predictions = json.loads((REPO / "results/sim/preregistered/predictions.json").read_text())
     shapes = json.loads((REPO / "results/rl_loop/shapes/shapes.json").read_text())["results"]
@@ -754,9 +759,7 @@ def test_simulator_replication_table_is_the_artefact():
 
     replication = json.loads((REPO / "results/sim/preregistered/measured-quiet.json").read_text())
     text = (REPO / "docs/simulator.md").read_text()
-    start = text.index("<!-- replicated: results/sim/preregistered/measured-quiet.json -->\n")
-    end = text.index("\n<!-- /replicated -->")
-    assert text[start:end].split("\n", 1)[1] == preregistered_table(replication)
+    assert marked_block(text, "replicated", "results/sim/preregistered/measured-quiet.json") == preregistered_table(replication)
     by_k = {r["k"]: r for r in replication["results"]}
     last = max(by_k)
     close = max(abs(r["error"]) for k, r in by_k.items() if k != last)
@@ -798,9 +801,7 @@ def test_simulator_shapes_preregistered_table_is_the_artefact():
     import json
 
     text = (REPO / "docs/simulator.md").read_text()
-    start = text.index("<!-- shapes-preregistered: results/sim/preregistered/{default-quiet,wide,search,wide-search} -->\n")
-    end = text.index("\n<!-- /shapes-preregistered -->")
-    assert text[start:end].split("\n", 1)[1] == shapes_preregistered_table()
+    assert marked_block(text, "shapes-preregistered", "results/sim/preregistered/{default-quiet,wide,search,wide-search}") == shapes_preregistered_table()
     rows = []
     for name in SHAPE_REGISTRATIONS:
         where = REPO / "results/sim/preregistered" / name
@@ -835,9 +836,7 @@ def test_simulator_bookkeeping_preregistered_table_is_the_artefact():
     import json
 
     text = (REPO / "docs/simulator.md").read_text()
-    start = text.index("<!-- bookkeeping-preregistered: results/sim/preregistered/{default,wide}-bookkeeping -->\n")
-    end = text.index("\n<!-- /bookkeeping-preregistered -->")
-    assert text[start:end].split("\n", 1)[1] == shapes_preregistered_table(BOOKKEEPING_REGISTRATIONS)
+    assert marked_block(text, "bookkeeping-preregistered", "results/sim/preregistered/{default,wide}-bookkeeping") == shapes_preregistered_table(BOOKKEEPING_REGISTRATIONS)
     where = REPO / "results/sim/preregistered"
     load = lambda name, f: json.loads((where / name / f).read_text())  # noqa: E731
     first = {n: {r["k"]: r for r in load(n, "measured.json")["results"]} for n in BOOKKEEPING_REGISTRATIONS}
@@ -875,9 +874,7 @@ def test_simulator_gpu_prediction_table_is_the_artefact():
 
     predictions = json.loads((REPO / "results/sim/preregistered/gpu_rollout_predictions.json").read_text())
     text = (REPO / "docs/simulator.md").read_text()
-    start = text.index("<!-- gpu-predicted: results/sim/preregistered/gpu_rollout_predictions.json -->\n")
-    end = text.index("\n<!-- /gpu-predicted -->")
-    assert text[start:end].split("\n", 1)[1] == gpu_predicted_table(predictions)
+    assert marked_block(text, "gpu-predicted", "results/sim/preregistered/gpu_rollout_predictions.json") == gpu_predicted_table(predictions)
     h100 = predictions["gpus"]["H100"]
     ar, sp = h100["ar"]["breakdown_s"], h100["speculative"]["breakdown_s"]
     a = h100["assumptions"]
