@@ -40,7 +40,6 @@ from .generation import (
     Parallelism,
     Speculation,
     Workload,
-    generation_speedup,
     simulate_generation,
 )
 from .hardware import get_hardware
@@ -130,9 +129,10 @@ def make_predictions() -> dict:
     for name in GPUS:
         hw = get_hardware(name)
         s = spec(curve)
-        grid = [{"acceptance": a, "tokens_per_round": spec((a,)).expected_tokens(),
-                 "speedup": generation_speedup(hw, policy, Parallelism(), workload, spec((a,)))} for a in GRID]
         ar, sp = (simulate_generation(hw, policy, Parallelism(), workload, x) for x in (None, s))
+        grid = [{"acceptance": a, "tokens_per_round": spec((a,)).expected_tokens(),
+                 "speedup": ar.time / simulate_generation(hw, policy, Parallelism(), workload, spec((a,))).time}
+                for a in GRID]
         gpus[name] = {"predicted_speedup": ar.time / sp.time, "tokens_per_round": s.expected_tokens(),
                       "ar": _seconds(ar), "speculative": _seconds(sp), "grid": grid,
                       "assumptions": {"mem_efficiency": hw.mem_efficiency, "flop_efficiency": hw.flop_efficiency,
@@ -191,14 +191,15 @@ def compare(predictions: dict, predictions_commit: str, measured: dict) -> dict:
     tau = float(measured["mean_accepted_length"])
     at_tau = conditional(p["grid"], tau)
     tol = predictions["tolerance"]
+    error, error_at_tau = p["predicted_speedup"] / got - 1, at_tau / got - 1
     return {"gpu": gpu, "machine": measured["machine"], "measured_commit": commit,
             "predictions_commit": predictions_commit, "tolerance": tol,
             "measured_speedup": got, "measured_speedup_ci": measured.get("rollout_speedup_ci"),
             "measured_tokens_per_round": tau,
             "predicted_speedup": p["predicted_speedup"], "predicted_tokens_per_round": p["tokens_per_round"],
-            "error": p["predicted_speedup"] / got - 1, "within_tolerance": abs(p["predicted_speedup"] / got - 1) <= tol,
-            "predicted_at_measured_acceptance": at_tau, "error_at_measured_acceptance": at_tau / got - 1,
-            "within_tolerance_at_measured_acceptance": abs(at_tau / got - 1) <= tol,
+            "error": error, "within_tolerance": abs(error) <= tol,
+            "predicted_at_measured_acceptance": at_tau, "error_at_measured_acceptance": error_at_tau,
+            "within_tolerance_at_measured_acceptance": abs(error_at_tau) <= tol,
             "measured_command": measured.get("command")}
 
 
